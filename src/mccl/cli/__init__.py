@@ -1,0 +1,1 @@
+"""The ``mccl`` command line: topo, synth, eval, sim."""

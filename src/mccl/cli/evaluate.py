@@ -1,0 +1,59 @@
+"""``mccl eval``: an nccl-tests-style table for a schedule on a fabric (α-β model)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from mccl.cli.common import SizeParam, console, format_size, load_topology_arg
+from mccl.schedule import Collective, load_schedule, validate
+from mccl.sim import evaluate
+from mccl.synth import allgather_cut_bound
+
+__all__ = ["eval_command"]
+
+DEFAULT_SIZES = (2**20, 16 * 2**20, 128 * 2**20, 2**30)
+BYTES_PER_ELEMENT = 4  # nccl-tests' count column, for float32
+
+
+@click.command("eval")
+@click.argument("schedule", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--topology", required=True, help="File or builder call the schedule runs on.")
+@click.option("--fault", "faults", multiple=True, help="Faults to apply to the topology (repeatable).")
+@click.option("--size", "sizes", type=SizeParam(), multiple=True,
+              help="nccl-tests size S (AllGather: output per rank; AllToAll: send buffer per rank); repeatable.")
+@click.option("--step-overhead-us", type=float, default=0.0, help="Fixed software latency per step (µs).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the table as CSV.")
+def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: tuple[int, ...],
+                 step_overhead_us: float, csv_path: Path | None) -> None:
+    """Estimate time, algbw and busbw of SCHEDULE on a fabric."""
+    plan = load_schedule(schedule)
+    fabric = load_topology_arg(topology, faults)
+    validate(plan, fabric)
+    table = Table(title=f"{plan.collective.value} by {plan.meta.synthesizer} on {fabric.name} ({plan.n_ranks} ranks)")
+    for column in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+        table.add_column(column, justify="right")
+    rows = []
+    for size in sizes or DEFAULT_SIZES:
+        result = evaluate(plan, fabric, size, step_overhead_us=step_overhead_us)
+        rows.append((size, size // BYTES_PER_ELEMENT, "float", f"{result.time_s * 1e6:.1f}",
+                     f"{result.algbw_gbs:.2f}", f"{result.busbw_gbs:.2f}"))
+        table.add_row(*(str(value) for value in rows[-1]))
+    console.print(table)
+    if csv_path is not None:
+        with csv_path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["size", "count", "type", "time_us", "algbw_gbs", "busbw_gbs"])
+            writer.writerows(rows)
+    links = ", ".join(f"{fabric.links[a].src}->{fabric.links[a].dst}" for a in result.bottleneck_links[:6])
+    more = f" (+{len(result.bottleneck_links) - 6} more)" if len(result.bottleneck_links) > 6 else ""
+    console.print(f"steady-state algbw {result.steady_state_algbw_gbs:.2f} GB/s, paced by {links}{more}")
+    if plan.collective is Collective.ALLGATHER:
+        bound = allgather_cut_bound(fabric, plan.ranks)
+        console.print(f"AllGather cut bound on this fabric: {bound.algbw_gbs:.2f} GB/s algbw; this schedule reaches "
+                      f"{100 * result.steady_state_algbw_gbs / bound.algbw_gbs:.1f}% of it (sizes: "
+                      f"{', '.join(format_size(s) for s in sizes or DEFAULT_SIZES)})")

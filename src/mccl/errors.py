@@ -1,0 +1,52 @@
+"""The exception hierarchy of mccl.
+
+Every failure a user can cause (a malformed file, an infeasible collective, a
+schedule that breaks a rule) raises a subclass of :class:`MCCLError` whose message
+names the problem in the user's terms. This module imports nothing of mccl, so every
+package may use it without breaking the layering of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MCCLError",
+    "TopologyError",
+    "TopologyFileError",
+    "InvalidSchedule",
+    "ScheduleFileError",
+    "SynthesisError",
+    "Infeasible",
+    "ControllerError",
+]
+
+
+class MCCLError(Exception):
+    """Base of every error mccl raises on purpose."""
+
+
+class TopologyError(MCCLError):
+    """A topology is malformed: unknown node, bad capacity, duplicate id, a GPU cut off."""
+
+
+class TopologyFileError(TopologyError):
+    """A topology file could not be read; the message names the file, line and field."""
+
+
+class InvalidSchedule(MCCLError):
+    """A schedule breaks a rule of its collective; the message names the first violation."""
+
+
+class ScheduleFileError(InvalidSchedule):
+    """A schedule file could not be read; the message names the file and field."""
+
+
+class SynthesisError(MCCLError):
+    """A synthesizer could not produce a schedule."""
+
+
+class Infeasible(SynthesisError):
+    """The requested collective cannot be carried out on the given topology."""
+
+
+class ControllerError(MCCLError):
+    """The controller service failed or refused a request."""

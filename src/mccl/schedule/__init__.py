@@ -1,0 +1,46 @@
+"""The Schedule IR, its validator, files and link-load accounting."""
+
+from mccl.schedule.accounting import (
+    bottleneck_cut,
+    chunks_per_link,
+    gbps_to_gbs,
+    link_load,
+    link_slack,
+    steady_state_algbw,
+)
+from mccl.schedule.ir import (
+    Chunks,
+    Collective,
+    CutLink,
+    Schedule,
+    ScheduleMeta,
+    Transfer,
+    TransferList,
+    TransferOp,
+    Transfers,
+)
+from mccl.schedule.serialize import dump_schedule, dumps_schedule, load_schedule, loads_schedule
+from mccl.schedule.validate import validate
+
+__all__ = [
+    "Chunks",
+    "Collective",
+    "CutLink",
+    "Schedule",
+    "ScheduleMeta",
+    "Transfer",
+    "TransferList",
+    "TransferOp",
+    "Transfers",
+    "bottleneck_cut",
+    "chunks_per_link",
+    "dump_schedule",
+    "dumps_schedule",
+    "gbps_to_gbs",
+    "link_load",
+    "link_slack",
+    "load_schedule",
+    "loads_schedule",
+    "steady_state_algbw",
+    "validate",
+]

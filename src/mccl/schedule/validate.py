@@ -1,0 +1,280 @@
+"""``validate(schedule, topology)``: a proof that a schedule carries out its collective.
+
+It replays the schedule step by step over the state "which contributions of which
+chunk does each rank hold" and raises :class:`InvalidSchedule` naming the first
+rule broken. The rules, in the order they are checked:
+
+1. ranks: distinct GPUs of the topology;
+2. chunks: each belongs to a block of the collective, fractions are positive and
+   every block's fractions sum to 1;
+3. transfers: chunk, sender and receiver exist, sender != receiver, step >= 0, the
+   operation fits the collective (copies for AllGather/AllToAll, reductions for
+   ReduceScatter, both for AllReduce);
+4. routes: every hop is an existing link, the route starts at the sender's GPU,
+   each link starts where the previous ended, it ends at the receiver's GPU and
+   passes through switches only (forwarding through a GPU is a relay, i.e. a
+   transfer of its own);
+5. causality: a rank sends a chunk at step s only if it held it at the end of
+   step s - 1; no contribution is counted twice; a copy never overwrites data the
+   incoming copy lacks; nothing is delivered twice;
+6. completion: every rank ends with exactly the data it must hold.
+
+State is a bit mask of contributing ranks per (rank, chunk): for AllGather and
+AllToAll a single bit (held or not), for reductions the set of ranks whose input
+the partial sum contains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mccl.errors import InvalidSchedule
+from mccl.schedule.ir import Collective, Schedule, TransferOp
+from mccl.topology import Topology
+
+__all__ = ["validate"]
+
+_FRACTION_TOLERANCE = 1e-9
+
+
+def validate(schedule: Schedule, topology: Topology) -> None:
+    """Raise :class:`InvalidSchedule` naming the first violation; return None if correct."""
+    _check_ranks(schedule, topology)
+    _check_chunks(schedule)
+    _check_transfers(schedule)
+    _check_routes(schedule, topology)
+    if schedule.collective in (Collective.ALLGATHER, Collective.ALLTOALL):
+        _replay_copies(schedule)
+    else:
+        _replay_reductions(schedule)
+
+
+def _rank_name(schedule: Schedule, rank: int) -> str:
+    return f"rank {rank} ({schedule.ranks[rank]})"
+
+
+def _chunk_name(schedule: Schedule, chunk: int) -> str:
+    source = int(schedule.chunks.source[chunk])
+    destination = int(schedule.chunks.destination[chunk])
+    kind = schedule.collective
+    if kind is Collective.ALLGATHER:
+        return f"chunk {chunk} (of source rank {source})"
+    if kind is Collective.ALLTOALL:
+        return f"chunk {chunk} (block rank {source} -> rank {destination})"
+    return f"chunk {chunk} (of block {destination})"
+
+
+def _transfer_name(schedule: Schedule, index: int) -> str:
+    transfers = schedule.transfers
+    return (f"transfer {index} ({_chunk_name(schedule, int(transfers.chunk[index]))}, "
+            f"rank {int(transfers.sender[index])} -> rank {int(transfers.receiver[index])}, "
+            f"step {int(transfers.step[index])})")
+
+
+def _check_ranks(schedule: Schedule, topology: Topology) -> None:
+    if schedule.n_ranks < 2:
+        raise InvalidSchedule(f"a collective needs at least 2 ranks, the schedule has {schedule.n_ranks}")
+    seen: dict[str, int] = {}
+    for rank, gpu in enumerate(schedule.ranks):
+        if gpu not in topology.node_index:
+            raise InvalidSchedule(f"rank {rank} is placed on {gpu!r}, which topology {topology.name!r} does not have")
+        if not topology.node(gpu).is_gpu:
+            raise InvalidSchedule(f"rank {rank} is placed on {gpu!r}, a {topology.node(gpu).kind.value}, not a GPU")
+        if gpu in seen:
+            raise InvalidSchedule(f"ranks {seen[gpu]} and {rank} are both placed on {gpu!r}")
+        seen[gpu] = rank
+
+
+def _check_chunks(schedule: Schedule) -> None:
+    chunks, n, kind = schedule.chunks, schedule.n_ranks, schedule.collective
+    if len(chunks) == 0:
+        raise InvalidSchedule("the schedule has no chunks")
+    source, destination = chunks.source, chunks.destination
+    needs_source = kind in (Collective.ALLGATHER, Collective.ALLTOALL)
+    needs_destination = kind is not Collective.ALLGATHER
+    for name, values, needed in (("source", source, needs_source), ("destination", destination, needs_destination)):
+        if needed:
+            bad = np.flatnonzero((values < 0) | (values >= n))
+            if bad.size:
+                raise InvalidSchedule(f"chunk {bad[0]} has {name} {values[bad[0]]}, not a rank of 0..{n - 1}")
+        else:
+            bad = np.flatnonzero(values != -1)
+            if bad.size:
+                raise InvalidSchedule(f"chunk {bad[0]} has {name} {values[bad[0]]}; a {kind.value} chunk has {name} -1")
+    bad = np.flatnonzero(~np.isfinite(chunks.fraction) | (chunks.fraction <= 0))
+    if bad.size:
+        raise InvalidSchedule(f"chunk {bad[0]} has fraction {chunks.fraction[bad[0]]}; it must be positive")
+    blocks = schedule.block_of_chunks()
+    n_blocks = n * n if kind is Collective.ALLTOALL else n
+    totals = np.bincount(blocks, weights=chunks.fraction, minlength=n_blocks)
+    required = np.ones(n_blocks, dtype=bool)
+    if kind is Collective.ALLTOALL:
+        present = np.bincount(blocks, minlength=n_blocks) > 0
+        required[np.arange(n) * n + np.arange(n)] = False  # the self block is a local copy
+        required |= present
+    for block in np.flatnonzero(required & (np.abs(totals - 1.0) > _FRACTION_TOLERANCE)):
+        label = f"block rank {block // n} -> rank {block % n}" if kind is Collective.ALLTOALL else f"block {block}"
+        if totals[block] == 0:
+            raise InvalidSchedule(f"{label} has no chunks; its data would never move")
+        raise InvalidSchedule(f"the chunks of {label} cover {totals[block]:.12g} of it, not all of it (1)")
+
+
+def _check_transfers(schedule: Schedule) -> None:
+    transfers, n, kind = schedule.transfers, schedule.n_ranks, schedule.collective
+    if len(transfers) == 0:
+        raise InvalidSchedule("the schedule has no transfers")
+    checks = (
+        ((transfers.chunk < 0) | (transfers.chunk >= len(schedule.chunks)), "names a chunk that does not exist"),
+        ((transfers.sender < 0) | (transfers.sender >= n), f"has a sender outside ranks 0..{n - 1}"),
+        ((transfers.receiver < 0) | (transfers.receiver >= n), f"has a receiver outside ranks 0..{n - 1}"),
+        (transfers.sender == transfers.receiver, "sends to its own rank"),
+        (transfers.step < 0, "has a negative step"),
+        (~np.isin(transfers.op, [int(op) for op in TransferOp]), "has an unknown operation"),
+    )
+    for mask, message in checks:
+        bad = np.flatnonzero(mask)
+        if bad.size:
+            i = bad[0]
+            raise InvalidSchedule(f"transfer {i} (chunk {transfers.chunk[i]}, rank {transfers.sender[i]} -> "
+                                  f"rank {transfers.receiver[i]}, step {transfers.step[i]}) {message}")
+    allowed = {
+        Collective.ALLGATHER: {TransferOp.COPY},
+        Collective.ALLTOALL: {TransferOp.COPY},
+        Collective.REDUCESCATTER: {TransferOp.REDUCE},
+        Collective.ALLREDUCE: {TransferOp.COPY, TransferOp.REDUCE},
+    }[kind]
+    bad = np.flatnonzero(~np.isin(transfers.op, [int(op) for op in allowed]))
+    if bad.size:
+        op = TransferOp(int(transfers.op[bad[0]])).name.lower()
+        raise InvalidSchedule(f"{_transfer_name(schedule, bad[0])} is a {op}, which a {kind.value} does not do")
+
+
+def _check_routes(schedule: Schedule, topology: Topology) -> None:
+    transfers = schedule.transfers
+    lengths = transfers.route_lengths
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise InvalidSchedule(f"{_transfer_name(schedule, empty[0])} has an empty route")
+    links = transfers.route_links.astype(np.int64)
+    bad = np.flatnonzero((links < 0) | (links >= len(topology.links)))
+    if bad.size:
+        owner = int(np.searchsorted(transfers.route_offsets, bad[0], side="right") - 1)
+        raise InvalidSchedule(f"{_transfer_name(schedule, owner)} uses link {links[bad[0]]}, "
+                              f"which topology {topology.name!r} does not have")
+    node_index = topology.node_index
+    link_src = np.array([node_index[link.src] for link in topology.links], dtype=np.int64)
+    link_dst = np.array([node_index[link.dst] for link in topology.links], dtype=np.int64)
+    is_gpu = np.array([node.is_gpu for node in topology.nodes], dtype=bool)
+    rank_node = np.array([node_index[gpu] for gpu in schedule.ranks], dtype=np.int64)
+    first = transfers.route_offsets[:-1]
+    last = transfers.route_offsets[1:] - 1
+
+    def describe(index: int) -> str:
+        hops = " ".join(f"{link}({topology.links[link].src}->{topology.links[link].dst})"
+                        for link in transfers.route(index))
+        return f"{_transfer_name(schedule, index)} with route [{hops}]"
+
+    bad = np.flatnonzero(link_src[links[first]] != rank_node[transfers.sender])
+    if bad.size:
+        i = bad[0]
+        raise InvalidSchedule(f"{describe(i)} does not start at the sender's GPU {schedule.ranks[transfers.sender[i]]}")
+    bad = np.flatnonzero(link_dst[links[last]] != rank_node[transfers.receiver])
+    if bad.size:
+        i = bad[0]
+        raise InvalidSchedule(f"{describe(i)} does not end at the receiver's GPU {schedule.ranks[transfers.receiver[i]]}")
+    inner = np.ones(len(links), dtype=bool)
+    inner[last] = False  # positions followed by another hop of the same route
+    positions = np.flatnonzero(inner)
+    broken = positions[link_dst[links[positions]] != link_src[links[positions + 1]]]
+    if broken.size:
+        owner = int(np.searchsorted(transfers.route_offsets, broken[0], side="right") - 1)
+        raise InvalidSchedule(f"{describe(owner)} is not contiguous: link {links[broken[0]]} ends where "
+                              f"link {links[broken[0] + 1]} does not start")
+    through_gpu = positions[is_gpu[link_dst[links[positions]]]]
+    if through_gpu.size:
+        owner = int(np.searchsorted(transfers.route_offsets, through_gpu[0], side="right") - 1)
+        gpu = topology.nodes[link_dst[links[through_gpu[0]]]].id
+        raise InvalidSchedule(f"{describe(owner)} passes through GPU {gpu}; forwarding through a GPU "
+                              "must be a relay (a transfer of its own)")
+
+
+def _steps(schedule: Schedule) -> list[np.ndarray]:
+    """Transfer indices grouped by step, in step order."""
+    order = np.argsort(schedule.transfers.step, kind="stable")
+    steps = schedule.transfers.step[order]
+    bounds = np.flatnonzero(np.diff(steps)) + 1
+    return np.split(order, bounds)
+
+
+def _replay_copies(schedule: Schedule) -> None:
+    """AllGather / AllToAll: a chunk is held or not; vectorized per step."""
+    n, chunks, transfers = schedule.n_ranks, schedule.chunks, schedule.transfers
+    held = np.zeros((n, len(chunks)), dtype=bool)
+    held[chunks.source, np.arange(len(chunks))] = True
+    for group in _steps(schedule):
+        chunk, sender, receiver = transfers.chunk[group], transfers.sender[group], transfers.receiver[group]
+        missing = np.flatnonzero(~held[sender, chunk])
+        if missing.size:
+            i = group[missing[0]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, int(transfers.sender[i]))} "
+                                  f"forwards {_chunk_name(schedule, int(transfers.chunk[i]))} before it holds it")
+        again = np.flatnonzero(held[receiver, chunk])
+        if again.size:
+            i = group[again[0]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, int(transfers.receiver[i]))} "
+                                  "already holds that chunk; it would be delivered twice")
+        key = receiver.astype(np.int64) * len(chunks) + chunk
+        unique, first_index, counts = np.unique(key, return_index=True, return_counts=True)
+        if np.any(counts > 1):
+            i = group[first_index[np.flatnonzero(counts > 1)[0]]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: the same chunk reaches "
+                                  f"{_rank_name(schedule, int(transfers.receiver[i]))} twice in one step")
+        held[receiver, chunk] = True
+    if schedule.collective is Collective.ALLGATHER:
+        missing_rank, missing_chunk = np.nonzero(~held)
+    else:
+        owners = chunks.destination
+        not_delivered = np.flatnonzero(~held[owners, np.arange(len(chunks))])
+        missing_chunk = not_delivered
+        missing_rank = owners[not_delivered]
+    if len(missing_chunk):
+        rank, chunk = int(missing_rank[0]), int(missing_chunk[0])
+        raise InvalidSchedule(f"{_rank_name(schedule, rank)} never receives {_chunk_name(schedule, chunk)}")
+
+
+def _replay_reductions(schedule: Schedule) -> None:
+    """ReduceScatter / AllReduce: contributor sets as Python int bit masks."""
+    n, chunks, transfers = schedule.n_ranks, schedule.chunks, schedule.transfers
+    full = (1 << n) - 1
+    state = [[1 << rank] * len(chunks) for rank in range(n)]
+    chunk_col, sender_col = transfers.chunk.tolist(), transfers.sender.tolist()
+    receiver_col, op_col = transfers.receiver.tolist(), transfers.op.tolist()
+    for group in _steps(schedule):
+        incoming = [(i, state[sender_col[i]][chunk_col[i]]) for i in group.tolist()]
+        copied: set[tuple[int, int]] = set()
+        for i, data in incoming:
+            receiver, chunk = receiver_col[i], chunk_col[i]
+            mine = state[receiver][chunk]
+            if op_col[i] == TransferOp.REDUCE:
+                overlap = data & mine
+                if overlap:
+                    twice = overlap.bit_length() - 1
+                    raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, receiver)} would add "
+                                          f"rank {twice}'s contribution to that chunk twice")
+                state[receiver][chunk] = mine | data
+            else:
+                lost = mine & ~data
+                if lost or data == mine or (receiver, chunk) in copied:
+                    reason = (f"would overwrite the contribution of rank {lost.bit_length() - 1} that the copy lacks"
+                              if lost else "already holds that data; it would be delivered twice")
+                    raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, receiver)} {reason}")
+                copied.add((receiver, chunk))
+                state[receiver][chunk] = data
+    everyone = schedule.collective is Collective.ALLREDUCE
+    for chunk in range(len(chunks)):
+        owners = range(n) if everyone else (int(chunks.destination[chunk]),)
+        for rank in owners:
+            missing = full & ~state[rank][chunk]
+            if missing:
+                raise InvalidSchedule(f"{_rank_name(schedule, rank)} ends without rank {missing.bit_length() - 1}'s "
+                                      f"contribution to {_chunk_name(schedule, chunk)}")

@@ -1,0 +1,203 @@
+"""Ring baselines: the naive ring, NCCL-style rail rings, the locality-aware ring.
+
+* Naive ring: ranks in rank order, one ring.
+* NCCL-style rings (NCCL ``src/graph/search.cc`` on rail-optimized fabrics): C
+  channels, each a ring through every host that crosses between hosts only
+  rail-to-rail: channel c leaves a host through the NIC of one rail and enters the
+  next host through the NIC of that same rail, so inter-host hops stay under one
+  ToR. Inside a host the ring visits the other GPUs over the NVSwitch. Channel c
+  uses the rail pair (a, b) = (c, c+1): hosts at even positions are entered on a and
+  left on b, hosts at odd positions the reverse, so every NIC direction carries
+  the same number of channels. With an odd number of hosts one hop (the last host
+  back to the first) must change rails.
+* Locality-aware ring (MCCS §3.3): hosts grouped by pod, then rack, each group
+  entered once; then channelized as above.
+
+Every ring runs AllGather (copies around the ring), ReduceScatter (partial sums
+around the ring, ending at the block's owner) and AllReduce (ReduceScatter then
+AllGather). Complexity: O(C · n² · k) transfers, each routed once per ring hop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mccl.errors import SynthesisError
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferList, TransferOp
+from mccl.synth.common import check_ranks, describe_on, route_or_infeasible
+from mccl.topology import Router, Topology
+
+__all__ = [
+    "naive_ring",
+    "nccl_ring",
+    "locality_ring",
+    "ring_schedule",
+    "nccl_ring_orders",
+    "locality_order",
+    "cross_rack_flows",
+    "cross_rack_ratio",
+]
+
+
+def _hosts_in_order(topology: Topology, ranks: Sequence[str], order: Sequence[int]) -> list[list[int]]:
+    """Ranks grouped by host, hosts in first-appearance order along ``order``, ranks by rail."""
+    groups: dict[str, list[int]] = {}
+    for rank in order:
+        node = topology.node(ranks[rank])
+        groups.setdefault(node.host or node.id, []).append(rank)
+    return [sorted(members, key=lambda r: (topology.node(ranks[r]).rail or 0, r)) for members in groups.values()]
+
+
+def locality_order(topology: Topology, ranks: Sequence[str]) -> list[int]:
+    """Rank order that visits pods, then racks, then hosts contiguously (first-appearance order)."""
+    first_seen: dict[tuple[str, ...], int] = {}
+
+    def seen(key: tuple[str, ...]) -> int:
+        return first_seen.setdefault(key, len(first_seen))
+
+    keys = []
+    for rank, gpu in enumerate(ranks):
+        node = topology.node(gpu)
+        pod, rack, host = node.pod or "", node.rack or "", node.host or node.id
+        keys.append((seen((pod,)), seen((pod, rack)), seen((pod, rack, host)), node.rail or 0, rank))
+    return [key[-1] for key in sorted(keys)]
+
+
+def nccl_ring_orders(
+    topology: Topology,
+    ranks: Sequence[str],
+    channels: int | None = None,
+    host_order: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """One rank order per channel, NCCL-style (see module docstring)."""
+    order = list(range(len(ranks))) if host_order is None else list(host_order)
+    hosts = _hosts_in_order(topology, ranks, order)
+    widest = max(len(members) for members in hosts)
+    count = widest if channels is None else channels
+    if count < 1:
+        raise SynthesisError(f"channels must be >= 1, got {count}")
+    rings: list[list[int]] = []
+    for channel in range(count):
+        ring: list[int] = []
+        previous_exit: int | None = None
+        for position, members in enumerate(hosts):
+            rails = [topology.node(ranks[r]).rail or 0 for r in members]
+            if len(members) == 1:
+                ring.extend(members)
+                continue
+            a = channel % len(members)
+            b = (channel + 1) % len(members)
+            entry, leave = (a, b) if position % 2 == 0 else (b, a)
+            if previous_exit is not None and previous_exit in rails and rails[entry] != previous_exit:
+                entry = rails.index(previous_exit)  # keep the hop rail-to-rail on uneven hosts
+                if entry == leave:
+                    leave = (entry + 1) % len(members)
+            inner = [members[(entry + step) % len(members)] for step in range(1, len(members))]
+            inner.remove(members[leave])
+            ring.extend([members[entry], *inner, members[leave]])
+            previous_exit = rails[leave]
+        rings.append(ring)
+    return rings
+
+
+def ring_schedule(
+    topology: Topology,
+    collective: Collective | str,
+    ranks: Sequence[str],
+    rings: Sequence[Sequence[int]],
+    *,
+    chunks: int = 1,
+    synthesizer: str = "ring",
+    inputs: Sequence[tuple[str, str]] = (),
+) -> Schedule:
+    """A schedule that splits every block evenly over ``rings`` × ``chunks`` and runs each ring."""
+    collective = Collective(collective)
+    if collective is Collective.ALLTOALL:
+        raise SynthesisError("a ring carries AllGather, ReduceScatter and AllReduce; use direct_alltoall for AllToAll")
+    if chunks < 1:
+        raise SynthesisError(f"chunks must be >= 1, got {chunks}")
+    n = len(ranks)
+    for ring in rings:
+        if sorted(ring) != list(range(n)):
+            raise SynthesisError(f"a ring must visit every rank 0..{n - 1} exactly once, got {list(ring)}")
+    per_block = len(rings) * chunks
+    fraction = 1.0 / per_block
+    if collective is Collective.ALLGATHER:
+        sources = [block for block in range(n) for _ in range(per_block)]
+        destinations = [-1] * (n * per_block)
+    else:
+        sources = [-1] * (n * per_block)
+        destinations = [block for block in range(n) for _ in range(per_block)]
+    chunk_table = Chunks(sources, destinations, [fraction] * (n * per_block))
+    router = Router(topology)
+    transfers = TransferList()
+    for ring_index, ring in enumerate(rings):
+        position = {rank: i for i, rank in enumerate(ring)}
+        hop_route = {}
+        for i, rank in enumerate(ring):
+            nxt = ring[(i + 1) % n]
+            hop_route[rank] = route_or_infeasible(router, ranks[rank], ranks[nxt], f"ring{ring_index}:{rank}>{nxt}",
+                                                  f"ring {ring_index} (hop rank {rank} -> rank {nxt})")
+        for block in range(n):
+            for piece in range(chunks):
+                chunk = block * per_block + ring_index * chunks + piece
+                start = position[block]
+                if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
+                    for step in range(n - 1):
+                        sender = ring[(start + 1 + step) % n]
+                        transfers.add(chunk, sender, ring[(start + 2 + step) % n], step,
+                                      hop_route[sender], TransferOp.REDUCE)
+                if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
+                    offset = n - 1 if collective is Collective.ALLREDUCE else 0
+                    for step in range(n - 1):
+                        sender = ring[(start + step) % n]
+                        transfers.add(chunk, sender, ring[(start + step + 1) % n], offset + step,
+                                      hop_route[sender], TransferOp.COPY)
+    schedule = Schedule(collective, tuple(ranks), chunk_table, transfers.freeze(),
+                        ScheduleMeta(synthesizer, topology=topology.name, inputs=tuple(inputs)))
+    return describe_on(schedule, topology)
+
+
+def naive_ring(topology: Topology, collective: Collective | str, ranks: Sequence[str] | None = None,
+               *, chunks: int = 1) -> Schedule:
+    """One ring in rank order."""
+    chosen = check_ranks(topology, ranks)
+    return ring_schedule(topology, collective, chosen, [list(range(len(chosen)))], chunks=chunks,
+                         synthesizer="ring.naive", inputs=(("chunks", str(chunks)),))
+
+
+def nccl_ring(topology: Topology, collective: Collective | str, ranks: Sequence[str] | None = None,
+              *, channels: int | None = None, chunks: int = 1) -> Schedule:
+    """NCCL-style rail rings, hosts in rank order (NCCL takes the inter-host order from ranks)."""
+    chosen = check_ranks(topology, ranks)
+    rings = nccl_ring_orders(topology, chosen, channels)
+    return ring_schedule(topology, collective, chosen, rings, chunks=chunks, synthesizer="ring.nccl",
+                         inputs=(("channels", str(len(rings))), ("chunks", str(chunks))))
+
+
+def locality_ring(topology: Topology, collective: Collective | str, ranks: Sequence[str] | None = None,
+                  *, channels: int | None = None, chunks: int = 1) -> Schedule:
+    """MCCS's locality-aware ring: hosts grouped by pod then rack, channelized rail-to-rail."""
+    chosen = check_ranks(topology, ranks)
+    rings = nccl_ring_orders(topology, chosen, channels, host_order=locality_order(topology, chosen))
+    return ring_schedule(topology, collective, chosen, rings, chunks=chunks, synthesizer="ring.locality",
+                         inputs=(("channels", str(len(rings))), ("chunks", str(chunks))))
+
+
+def cross_rack_flows(topology: Topology, ranks: Sequence[str], order: Sequence[int]) -> int:
+    """Ring hops (including the closing one) whose ends sit in different racks."""
+    racks = [topology.node(ranks[rank]).rack for rank in order]
+    return sum(1 for i in range(len(racks)) if racks[i] != racks[(i + 1) % len(racks)])
+
+
+def cross_rack_ratio(topology: Topology, ranks: Sequence[str], order: Sequence[int] | None = None) -> float:
+    """MCCS §2 metric: cross-rack flows of a ring over those of the locality-aware ring.
+
+    ``order`` defaults to rank order (what NCCL builds). 1.0 when both are zero.
+    """
+    chosen = list(range(len(ranks))) if order is None else list(order)
+    ring_flows = cross_rack_flows(topology, ranks, chosen)
+    best = cross_rack_flows(topology, ranks, locality_order(topology, ranks))
+    if best == 0:
+        return 1.0 if ring_flows == 0 else float("inf")
+    return ring_flows / best

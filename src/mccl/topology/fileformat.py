@@ -1,0 +1,242 @@
+"""Topology files: YAML or JSON, versioned, with errors that name line and field.
+
+Format ``mccl-topology/1``::
+
+    format: mccl-topology/1
+    name: rail_optimized(1,2,8)
+    nodes:
+      - {id: gpu0, kind: gpu, host: host0, rail: 0, rack: seg0, segment: seg0, pod: pod0}
+      - {id: nvs0, kind: nvswitch, host: host0}
+    links:
+      - {id: 0, src: gpu0, dst: nvs0, gbps: 2880.0, latency_us: 0.025}
+      - {src: gpu1, dst: nvs0, gbps: 2880, latency_us: 0.025, duplex: true}
+
+Link ids are positions; a hand-written file may leave them out. ``duplex: true``
+stands for a cable (two directed links). JSON is read by the same parser (it is
+YAML), so line numbers work for both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mccl.errors import TopologyError, TopologyFileError
+from mccl.topology.model import Link, Node, NodeKind, Topology, unreachable_gpu_pair
+
+__all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict"]
+
+FORMAT = "mccl-topology/1"
+_NODE_FIELDS = {"id", "kind", "host", "rail", "rack", "segment", "pod"}
+_LINK_FIELDS = {"id", "src", "dst", "gbps", "latency_us", "duplex"}
+_KIND_ALIASES = {"spine": NodeKind.AGGREGATION, "leaf": NodeKind.TOR}
+
+
+def topology_to_dict(topology: Topology) -> dict[str, Any]:
+    nodes = []
+    for node in topology.nodes:
+        entry: dict[str, Any] = {"id": node.id, "kind": node.kind.value}
+        for key in ("host", "rail", "rack", "segment", "pod"):
+            value = getattr(node, key)
+            if value is not None:
+                entry[key] = value
+        nodes.append(entry)
+    links = [
+        {"id": link.id, "src": link.src, "dst": link.dst, "gbps": link.gbps, "latency_us": link.latency_us}
+        for link in topology.links
+    ]
+    return {"format": FORMAT, "name": topology.name, "nodes": nodes, "links": links}
+
+
+def dumps_topology(topology: Topology, fmt: str = "yaml") -> str:
+    data = topology_to_dict(topology)
+    if fmt == "json":
+        return json.dumps(data, indent=1) + "\n"
+    if fmt != "yaml":
+        raise TopologyFileError(f"unknown topology file format {fmt!r}; use yaml or json")
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=None, width=200)
+
+
+def dump_topology(topology: Topology, path: str | Path) -> None:
+    path = Path(path)
+    fmt = "json" if path.suffix.lower() == ".json" else "yaml"
+    path.write_text(dumps_topology(topology, fmt))
+
+
+def load_topology(path: str | Path) -> Topology:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise TopologyFileError(f"{path}: cannot read topology file: {error.strerror or error}") from None
+    return loads_topology(text, source=str(path))
+
+
+class _Reader:
+    """Turns a composed YAML tree into plain data, remembering each field's line."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.lines: dict[str, int] = {}
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def fail(self, where: str, message: str) -> TopologyFileError:
+        line = self.lines.get(where)
+        prefix = f"{self.source}:{line}" if line is not None else self.source
+        return TopologyFileError(f"{prefix}: {where}: {message}" if where else f"{prefix}: {message}")
+
+    def plain(self, node: yaml.Node, where: str) -> Any:
+        self.lines[where] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            result: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = f"{where}.{key}" if where else key
+                if key in result:
+                    self.lines[child] = key_node.start_mark.line + 1
+                    raise self.fail(child, "field given twice")
+                result[key] = self.plain(value_node, child)
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            return [self.plain(item, f"{where}[{i}]") for i, item in enumerate(node.value)]
+        return self.constructor.construct_object(node)
+
+
+def loads_topology(text: str, source: str = "<topology>") -> Topology:
+    """Parse a topology file's text.
+
+    The fast path parses with libyaml (or json) and keeps no positions; only when the
+    content is wrong is the text parsed again, slowly, to name the line of the fault.
+    """
+    try:
+        return _build(_parse_fast(text, source), _Reader(source))
+    except TopologyFileError:
+        reader = _Reader(source)
+        data = reader.plain(_compose(text, source), "")
+        return _build(data, reader)
+
+
+def _parse_fast(text: str, source: str) -> Any:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return json.loads(text) if text.lstrip().startswith("{") else yaml.load(text, Loader=loader)  # noqa: S506
+    except (ValueError, yaml.YAMLError):
+        return _compose(text, source)  # raises with the line of the syntax error
+
+
+def _compose(text: str, source: str) -> yaml.Node:
+    try:
+        tree = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise TopologyFileError(f"{source}{line}: not valid YAML/JSON: {getattr(error, 'problem', error)}") from None
+    if tree is None:
+        raise TopologyFileError(f"{source}: the file is empty")
+    return tree
+
+
+def _build(data: Any, reader: _Reader) -> Topology:
+    if isinstance(data, yaml.Node):
+        data = reader.plain(data, "")
+    if data is None:
+        raise TopologyFileError(f"{reader.source}: the file is empty")
+    if not isinstance(data, dict):
+        raise reader.fail("", "the top level must be a mapping with format, name, nodes and links")
+    if data.get("format") != FORMAT:
+        raise reader.fail("format", f"expected format {FORMAT!r}, got {data.get('format')!r}")
+    for key in ("nodes", "links"):
+        if not isinstance(data.get(key), list):
+            raise reader.fail(key, f"'{key}' must be a list")
+    nodes = _read_nodes(reader, data["nodes"])
+    links = _read_links(reader, data["links"], {node.id for node in nodes})
+    pair = unreachable_gpu_pair(nodes, links)
+    if pair is not None:
+        where = next(f"nodes[{i}]" for i, node in enumerate(nodes) if node.id == pair[0])
+        raise reader.fail(where, f"GPU {pair[0]!r} cannot reach GPU {pair[1]!r}: the fabric is disconnected")
+    name = str(data.get("name", Path(reader.source).stem))
+    try:
+        return Topology(name, tuple(nodes), tuple(links))
+    except TopologyError as error:  # any remaining rule, reported against the file
+        raise reader.fail("", str(error)) from None
+
+
+def _read_nodes(reader: _Reader, entries: list[Any]) -> list[Node]:
+    nodes: list[Node] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, dict):
+            raise reader.fail(where, "a node must be a mapping with at least id and kind")
+        unknown = set(entry) - _NODE_FIELDS
+        if unknown:
+            raise reader.fail(where, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_NODE_FIELDS)}")
+        node_id = entry.get("id")
+        if not isinstance(node_id, str) or not node_id:
+            raise reader.fail(f"{where}.id", f"node id must be a non-empty string, got {node_id!r}")
+        if node_id in seen:
+            raise reader.fail(f"{where}.id", f"duplicate node id {node_id!r} (first at nodes[{seen[node_id]}])")
+        seen[node_id] = i
+        kind_text = entry.get("kind")
+        try:
+            kind = _KIND_ALIASES.get(str(kind_text)) or NodeKind(kind_text)
+        except ValueError:
+            raise reader.fail(
+                f"{where}.kind", f"unknown node kind {kind_text!r}; known: {', '.join(k.value for k in NodeKind)}"
+            ) from None
+        rail = entry.get("rail")
+        if rail is not None and (not isinstance(rail, int) or isinstance(rail, bool) or rail < 0):
+            raise reader.fail(f"{where}.rail", f"rail must be a non-negative integer, got {rail!r}")
+        labels = {key: (None if entry.get(key) is None else str(entry[key])) for key in ("host", "rack", "segment", "pod")}
+        nodes.append(Node(node_id, kind, rail=rail, **labels))
+    return nodes
+
+
+def _number(reader: _Reader, where: str, value: Any, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise reader.fail(where, f"must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise reader.fail(where, f"capacity must be positive, got {value}")
+    if not positive and value < 0:
+        raise reader.fail(where, f"must be >= 0, got {value}")
+    return float(value)
+
+
+def _read_links(reader: _Reader, entries: list[Any], node_ids: set[str]) -> list[Link]:
+    links: list[Link] = []
+    for i, entry in enumerate(entries):
+        where = f"links[{i}]"
+        if not isinstance(entry, dict):
+            raise reader.fail(where, "a link must be a mapping with src, dst, gbps and latency_us")
+        unknown = set(entry) - _LINK_FIELDS
+        if unknown:
+            raise reader.fail(where, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_LINK_FIELDS)}")
+        for end in ("src", "dst"):
+            if end not in entry:
+                raise reader.fail(where, f"missing field '{end}'")
+            if entry[end] not in node_ids:
+                raise reader.fail(f"{where}.{end}", f"unknown node {entry[end]!r}")
+        if entry["src"] == entry["dst"]:
+            raise reader.fail(where, f"a link cannot connect {entry['src']!r} to itself")
+        if "gbps" not in entry:
+            raise reader.fail(where, "missing field 'gbps' (capacity in Gbit/s)")
+        gbps = _number(reader, f"{where}.gbps", entry["gbps"], positive=True)
+        latency = _number(reader, f"{where}.latency_us", entry.get("latency_us", 0.0), positive=False)
+        duplex = entry.get("duplex", False)
+        if not isinstance(duplex, bool):
+            raise reader.fail(f"{where}.duplex", f"must be true or false, got {duplex!r}")
+        if "id" in entry and (duplex or entry["id"] != len(links)):
+            raise reader.fail(
+                f"{where}.id",
+                f"link id {entry['id']!r} must equal its position {len(links)} (ids are positions; "
+                "leave them out of hand-written files, and out of duplex entries)",
+            )
+        links.append(Link(len(links), entry["src"], entry["dst"], gbps, latency))
+        if duplex:
+            links.append(Link(len(links), entry["dst"], entry["src"], gbps, latency))
+    return links

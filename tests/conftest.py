@@ -1,0 +1,48 @@
+"""Shared fixtures and strategies: the builders' fabrics and random small topologies."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+
+from mccl.topology import Node, NodeKind, Topology, rail_optimized, single_switch, spine_leaf, switch_ring
+
+
+@pytest.fixture(scope="session")
+def hpn() -> Topology:
+    return rail_optimized(1, 2, 8)
+
+
+BUILDER_CASES = [
+    rail_optimized(1, 2, 8),
+    rail_optimized(2, 2, 4),
+    rail_optimized(1, 3, 2, aggregation_switches=1),
+    spine_leaf(2, 2, 2, 2, 100, 50),
+    spine_leaf(3, 1, 1, 1, 100, 100),
+    switch_ring(4, 1, 2, 100),
+    switch_ring(2, 2, 1, 40),
+    single_switch(4, 100),
+]
+
+
+@st.composite
+def small_topologies(draw: st.DrawFn) -> Topology:
+    """2–6 GPUs and 0–3 switches, random extra links, a cable ring through all nodes
+    so that every GPU reaches every other; capacities 1–1000 Gbit/s."""
+    n_gpus = draw(st.integers(2, 6))
+    n_switches = draw(st.integers(0, 3))
+    nodes = [Node(f"g{i}", NodeKind.GPU, host=f"h{draw(st.integers(0, 2))}", rail=i % 2,
+                  rack=f"r{draw(st.integers(0, 1))}") for i in range(n_gpus)]
+    nodes += [Node(f"s{i}", NodeKind.SWITCH) for i in range(n_switches)]
+    names = [node.id for node in nodes]
+    order = draw(st.permutations(names))
+    capacity = st.floats(1.0, 1000.0, allow_nan=False)
+    latency = st.floats(0.0, 2.0, allow_nan=False)
+    edges = []
+    for a, b in zip(order, order[1:] + order[:1], strict=False):
+        if a != b:
+            cap, lat = draw(capacity), draw(latency)
+            edges += [(a, b, cap, lat), (b, a, cap, lat)]
+    extra = draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(names), capacity, latency), max_size=8))
+    edges += [(a, b, cap, lat) for a, b, cap, lat in extra if a != b]
+    return Topology.from_edges("random", nodes, edges)
