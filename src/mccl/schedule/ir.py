@@ -171,7 +171,9 @@ class ScheduleMeta:
     algbw in GB/s. ``achieved_gbs``: the steady-state algbw of this (rounded)
     schedule on the topology it was made for. ``bottleneck_cut``: K_s with each
     link's base slack. ``chunks_per_link``: ``(link id, n_a)`` for every link with
-    n_a > 0. ``inputs``: provenance as ``(key, value)`` strings.
+    n_a > 0. ``inputs``: provenance as ``(key, value)`` strings. ``stats``: numeric
+    facts of the synthesis, ``(name, value)``: ``solve_time_s``, ``iterations``,
+    ``columns``, ``kept_fraction`` (warm start), ``rounding_gap``, ... .
     """
 
     synthesizer: str
@@ -182,6 +184,10 @@ class ScheduleMeta:
     achieved_gbs: float | None = None
     bottleneck_cut: tuple[CutLink, ...] = ()
     chunks_per_link: tuple[tuple[int, int], ...] = ()
+    stats: tuple[tuple[str, float], ...] = ()
+
+    def stat(self, name: str, default: float | None = None) -> float | None:
+        return dict(self.stats).get(name, default)
 
 
 @dataclass(frozen=True)

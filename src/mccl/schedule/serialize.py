@@ -49,6 +49,7 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
             "achieved_gbs": meta.achieved_gbs,
             "bottleneck_cut": [[cut.link, cut.base_slack] for cut in meta.bottleneck_cut],
             "chunks_per_link": [list(pair) for pair in meta.chunks_per_link],
+            "stats": [list(pair) for pair in meta.stats],
         },
     }
 
@@ -90,6 +91,7 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
             achieved_gbs=meta_data.get("achieved_gbs"),
             bottleneck_cut=tuple(CutLink(int(link), float(slack)) for link, slack in meta_data.get("bottleneck_cut", [])),
             chunks_per_link=tuple((int(link), int(count)) for link, count in meta_data.get("chunks_per_link", [])),
+            stats=tuple((str(name), float(value)) for name, value in meta_data.get("stats", [])),
         )
     except ScheduleFileError:
         raise

@@ -9,6 +9,7 @@ AllToAll; bounds every schedule must respect live in :mod:`mccl.synth.bounds`.
 from mccl.synth.bounds import CutBound, allgather_cut_bound
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.direct import direct_alltoall
+from mccl.synth.optimize import optimize
 from mccl.synth.ring import (
     cross_rack_flows,
     cross_rack_ratio,
@@ -33,5 +34,6 @@ __all__ = [
     "naive_ring",
     "nccl_ring",
     "nccl_ring_orders",
+    "optimize",
     "ring_schedule",
 ]

@@ -1,0 +1,34 @@
+"""``optimize()``: the one entry point the controller and the simulator call.
+
+It picks the synthesizer for a collective: AllGather and ReduceScatter by
+spanning-tree packing, AllToAll by column generation, AllReduce as ReduceScatter +
+AllGather. ``previous`` is the schedule being replaced (for a warm start).
+Until a synthesizer lands, its collective raises :class:`SynthesisError` saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mccl.errors import SynthesisError
+from mccl.schedule import Collective, Schedule
+from mccl.topology import Topology
+
+__all__ = ["optimize"]
+
+
+def optimize(
+    topology: Topology,
+    collective: Collective | str,
+    ranks: Sequence[str] | None = None,
+    *,
+    previous: Schedule | None = None,
+    **options: object,
+) -> Schedule:
+    """A throughput-optimized schedule for ``collective`` on ``topology`` (validated shape)."""
+    collective = Collective(collective)
+    if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+        raise SynthesisError(f"{collective.value} tree packing is not available yet (issue 3)")
+    if collective is Collective.ALLTOALL:
+        raise SynthesisError("alltoall column generation is not available yet (issue 4)")
+    raise SynthesisError(f"{collective.value} synthesis is not available yet")
