@@ -1,0 +1,384 @@
+"""The discrete-event, flow-level fabric simulator (mccl-paper §2.3 and §6.1 use SimAI
+for this; MCCS §3.3 a testbed).
+
+Every transfer of a running collective becomes a flow on its route once its chunk
+is held at the sender and its connection is free (:mod:`mccl.sim.compiled`).
+Flows share links max-min fairly (:mod:`mccl.sim.fairshare`), after constant-rate
+background flows took their rate; greedy background flows compete like any flow.
+A flow's last byte leaves the sender when its bytes are sent and arrives one
+route latency (the sum of its links' latencies) later; the arrival may let other
+transfers start. Rates are recomputed whenever the set of flows or a capacity
+changes. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
+processed together, so the thousands of identical flows of a symmetric schedule
+finish in one batch instead of one by one.
+
+Events, in the order they are handled at one time: flows that finish sending,
+link changes and background flows, arrivals (which may finish collectives and
+launch the next collective of a job), launches, the closed-loop hook, then every
+connection that is free and has a ready transfer starts one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from mccl.errors import MCCLError
+from mccl.schedule import Schedule
+from mccl.sim.closedloop import ControlHook, ControlView, PathSample
+from mccl.sim.compiled import CompiledSchedule, compile_schedule, csr_gather
+from mccl.sim.ecmp import routes_for
+from mccl.sim.fairshare import max_min_rates
+from mccl.sim.inputs import BackgroundFlow, CapacityChange, CollectiveOp, Job, SimOptions
+from mccl.sim.recorder import PathMeter, UtilizationRecorder
+from mccl.sim.results import RunResult, SimResult, SimStats
+from mccl.sim.runs import RunState
+from mccl.topology import Topology
+
+__all__ = ["simulate", "simulate_schedule"]
+
+_BYTES_PER_GBIT = 1e9 / 8
+_ABS_BYTES = 1e-9  # a flow with less than this left is done
+
+
+def simulate(
+    topology: Topology,
+    jobs: Sequence[Job],
+    *,
+    background: Sequence[BackgroundFlow] = (),
+    changes: Sequence[CapacityChange] = (),
+    hook: ControlHook | None = None,
+    options: SimOptions = SimOptions(),
+) -> SimResult:
+    """Run ``jobs`` (and background traffic, link changes, a hook) until every job is done."""
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise MCCLError(f"job names must differ, got {names}")
+    if not jobs:
+        raise MCCLError("nothing to simulate: no jobs")
+    n_links = len(topology.links)
+    for flow in background:
+        for link in flow.route:
+            if not 0 <= link < n_links:
+                raise MCCLError(f"background flow {flow.name!r} uses link {link}, not in topology {topology.name!r}")
+    for change in changes:
+        if not 0 <= change.link < n_links:
+            raise MCCLError(f"capacity change names link {change.link}, not in topology {topology.name!r}")
+    return _Engine(topology, tuple(jobs), tuple(background), tuple(changes), hook, options).run()
+
+
+def simulate_schedule(
+    schedule: Schedule,
+    topology: Topology,
+    size_bytes: float,
+    *,
+    options: SimOptions = SimOptions(),
+    **inputs: object,
+) -> RunResult:
+    """Simulate one collective alone on the fabric (plus ``background``/``changes`` if given)."""
+    result = simulate(topology, [Job.single(schedule, size_bytes)], options=options, **inputs)  # type: ignore[arg-type]
+    return result.only()
+
+
+class _Engine:
+    def __init__(self, topology: Topology, jobs: tuple[Job, ...], background: tuple[BackgroundFlow, ...],
+                 changes: tuple[CapacityChange, ...], hook: ControlHook | None, options: SimOptions) -> None:
+        self.topology = topology
+        self.jobs = jobs
+        self.background = background
+        self.hook = hook
+        self.options = options
+        self.n_links = len(topology.links)
+        self.capacity = topology.capacities_gbps * _BYTES_PER_GBIT  # bytes/s, changes over time
+        # Active flows (struct of arrays): run slot (-1: greedy background), transfer or background index.
+        self.f_run = np.zeros(0, dtype=np.int64)
+        self.f_tr = np.zeros(0, dtype=np.int64)
+        self.f_rem = np.zeros(0)
+        self.f_rate = np.zeros(0)
+        self.f_len = np.zeros(0, dtype=np.int64)
+        self.f_bn = np.zeros(0, dtype=np.int64)
+        self.f_path = np.zeros(0, dtype=np.int64)
+        self.inc_links = np.zeros(0, dtype=np.int64)
+        self.link_rate = np.zeros(self.n_links)
+        self.constant: set[int] = set()  # active constant-rate background flows
+        self.constant_usage = np.zeros(self.n_links)
+        self.runs: dict[int, RunState] = {}
+        self.next_slot = 0
+        self.current: dict[tuple[str, str], CollectiveOp] = {(job.name, op.name): op for job in jobs for op in job.ops}
+        self.compiled: dict[tuple[int, str], tuple[Schedule, CompiledSchedule]] = {}
+        self.launches: list[tuple[float, int, int, int, int]] = []  # (time, seq, job, op, iteration)
+        self.arrivals: list[tuple[float, int, int, np.ndarray]] = []  # (time, seq, slot, transfers)
+        self.seq = 0
+        timeline: list[tuple[float, int, int, object]] = []
+        for change in changes:
+            timeline.append((change.time_s, 0, 0, change))
+        for index, flow in enumerate(background):
+            timeline.append((flow.start_s, 1, index, "start"))
+            if math.isfinite(flow.end_s):
+                timeline.append((flow.end_s, 1, index, "end"))
+        self.timeline = sorted(timeline, key=lambda entry: (entry[0], entry[1], entry[2]))
+        self.timeline_at = 0
+        self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins)
+        self.meter = PathMeter() if hook is not None else None
+        self.next_hook = hook.interval_s if hook is not None else math.inf
+        self.finished: list[RunResult] = []
+        self.unreported: list[RunResult] = []
+        self.events = self.batches = self.solves = self.rounds = self.max_flows = 0
+
+    # -- main loop ------------------------------------------------------------
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        for index, job in enumerate(self.jobs):
+            if job.start_s < job.until_s:
+                self._push_launch(job.start_s, index, 0, 0)
+        now = 0.0
+        self._apply_timeline(now, 0.0)
+        self._recompute()
+        while self.runs or self.launches:
+            upcoming = self._next_time(now)
+            if upcoming > self.options.max_time_s:
+                raise MCCLError(f"simulation passed max_time_s={self.options.max_time_s:g} s at "
+                                f"{len(self.runs)} unfinished collectives; {self._stall_report()}")
+            self._advance(now, upcoming)
+            now = upcoming
+            tolerance = self.options.time_tolerance * max(now, 1e-6)
+            self.batches += 1
+            changed = self._finish_flows(now, tolerance)
+            changed |= self._apply_timeline(now, tolerance)
+            self._arrive(now, tolerance)
+            self._launch(now, tolerance)
+            if now >= self.next_hook - tolerance:
+                self._call_hook(now)
+            changed |= self._start(now, tolerance)
+            if changed:
+                self._recompute()
+        stats = SimStats(self.events, self.batches, self.solves, self.rounds, self.max_flows,
+                         time.perf_counter() - wall)
+        return SimResult(tuple(self.finished), self.recorder.result(), now, stats)
+
+    def _next_time(self, now: float) -> float:
+        upcoming = math.inf
+        if len(self.f_rem):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                remaining = np.where(self.f_rate > 0, self.f_rem / self.f_rate, np.inf)
+            upcoming = now + float(remaining.min())
+        if self.arrivals:
+            upcoming = min(upcoming, self.arrivals[0][0])
+        if self.timeline_at < len(self.timeline):
+            upcoming = min(upcoming, self.timeline[self.timeline_at][0])
+        if self.launches:
+            upcoming = min(upcoming, self.launches[0][0])
+        if math.isinf(upcoming):  # the hook only swaps future launches: it cannot unblock a stall
+            raise MCCLError(f"simulation stalled at t={now:.9g} s: {self._stall_report()}")
+        return max(min(upcoming, self.next_hook), now)
+
+    def _stall_report(self) -> str:
+        for run in self.runs.values():
+            waiting = np.flatnonzero(np.isnan(run.t_start))
+            if len(waiting):
+                i = int(waiting[0])
+                comp = run.compiled
+                return (f"job {run.job!r} {run.op!r} has {len(waiting)} transfers not started; e.g. transfer "
+                        f"{int(comp.original[i])} (chunk {int(comp.chunk[i])}, rank {int(comp.sender[i])} -> "
+                        f"{int(comp.receiver[i])}, step {int(comp.step[i])}) still waits for "
+                        f"{int(run.pending[i])} arrivals")
+            if len(self.f_rem):
+                return "flows have no capacity left (constant-rate background takes it all)"
+        return "no runs active"
+
+    def _advance(self, start: float, stop: float) -> None:
+        step = stop - start
+        if step <= 0:
+            return
+        if len(self.f_rem):
+            self.f_rem -= self.f_rate * step
+            if self.meter is not None:
+                mine = self.f_path >= 0
+                self.meter.add(self.f_path[mine], self.f_rate[mine], step)
+        self.recorder.add(start, stop, self.link_rate, self.capacity)
+
+    # -- flows ------------------------------------------------------------------
+    def _keep_flows(self, keep: np.ndarray) -> None:
+        self.inc_links = self.inc_links[np.repeat(keep, self.f_len)]
+        for name in ("f_run", "f_tr", "f_rem", "f_rate", "f_len", "f_bn", "f_path"):
+            setattr(self, name, getattr(self, name)[keep])
+
+    def _add_flows(self, run: int, transfers: np.ndarray, remaining: np.ndarray, lengths: np.ndarray,
+                   links: np.ndarray, paths: np.ndarray) -> None:
+        count = len(transfers)
+        self.f_run = np.concatenate([self.f_run, np.full(count, run, dtype=np.int64)])
+        self.f_tr = np.concatenate([self.f_tr, transfers])
+        self.f_rem = np.concatenate([self.f_rem, remaining])
+        self.f_rate = np.concatenate([self.f_rate, np.zeros(count)])
+        self.f_len = np.concatenate([self.f_len, lengths])
+        self.f_bn = np.concatenate([self.f_bn, np.full(count, -1, dtype=np.int64)])
+        self.f_path = np.concatenate([self.f_path, paths])
+        self.inc_links = np.concatenate([self.inc_links, links])
+        self.max_flows = max(self.max_flows, len(self.f_run))
+
+    def _recompute(self) -> None:
+        residual = np.maximum(self.capacity - self.constant_usage, 0.0)
+        offsets = np.zeros(len(self.f_len) + 1, dtype=np.int64)
+        np.cumsum(self.f_len, out=offsets[1:])
+        share = max_min_rates(offsets, self.inc_links, residual)
+        self.f_rate, self.f_bn = share.rates, share.bottleneck
+        self.link_rate = self.constant_usage + np.bincount(
+            self.inc_links, weights=np.repeat(self.f_rate, self.f_len), minlength=self.n_links)
+        self.solves += 1
+        self.rounds += share.rounds
+
+    def _finish_flows(self, now: float, tolerance: float) -> bool:
+        done = (self.f_run >= 0) & (self.f_rem <= self.f_rate * tolerance + _ABS_BYTES)
+        if not done.any():
+            return False
+        runs, transfers, bottleneck = self.f_run[done], self.f_tr[done], self.f_bn[done]
+        self._keep_flows(~done)
+        self.events += len(transfers)
+        for slot in np.unique(runs):
+            mine = runs == slot
+            run = self.runs[int(slot)]
+            finished = transfers[mine]
+            arrival = run.sent(finished, bottleneck[mine], now)
+            times, inverse = np.unique(arrival, return_inverse=True)
+            for index, when in enumerate(times):
+                self.seq += 1
+                heapq.heappush(self.arrivals, (float(when), self.seq, int(slot), finished[inverse == index]))
+        return True
+
+    # -- timeline: capacity changes and background flows ------------------------
+    def _apply_timeline(self, now: float, tolerance: float) -> bool:
+        changed = False
+        constant_changed = False
+        while self.timeline_at < len(self.timeline) and self.timeline[self.timeline_at][0] <= now + tolerance:
+            _, kind, index, payload = self.timeline[self.timeline_at]
+            self.timeline_at += 1
+            self.events += 1
+            changed = True
+            if kind == 0:
+                change: CapacityChange = payload  # type: ignore[assignment]
+                self.capacity[change.link] = change.gbps * _BYTES_PER_GBIT
+                constant_changed = True
+                continue
+            flow = self.background[index]
+            if flow.rate_gbps is not None:
+                (self.constant.add if payload == "start" else self.constant.discard)(index)
+                constant_changed = True
+            elif payload == "start":
+                route = np.asarray(flow.route, dtype=np.int64)
+                self._add_flows(-1, np.array([index]), np.array([np.inf]), np.array([len(route)]), route,
+                                np.array([-1]))
+                self.max_flows = max(self.max_flows, len(self.f_run))
+            else:
+                self._keep_flows(~((self.f_run == -1) & (self.f_tr == index)))
+        if constant_changed:
+            self._constant_rates()
+        return changed
+
+    def _constant_rates(self) -> None:
+        """Constant-rate flows take their rate first (max-min among themselves if oversubscribed)."""
+        active = sorted(self.constant)
+        self.constant_usage = np.zeros(self.n_links)
+        if not active:
+            return
+        routes = [self.background[i].route for i in active]
+        offsets = np.zeros(len(routes) + 1, dtype=np.int64)
+        np.cumsum([len(route) for route in routes], out=offsets[1:])
+        links = np.concatenate([np.asarray(route, dtype=np.int64) for route in routes])
+        caps = np.array([self.background[i].rate_gbps for i in active]) * _BYTES_PER_GBIT
+        rates = max_min_rates(offsets, links, self.capacity, caps).rates
+        self.constant_usage = np.bincount(links, weights=np.repeat(rates, np.diff(offsets)), minlength=self.n_links)
+
+    # -- arrivals, launches, completions ------------------------------------------
+    def _arrive(self, now: float, tolerance: float) -> None:
+        batches: dict[int, list[np.ndarray]] = {}
+        while self.arrivals and self.arrivals[0][0] <= now + tolerance:
+            _, _, slot, transfers = heapq.heappop(self.arrivals)
+            batches.setdefault(slot, []).append(transfers)
+        for slot, parts in batches.items():
+            run = self.runs[slot]
+            arrived = np.concatenate(parts)
+            self.events += len(arrived)
+            if run.arrive(arrived, now):
+                self._complete(slot, now)
+
+    def _complete(self, slot: int, now: float) -> None:
+        run = self.runs.pop(slot)
+        result = run.result(now, self.options.keep_chain)
+        self.finished.append(result)
+        self.unreported.append(result)
+        job = self.jobs[run.job_index]
+        op, iteration = run.op_index + 1, run.iteration
+        if op == len(job.ops):
+            op, iteration = 0, iteration + 1
+        when = now + job.gap_s
+        if iteration < job.iterations and when < job.until_s:
+            self._push_launch(when, run.job_index, op, iteration)
+
+    def _push_launch(self, when: float, job: int, op: int, iteration: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.launches, (when, self.seq, job, op, iteration))
+
+    def _launch(self, now: float, tolerance: float) -> None:
+        while self.launches and self.launches[0][0] <= now + tolerance:
+            _, _, job_index, op_index, iteration = heapq.heappop(self.launches)
+            job = self.jobs[job_index]
+            op = self.current[(job.name, job.ops[op_index].name)]
+            compiled = self._compile(job, op.schedule)
+            paths = None
+            if self.meter is not None:
+                ranks = op.schedule.ranks
+                paths = np.array([self.meter.path_id(job.name, ranks[int(s)], ranks[int(r)], route) for s, r, route in
+                                  zip(compiled.conn_sender, compiled.conn_receiver, compiled.conn_route, strict=True)],
+                                 dtype=np.int64)
+            slot = self.next_slot
+            self.next_slot += 1
+            self.runs[slot] = RunState(job_index, job.name, op_index, op.name, iteration, compiled, op.size_bytes,
+                                       now, paths)
+            self.events += 1
+            if compiled.n_transfers == 0:
+                self._complete(slot, now)
+
+    def _compile(self, job: Job, schedule: Schedule) -> CompiledSchedule:
+        key = (id(schedule), job.name)
+        cached = self.compiled.get(key)
+        if cached is None or cached[0] is not schedule:
+            offsets, links = routes_for(schedule, self.topology, job.paths, job.name)
+            compiled = compile_schedule(schedule, self.topology, offsets, links,
+                                        serialize_connections=self.options.serialize_connections)
+            cached = self.compiled[key] = (schedule, compiled)
+        return cached[1]
+
+    def _start(self, now: float, tolerance: float) -> bool:
+        started = False
+        for slot, run in self.runs.items():
+            transfers = run.start(now, tolerance)
+            if not len(transfers):
+                continue
+            started = True
+            self.events += len(transfers)
+            comp = run.compiled
+            lengths, links = csr_gather(comp.route_offsets, comp.route_links, transfers)
+            paths = (run.paths[comp.connection[transfers]] if run.paths is not None
+                     else np.full(len(transfers), -1, dtype=np.int64))
+            self._add_flows(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths)
+        return started
+
+    # -- the closed-loop hook ------------------------------------------------------
+    def _call_hook(self, now: float) -> None:
+        if self.hook is None or self.meter is None:
+            return
+        samples = tuple(PathSample(job, src, dst, route, size, busy)
+                        for (job, src, dst, route), size, busy in self.meter.read())
+        current = {key: op.schedule for key, op in self.current.items()}
+        view = ControlView(now, samples, tuple(self.unreported), current)
+        self.unreported = []
+        self.hook.callback(view)
+        for key, schedule in view.swaps.items():
+            self.current[key] = CollectiveOp(schedule, self.current[key].size_bytes, self.current[key].name)
+        self.events += 1
+        while self.next_hook <= now + self.options.time_tolerance * max(now, 1e-6):
+            self.next_hook += self.hook.interval_s
