@@ -43,6 +43,8 @@ __all__ = ["simulate", "simulate_schedule"]
 
 _BYTES_PER_GBIT = 1e9 / 8
 _ABS_BYTES = 1e-9  # a flow with less than this left is done
+DEFAULT_OPTIONS = SimOptions()
+_MAX_STEP_GAP = 4  # weights below ratio**-4 make no difference
 
 
 def simulate(
@@ -52,7 +54,7 @@ def simulate(
     background: Sequence[BackgroundFlow] = (),
     changes: Sequence[CapacityChange] = (),
     hook: ControlHook | None = None,
-    options: SimOptions = SimOptions(),
+    options: SimOptions = DEFAULT_OPTIONS,
 ) -> SimResult:
     """Run ``jobs`` (and background traffic, link changes, a hook) until every job is done."""
     names = [job.name for job in jobs]
@@ -76,7 +78,7 @@ def simulate_schedule(
     topology: Topology,
     size_bytes: float,
     *,
-    options: SimOptions = SimOptions(),
+    options: SimOptions = DEFAULT_OPTIONS,
     **inputs: object,
 ) -> RunResult:
     """Simulate one collective alone on the fabric (plus ``background``/``changes`` if given)."""
@@ -102,6 +104,7 @@ class _Engine:
         self.f_len = np.zeros(0, dtype=np.int64)
         self.f_bn = np.zeros(0, dtype=np.int64)
         self.f_path = np.zeros(0, dtype=np.int64)
+        self.f_step = np.zeros(0, dtype=np.int64)  # the transfer's step (0 for background)
         self.inc_links = np.zeros(0, dtype=np.int64)
         self.link_rate = np.zeros(self.n_links)
         self.constant: set[int] = set()  # active constant-rate background flows
@@ -204,12 +207,13 @@ class _Engine:
     # -- flows ------------------------------------------------------------------
     def _keep_flows(self, keep: np.ndarray) -> None:
         self.inc_links = self.inc_links[np.repeat(keep, self.f_len)]
-        for name in ("f_run", "f_tr", "f_rem", "f_rate", "f_len", "f_bn", "f_path"):
+        for name in ("f_run", "f_tr", "f_rem", "f_rate", "f_len", "f_bn", "f_path", "f_step"):
             setattr(self, name, getattr(self, name)[keep])
 
     def _add_flows(self, run: int, transfers: np.ndarray, remaining: np.ndarray, lengths: np.ndarray,
-                   links: np.ndarray, paths: np.ndarray) -> None:
+                   links: np.ndarray, paths: np.ndarray, steps: np.ndarray | None = None) -> None:
         count = len(transfers)
+        self.f_step = np.concatenate([self.f_step, np.zeros(count, dtype=np.int64) if steps is None else steps])
         self.f_run = np.concatenate([self.f_run, np.full(count, run, dtype=np.int64)])
         self.f_tr = np.concatenate([self.f_tr, transfers])
         self.f_rem = np.concatenate([self.f_rem, remaining])
@@ -224,12 +228,24 @@ class _Engine:
         residual = np.maximum(self.capacity - self.constant_usage, 0.0)
         offsets = np.zeros(len(self.f_len) + 1, dtype=np.int64)
         np.cumsum(self.f_len, out=offsets[1:])
-        share = max_min_rates(offsets, self.inc_links, residual)
+        share = max_min_rates(offsets, self.inc_links, residual, weights=self._weights())
         self.f_rate, self.f_bn = share.rates, share.bottleneck
         self.link_rate = self.constant_usage + np.bincount(
             self.inc_links, weights=np.repeat(self.f_rate, self.f_len), minlength=self.n_links)
         self.solves += 1
         self.rounds += share.rounds
+
+    def _weights(self) -> np.ndarray | None:
+        """Older steps first: a collective's flow weighs ``step_priority``⁻ᵈ, d the number of steps
+        it is ahead of that collective's oldest flow in flight (background flows weigh 1)."""
+        ratio = self.options.step_priority
+        if ratio == 1.0 or not len(self.f_step):
+            return None
+        oldest = np.full(self.next_slot + 1, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(oldest, self.f_run, self.f_step)  # background flows (slot -1) land in the last cell
+        behind = np.minimum(self.f_step - oldest[self.f_run], _MAX_STEP_GAP)
+        behind[self.f_run < 0] = 0
+        return ratio ** (-behind.astype(float))
 
     def _finish_flows(self, now: float, tolerance: float) -> bool:
         done = (self.f_run >= 0) & (self.f_rem <= self.f_rate * tolerance + _ABS_BYTES)
@@ -364,7 +380,8 @@ class _Engine:
             lengths, links = csr_gather(comp.route_offsets, comp.route_links, transfers)
             paths = (run.paths[comp.connection[transfers]] if run.paths is not None
                      else np.full(len(transfers), -1, dtype=np.int64))
-            self._add_flows(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths)
+            self._add_flows(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
+                            comp.step[transfers])
         return started
 
     # -- the closed-loop hook ------------------------------------------------------

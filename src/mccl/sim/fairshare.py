@@ -17,6 +17,10 @@ chain of bottleneck dependencies, usually a handful, and each round is a few
 ``bincount`` / ``reduceat`` passes over the flow-link incidences: O(rounds · hops).
 
 A per-flow ``cap`` (a demand limit) acts as a private link of that capacity.
+Per-flow ``weights`` give weighted max-min fairness: shares are per unit of weight
+and a flow gets its weight times its bottleneck's share (the engine weights a
+collective's earlier steps far above its later ones, so that a hop sends the
+older block first, as a FIFO connection does).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def max_min_rates(
     links: np.ndarray,
     capacity: np.ndarray,
     caps: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> FairShare:
     """Max-min fair rates of flows whose routes are ``links[offsets[f]:offsets[f+1]]``.
 
@@ -58,7 +63,9 @@ def max_min_rates(
     n_flows = len(offsets) - 1
     n_links = len(capacity)
     cap = np.full(n_flows, np.inf) if caps is None else np.asarray(caps, dtype=float)
+    weight = np.ones(n_flows) if weights is None else np.asarray(weights, dtype=float)
     rates = cap.copy()
+    cap = cap / weight  # caps as levels (per unit of weight)
     bottleneck = np.full(n_flows, -1, dtype=np.int64)
     if n_flows == 0 or len(links) == 0:
         return FairShare(rates, bottleneck, 0)
@@ -73,9 +80,11 @@ def max_min_rates(
         rounds += 1
         starts = np.zeros(len(flows), dtype=np.int64)
         np.cumsum(flow_len[:-1], out=starts[1:])
-        count = np.bincount(inc_link, minlength=n_links)
+        flow_weight = weight[flows]
+        inc_weight = np.repeat(flow_weight, flow_len)
+        count = np.bincount(inc_link, weights=inc_weight, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(count > 0, np.maximum(remaining, 0.0) / np.maximum(count, 1), np.inf)
+            share = np.where(count > 0, np.maximum(remaining, 0.0) / count, np.inf)
         inc_share = share[inc_link]
         flow_min = np.minimum(np.minimum.reduceat(inc_share, starts), cap[flows])
         inc_flow_min = np.repeat(flow_min, flow_len)
@@ -88,13 +97,14 @@ def max_min_rates(
         if not frozen.any():  # cannot happen in exact arithmetic; freeze the global minimum
             frozen = flow_min <= flow_min.min() * (1.0 + _TIE)
         chosen = flows[frozen]
-        rates[chosen] = flow_min[frozen]
+        rates[chosen] = flow_min[frozen] * flow_weight[frozen]
         # Name the saturated link that froze each flow (cap-frozen flows keep -1).
         at_link = inc_frozen & (inc_share <= inc_flow_min * (1.0 + _TIE))
         owner = np.repeat(flows, flow_len)
         bottleneck[owner[at_link]] = inc_link[at_link]
         inc_frozen_flow = np.repeat(frozen, flow_len)
-        remaining -= np.bincount(inc_link[inc_frozen_flow], weights=inc_flow_min[inc_frozen_flow], minlength=n_links)
+        remaining -= np.bincount(inc_link[inc_frozen_flow], weights=(inc_flow_min * inc_weight)[inc_frozen_flow],
+                                 minlength=n_links)
         keep = ~inc_frozen_flow
         inc_link = inc_link[keep]
         flows = flows[~frozen]

@@ -133,6 +133,10 @@ class SimOptions:
     width as the simulated time grows). ``time_tolerance``: events closer than this
     relative time are processed together (floating-point noise of symmetric flows).
     ``max_time_s``: give up (an error) past this simulated time.
+    ``step_priority``: weight ratio between a collective's consecutive steps when
+    their flows share a link (weighted max-min): the older step's block goes first,
+    as on a FIFO connection, instead of racing the next one and delaying everything
+    that waits for it. 1 makes all flows equal.
     """
 
     serialize_connections: bool = True
@@ -140,6 +144,13 @@ class SimOptions:
     time_tolerance: float = 1e-9
     max_time_s: float = 1e6
     keep_chain: bool = True
+    step_priority: float = 1e3
+
+    def __post_init__(self) -> None:
+        if not self.step_priority >= 1:
+            raise MCCLError(f"step_priority must be >= 1, got {self.step_priority}")
+        if not 0 < self.time_tolerance < 1e-3:
+            raise MCCLError(f"time_tolerance must be in (0, 1e-3), got {self.time_tolerance}")
 
 
 def gray_failure(
