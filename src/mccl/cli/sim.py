@@ -1,6 +1,8 @@
-"""``mccl sim``: run a named scenario of the papers and print its table."""
+"""``mccl sim``: run a named scenario of the papers on the flow-level simulator, print its table."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -13,14 +15,24 @@ __all__ = ["sim_command"]
 
 @click.command("sim")
 @click.argument("scenario", type=click.Choice(sorted(SCENARIOS)), default="fig2")
-def sim_command(scenario: str) -> None:
-    """Evaluate a paper scenario (default: fig2, mccl-paper Fig. 2) with the analytic model."""
-    rows = SCENARIOS[scenario]()
-    table = Table(title=f"scenario {scenario} (analytic α-β model; S = {format_size(rows[0].size_bytes)} per rank)")
-    for column in ("fabric state", "collective", "schedule", "algbw (GB/s)", "busbw (GB/s)", "note"):
-        table.add_column(column, justify="right" if "GB/s" in column else "left")
-    for row in rows:
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory to save the scenario's PNG plot in.")
+def sim_command(scenario: str, out_dir: Path | None) -> None:
+    """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal."""
+    report = SCENARIOS[scenario]()
+    size = format_size(report.rows[0].size_bytes) if report.rows else "-"
+    table = Table(title=f"{report.title} (flow-level simulation; S = {size} per rank)")
+    for column in ("fabric state", "collective", "schedule", "algbw (GB/s)", "busbw (GB/s)", "speedup", "note"):
+        table.add_column(column, justify="right" if "GB/s" in column or column == "speedup" else "left")
+    for row in report.rows:
         table.add_row(row.scenario, row.collective.value, row.schedule,
                       "-" if row.algbw_gbs is None else f"{row.algbw_gbs:.2f}",
-                      "-" if row.busbw_gbs is None else f"{row.busbw_gbs:.2f}", row.note)
+                      "-" if row.busbw_gbs is None else f"{row.busbw_gbs:.2f}",
+                      "-" if row.speedup is None else f"{row.speedup:.2f}x", row.note)
     console.print(table)
+    for when, what in report.events:
+        console.print(f"  t = {when:g} s: {what}")
+    if out_dir is not None:
+        from mccl.sim.plotting import plot_report
+
+        console.print(f"plot: {plot_report(report, out_dir)}")

@@ -1,29 +1,37 @@
-"""Named evaluation scenarios of the reference papers, as data.
+"""Named evaluation scenarios of the reference papers, run on the flow-level simulator.
 
-Each scenario returns rows (what ran, on which fabric, how fast) that the CLI
-prints and benchmarks record. A row whose schedule kind does not exist yet (a
-synthesizer still to come) has ``algbw_gbs=None`` and a note saying so, so that
-the tables keep their shape as the project grows.
+Each scenario returns a :class:`ScenarioReport`: rows (what ran, on which fabric
+state, how fast) that the CLI prints and the plots draw. Schedules come from the
+baselines of :mod:`mccl.synth` and from :func:`mccl.synth.optimize`; a row whose
+synthesizer has not landed yet has ``algbw_gbs=None`` and the note "not yet
+available", and fills in by itself once ``optimize`` returns schedules. The
+simulator never learns how a schedule was made (DESIGN.md).
+
+Sizes: "128 MB per source" (mccl-paper §2.3, §6.1) is nccl-tests S = n × 128 MiB
+for AllGather (the output buffer) and AllToAll (the send buffer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mccl.errors import SynthesisError
 from mccl.schedule import Collective, Schedule, validate
-from mccl.sim.analytic import evaluate
-from mccl.synth import allgather_cut_bound, direct_alltoall, nccl_ring
-from mccl.topology import Topology, degrade, rail_optimized
+from mccl.sim.analytic import busbw_factor
+from mccl.sim.engine import simulate_schedule
+from mccl.synth import allgather_cut_bound, direct_alltoall, nccl_ring, optimize
+from mccl.topology import Topology, apply_fault, degrade, rail_optimized
 
-__all__ = ["ScenarioRow", "SCENARIOS", "fig2_degradation"]
+__all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "fig2_degradation", "fig9_failures", "MiB"]
 
 MiB = 2**20
+NOT_YET = "not yet available"
 
 
 @dataclass(frozen=True)
 class ScenarioRow:
-    scenario: str
+    scenario: str  # the fabric state (or time window)
     collective: Collective
     schedule: str
     fabric: str
@@ -31,44 +39,130 @@ class ScenarioRow:
     algbw_gbs: float | None
     busbw_gbs: float | None
     note: str = ""
+    speedup: float | None = None  # over the scenario's baseline row
 
 
-def _row(scenario: str, schedule: Schedule, planned_on: Topology, runs_on: Topology, size: float, label: str) -> ScenarioRow:
+@dataclass(frozen=True)
+class ScenarioReport:
+    name: str
+    title: str
+    rows: tuple[ScenarioRow, ...]
+    timeline: tuple[tuple[float, float, str], ...] = ()  # (end time s, algbw GB/s, schedule) per collective
+    events: tuple[tuple[float, str], ...] = field(default=())  # (time s, what happened)
+
+
+def _simulated(scenario: str, schedule: Schedule, runs_on: Topology, size: float, label: str,
+               note: str = "", baseline: float | None = None) -> ScenarioRow:
     validate(schedule, runs_on)
-    result = evaluate(schedule, runs_on, size)
-    note = "" if planned_on is runs_on else "planned for the healthy fabric"
-    return ScenarioRow(scenario, schedule.collective, label, runs_on.name, size, result.algbw_gbs, result.busbw_gbs, note)
+    run = simulate_schedule(schedule, runs_on, size)
+    speedup = run.algbw_gbs / baseline if baseline else None
+    return ScenarioRow(scenario, schedule.collective, label, runs_on.name, size, run.algbw_gbs, run.busbw_gbs,
+                       note, speedup)
 
 
-def fig2_degradation(per_source_bytes: float = 128 * MiB) -> list[ScenarioRow]:
-    """mccl-paper Fig. 2: 2×8 HPN, GPU 0's NIC cable degraded by 0/50/75/88 %.
+def _synthesized(topology: Topology, collective: Collective, previous: Schedule | None = None) -> Schedule | None:
+    """``optimize``'s schedule, or None while its synthesizer is not available."""
+    try:
+        return optimize(topology, collective, previous=previous)
+    except SynthesisError as error:
+        if "not available" in str(error):
+            return None
+        raise
 
-    AllGather with NCCL-style rings and AllToAll with NCCL-style direct sends
-    (PXN), 128 MB per source; each planned on the healthy fabric and run on the
-    degraded one (what a static library does). The AllGather cut bound on the
-    degraded fabric is what re-optimization can reach at best.
+
+def _missing(scenario: str, collective: Collective, label: str, fabric: Topology, size: float) -> ScenarioRow:
+    return ScenarioRow(scenario, collective, label, fabric.name, size, None, None, NOT_YET)
+
+
+def fig2_degradation(per_source_bytes: float = 128 * MiB) -> ScenarioReport:
+    """mccl-paper Fig. 2 (§2.3): 2×8 HPN, GPU 0's NIC cable degraded by 0/50/75/88 %.
+
+    AllGather with NCCL-style rings and AllToAll with NCCL-style direct sends (PXN),
+    planned on the healthy fabric and run on the degraded one ("Orig": what a static
+    library does), against mccl's schedules planned for the healthy fabric and
+    re-optimized for the degraded one. The AllGather cut bound is what any schedule
+    can reach at best. Speedups are over the static NCCL row of the same state.
     """
     healthy = rail_optimized(1, 2, 8)
     n = len(healthy.gpus)
-    size = per_source_bytes * n  # S: AllGather output / AllToAll send buffer per rank
+    size = per_source_bytes * n
+    baselines = {Collective.ALLGATHER: (nccl_ring(healthy, Collective.ALLGATHER), "NCCL ring (Orig)"),
+                 Collective.ALLTOALL: (direct_alltoall(healthy, chunks=4), "NCCL direct, PXN (Orig)")}
+    planned = {collective: _synthesized(healthy, collective) for collective in baselines}
     rows: list[ScenarioRow] = []
-    plans = {
-        Collective.ALLGATHER: nccl_ring(healthy, Collective.ALLGATHER),
-        Collective.ALLTOALL: direct_alltoall(healthy),
-    }
     for percent in (0, 50, 75, 88):
-        fabric = healthy if percent == 0 else degrade(healthy, ("gpu0", "tor0.0"), factor=1 - percent / 100, duplex=True)
-        scenario = "healthy" if percent == 0 else f"gpu0 NIC -{percent}%"
-        for collective, plan in plans.items():
-            label = "NCCL ring (static)" if collective is Collective.ALLGATHER else "NCCL direct, PXN (static)"
-            rows.append(_row(scenario, plan, healthy, fabric, size, label))
-        bound = allgather_cut_bound(fabric)
-        rows.append(ScenarioRow(scenario, Collective.ALLGATHER, "cut bound (no schedule beats it)", fabric.name,
-                                size, bound.algbw_gbs, bound.algbw_gbs * (n - 1) / n))
-        for collective, synthesizer in ((Collective.ALLGATHER, "tree packing"), (Collective.ALLTOALL, "column generation")):
-            rows.append(ScenarioRow(scenario, collective, f"mccl {synthesizer} (re-opt.)", fabric.name, size,
-                                    None, None, "not yet available"))
-    return rows
+        fabric = healthy if percent == 0 else degrade(healthy, ("gpu0", "tor0.0"), factor=1 - percent / 100,
+                                                      duplex=True)
+        state = "healthy" if percent == 0 else f"gpu0 NIC -{percent}%"
+        for collective, (plan, label) in baselines.items():
+            base = _simulated(state, plan, fabric, size, label, "" if percent == 0 else "planned for healthy")
+            rows.append(base)
+            name = "tree packing" if collective is Collective.ALLGATHER else "column generation"
+            static = planned[collective]
+            if static is None:
+                rows.append(_missing(state, collective, f"mccl {name} (Orig)", fabric, size))
+            else:
+                rows.append(_simulated(state, static, fabric, size, f"mccl {name} (Orig)", "planned for healthy",
+                                       base.algbw_gbs))
+            reopt = _synthesized(fabric, collective, previous=static) if static is not None else None
+            if reopt is None:
+                rows.append(_missing(state, collective, f"mccl {name} (re-opt.)", fabric, size))
+            else:
+                rows.append(_simulated(state, reopt, fabric, size, f"mccl {name} (re-opt.)", "", base.algbw_gbs))
+            if collective is Collective.ALLGATHER:
+                bound = allgather_cut_bound(fabric)
+                rows.append(ScenarioRow(state, collective, "cut bound (no schedule beats it)", fabric.name, size,
+                                        bound.algbw_gbs, bound.algbw_gbs * busbw_factor(collective, n),
+                                        "max-flow bound", bound.algbw_gbs / base.algbw_gbs))
+    return ScenarioReport("fig2", f"mccl-paper Fig. 2: {healthy.name}, 128 MB per source, GPU 0's NIC degraded",
+                          tuple(rows))
 
 
-SCENARIOS: dict[str, Callable[[], list[ScenarioRow]]] = {"fig2": fig2_degradation}
+def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4, 8)),
+                  per_source_bytes: float = 128 * MiB) -> ScenarioReport:
+    """mccl-paper Fig. 9 (§6.1): Fail1/Fail2/Fail3 on S×H×8 HPN, AllGather and AllToAll,
+    algbw speedup of mccl's re-optimized schedule over NCCL's static one ("No reopt").
+    Paper: up to 7.33× (AllGather) and 7.12× (AllToAll)."""
+    rows: list[ScenarioRow] = []
+    for shape in fabrics:
+        healthy = rail_optimized(*shape)
+        n = len(healthy.gpus)
+        size = per_source_bytes * n
+        plans = {Collective.ALLGATHER: nccl_ring(healthy, Collective.ALLGATHER),
+                 Collective.ALLTOALL: direct_alltoall(healthy, chunks=4)}
+        for fault in ("healthy", "Fail1", "Fail2", "Fail3"):
+            fabric = healthy if fault == "healthy" else apply_fault(healthy, fault)
+            state = f"{'x'.join(map(str, shape))} {fault}"
+            for collective, plan in plans.items():
+                label = "NCCL ring (No reopt)" if collective is Collective.ALLGATHER else "NCCL direct (No reopt)"
+                base = _simulated(state, plan, fabric, size, label, "", 1.0)
+                base = ScenarioRow(base.scenario, base.collective, base.schedule, base.fabric, base.size_bytes,
+                                   base.algbw_gbs, base.busbw_gbs, base.note, 1.0)
+                rows.append(base)
+                name = "tree packing" if collective is Collective.ALLGATHER else "column generation"
+                reopt = _synthesized(fabric, collective)
+                if reopt is None:
+                    rows.append(_missing(state, collective, f"mccl {name} (re-opt.)", fabric, size))
+                else:
+                    rows.append(_simulated(state, reopt, fabric, size, f"mccl {name} (re-opt.)", "",
+                                           base.algbw_gbs))
+                if collective is Collective.ALLGATHER:
+                    bound = allgather_cut_bound(fabric)
+                    rows.append(ScenarioRow(state, collective, "cut bound", fabric.name, size, bound.algbw_gbs,
+                                            bound.algbw_gbs * busbw_factor(collective, n), "max-flow bound",
+                                            bound.algbw_gbs / base.algbw_gbs))
+    return ScenarioReport("fig9", "mccl-paper Fig. 9: speedup over NCCL under Fail1/Fail2/Fail3, 128 MB per source",
+                          tuple(rows))
+
+
+def _mccs(**options: object) -> ScenarioReport:
+    from mccl.sim.mccs import ring_reversal
+
+    return ring_reversal(**options)  # type: ignore[arg-type]
+
+
+SCENARIOS: dict[str, Callable[[], ScenarioReport]] = {
+    "fig2": fig2_degradation,
+    "fig9": fig9_failures,
+    "mccs-reversal": _mccs,
+}
