@@ -55,7 +55,7 @@ class CompiledSchedule:
     n_connections: int
     conn_sender: np.ndarray  # rank of each connection's sender
     conn_receiver: np.ndarray
-    conn_route: tuple[tuple[int, ...], ...]
+    conn_first: np.ndarray  # internal index of each connection's first transfer
     dep_offsets: np.ndarray  # CSR: transfers that wait for transfer d
     dep_targets: np.ndarray
     n_deps: np.ndarray  # how many arrivals each transfer waits for
@@ -63,6 +63,11 @@ class CompiledSchedule:
     @property
     def n_transfers(self) -> int:
         return len(self.original)
+
+    def conn_route(self, connection: int) -> tuple[int, ...]:
+        """The route (link ids) of a connection."""
+        first = int(self.conn_first[connection])
+        return tuple(int(x) for x in self.route_links[self.route_offsets[first]:self.route_offsets[first + 1]])
 
 
 def csr_gather(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +144,6 @@ def compile_schedule(
     latency_s = np.add.reduceat(latency, offsets_sorted[:-1]) if count else np.zeros(0)
     sender, receiver, chunk, step = sender[order], receiver[order], chunk[order], step[order]
     firsts = np.flatnonzero(new_conn)
-    conn_route = tuple(tuple(int(x) for x in links_sorted[offsets_sorted[i]:offsets_sorted[i + 1]]) for i in firsts)
 
     dep_offsets, dep_targets, n_deps = _dependencies(sender, receiver, chunk, step, len(schedule.chunks))
     fraction = schedule.chunks.fraction[chunk]
@@ -147,7 +151,7 @@ def compile_schedule(
         schedule=schedule, original=order.astype(np.int64), chunk=chunk, sender=sender, receiver=receiver,
         step=step, fraction=fraction, latency_s=latency_s, route_offsets=offsets_sorted, route_links=links_sorted,
         connection=connection, n_connections=n_connections, conn_sender=sender[firsts], conn_receiver=receiver[firsts],
-        conn_route=conn_route, dep_offsets=dep_offsets, dep_targets=dep_targets, n_deps=n_deps,
+        conn_first=firsts, dep_offsets=dep_offsets, dep_targets=dep_targets, n_deps=n_deps,
     )
     _check_sources(compiled)
     return compiled

@@ -33,6 +33,7 @@ from mccl.sim.closedloop import ControlHook, ControlView, PathSample
 from mccl.sim.compiled import CompiledSchedule, compile_schedule, csr_gather
 from mccl.sim.ecmp import routes_for
 from mccl.sim.fairshare import max_min_rates
+from mccl.sim.flows import FlowTable
 from mccl.sim.inputs import BackgroundFlow, CapacityChange, CollectiveOp, Job, SimOptions
 from mccl.sim.recorder import PathMeter, UtilizationRecorder
 from mccl.sim.results import RunResult, SimResult, SimStats
@@ -42,9 +43,7 @@ from mccl.topology import Topology
 __all__ = ["simulate", "simulate_schedule"]
 
 _BYTES_PER_GBIT = 1e9 / 8
-_ABS_BYTES = 1e-9  # a flow with less than this left is done
 DEFAULT_OPTIONS = SimOptions()
-_MAX_STEP_GAP = 4  # weights below ratio**-4 make no difference
 
 
 def simulate(
@@ -96,23 +95,17 @@ class _Engine:
         self.options = options
         self.n_links = len(topology.links)
         self.capacity = topology.capacities_gbps * _BYTES_PER_GBIT  # bytes/s, changes over time
-        # Active flows (struct of arrays): run slot (-1: greedy background), transfer or background index.
-        self.f_run = np.zeros(0, dtype=np.int64)
-        self.f_tr = np.zeros(0, dtype=np.int64)
-        self.f_rem = np.zeros(0)
-        self.f_rate = np.zeros(0)
-        self.f_len = np.zeros(0, dtype=np.int64)
-        self.f_bn = np.zeros(0, dtype=np.int64)
-        self.f_path = np.zeros(0, dtype=np.int64)
-        self.f_step = np.zeros(0, dtype=np.int64)  # the transfer's step (0 for background)
-        self.inc_links = np.zeros(0, dtype=np.int64)
-        self.link_rate = np.zeros(self.n_links)
+        self.flows = FlowTable(self.n_links, options.step_priority)
+        for flow in background:
+            route = np.asarray(flow.route, dtype=np.int64)
+            self.flows.add_routes(np.array([0, len(route)]), route)
         self.constant: set[int] = set()  # active constant-rate background flows
         self.constant_usage = np.zeros(self.n_links)
         self.runs: dict[int, RunState] = {}
         self.next_slot = 0
         self.current: dict[tuple[str, str], CollectiveOp] = {(job.name, op.name): op for job in jobs for op in job.ops}
         self.compiled: dict[tuple[int, str], tuple[Schedule, CompiledSchedule]] = {}
+        self.path_cache: dict[tuple[int, str], tuple[CompiledSchedule, np.ndarray]] = {}
         self.launches: list[tuple[float, int, int, int, int]] = []  # (time, seq, job, op, iteration)
         self.arrivals: list[tuple[float, int, int, np.ndarray]] = []  # (time, seq, slot, transfers)
         self.seq = 0
@@ -130,7 +123,7 @@ class _Engine:
         self.next_hook = hook.interval_s if hook is not None else math.inf
         self.finished: list[RunResult] = []
         self.unreported: list[RunResult] = []
-        self.events = self.batches = self.solves = self.rounds = self.max_flows = 0
+        self.events = self.batches = self.max_flows = 0
 
     # -- main loop ------------------------------------------------------------
     def run(self) -> SimResult:
@@ -140,7 +133,7 @@ class _Engine:
                 self._push_launch(job.start_s, index, 0, 0)
         now = 0.0
         self._apply_timeline(now, 0.0)
-        self._recompute()
+        self._recompute(now)
         while self.runs or self.launches:
             upcoming = self._next_time(now)
             if upcoming > self.options.max_time_s:
@@ -158,17 +151,15 @@ class _Engine:
                 self._call_hook(now)
             changed |= self._start(now, tolerance)
             if changed:
-                self._recompute()
-        stats = SimStats(self.events, self.batches, self.solves, self.rounds, self.max_flows,
+                self._recompute(now)
+        stats = SimStats(self.events, self.batches, self.flows.solves, self.flows.rounds, self.max_flows,
                          time.perf_counter() - wall)
         return SimResult(tuple(self.finished), self.recorder.result(), now, stats)
 
     def _next_time(self, now: float) -> float:
         upcoming = math.inf
-        if len(self.f_rem):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                remaining = np.where(self.f_rate > 0, self.f_rem / self.f_rate, np.inf)
-            upcoming = now + float(remaining.min())
+        if len(self.flows):
+            upcoming = float(self.flows.finish.min())
         if self.arrivals:
             upcoming = min(upcoming, self.arrivals[0][0])
         if self.timeline_at < len(self.timeline):
@@ -189,7 +180,7 @@ class _Engine:
                         f"{int(comp.original[i])} (chunk {int(comp.chunk[i])}, rank {int(comp.sender[i])} -> "
                         f"{int(comp.receiver[i])}, step {int(comp.step[i])}) still waits for "
                         f"{int(run.pending[i])} arrivals")
-            if len(self.f_rem):
+            if len(self.flows):
                 return "flows have no capacity left (constant-rate background takes it all)"
         return "no runs active"
 
@@ -197,62 +188,24 @@ class _Engine:
         step = stop - start
         if step <= 0:
             return
-        if len(self.f_rem):
-            self.f_rem -= self.f_rate * step
-            if self.meter is not None:
-                mine = self.f_path >= 0
-                self.meter.add(self.f_path[mine], self.f_rate[mine], step)
-        self.recorder.add(start, stop, self.link_rate, self.capacity)
+        flows = self.flows
+        if self.meter is not None and len(flows):
+            mine = flows.path >= 0
+            self.meter.add(flows.path[mine], flows.rate[mine], step)
+        self.recorder.add(start, stop, flows.link_rate + self.constant_usage, self.capacity)
 
     # -- flows ------------------------------------------------------------------
-    def _keep_flows(self, keep: np.ndarray) -> None:
-        self.inc_links = self.inc_links[np.repeat(keep, self.f_len)]
-        for name in ("f_run", "f_tr", "f_rem", "f_rate", "f_len", "f_bn", "f_path", "f_step"):
-            setattr(self, name, getattr(self, name)[keep])
-
-    def _add_flows(self, run: int, transfers: np.ndarray, remaining: np.ndarray, lengths: np.ndarray,
-                   links: np.ndarray, paths: np.ndarray, steps: np.ndarray | None = None) -> None:
-        count = len(transfers)
-        self.f_step = np.concatenate([self.f_step, np.zeros(count, dtype=np.int64) if steps is None else steps])
-        self.f_run = np.concatenate([self.f_run, np.full(count, run, dtype=np.int64)])
-        self.f_tr = np.concatenate([self.f_tr, transfers])
-        self.f_rem = np.concatenate([self.f_rem, remaining])
-        self.f_rate = np.concatenate([self.f_rate, np.zeros(count)])
-        self.f_len = np.concatenate([self.f_len, lengths])
-        self.f_bn = np.concatenate([self.f_bn, np.full(count, -1, dtype=np.int64)])
-        self.f_path = np.concatenate([self.f_path, paths])
-        self.inc_links = np.concatenate([self.inc_links, links])
-        self.max_flows = max(self.max_flows, len(self.f_run))
-
-    def _recompute(self) -> None:
-        residual = np.maximum(self.capacity - self.constant_usage, 0.0)
-        offsets = np.zeros(len(self.f_len) + 1, dtype=np.int64)
-        np.cumsum(self.f_len, out=offsets[1:])
-        share = max_min_rates(offsets, self.inc_links, residual, weights=self._weights())
-        self.f_rate, self.f_bn = share.rates, share.bottleneck
-        self.link_rate = self.constant_usage + np.bincount(
-            self.inc_links, weights=np.repeat(self.f_rate, self.f_len), minlength=self.n_links)
-        self.solves += 1
-        self.rounds += share.rounds
-
-    def _weights(self) -> np.ndarray | None:
-        """Older steps first: a collective's flow weighs ``step_priority``⁻ᵈ, d the number of steps
-        it is ahead of that collective's oldest flow in flight (background flows weigh 1)."""
-        ratio = self.options.step_priority
-        if ratio == 1.0 or not len(self.f_step):
-            return None
-        oldest = np.full(self.next_slot + 1, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(oldest, self.f_run, self.f_step)  # background flows (slot -1) land in the last cell
-        behind = np.minimum(self.f_step - oldest[self.f_run], _MAX_STEP_GAP)
-        behind[self.f_run < 0] = 0
-        return ratio ** (-behind.astype(float))
+    def _recompute(self, now: float) -> None:
+        self.flows.recompute(np.maximum(self.capacity - self.constant_usage, 0.0), now)
+        self.max_flows = max(self.max_flows, len(self.flows))
 
     def _finish_flows(self, now: float, tolerance: float) -> bool:
-        done = (self.f_run >= 0) & (self.f_rem <= self.f_rate * tolerance + _ABS_BYTES)
+        flows = self.flows
+        done = (flows.finish <= now + tolerance) & (flows.run >= 0)
         if not done.any():
             return False
-        runs, transfers, bottleneck = self.f_run[done], self.f_tr[done], self.f_bn[done]
-        self._keep_flows(~done)
+        runs, transfers, bottleneck = flows.run[done], flows.transfer[done], flows.bottleneck[done]
+        flows.remove(done)
         self.events += len(transfers)
         for slot in np.unique(runs):
             mine = runs == slot
@@ -277,19 +230,20 @@ class _Engine:
             if kind == 0:
                 change: CapacityChange = payload  # type: ignore[assignment]
                 self.capacity[change.link] = change.gbps * _BYTES_PER_GBIT
+                self.flows.touch_links((change.link,))
                 constant_changed = True
                 continue
             flow = self.background[index]
             if flow.rate_gbps is not None:
                 (self.constant.add if payload == "start" else self.constant.discard)(index)
+                self.flows.touch_links(flow.route)
                 constant_changed = True
             elif payload == "start":
                 route = np.asarray(flow.route, dtype=np.int64)
-                self._add_flows(-1, np.array([index]), np.array([np.inf]), np.array([len(route)]), route,
-                                np.array([-1]))
-                self.max_flows = max(self.max_flows, len(self.f_run))
+                self.flows.add(-1, np.array([index]), np.array([np.inf]), np.array([len(route)]), route,
+                               np.array([-1]), np.array([0]), now)
             else:
-                self._keep_flows(~((self.f_run == -1) & (self.f_tr == index)))
+                self.flows.remove((self.flows.run == -1) & (self.flows.transfer == index))
         if constant_changed:
             self._constant_rates()
         return changed
@@ -344,12 +298,7 @@ class _Engine:
             job = self.jobs[job_index]
             op = self.current[(job.name, job.ops[op_index].name)]
             compiled = self._compile(job, op.schedule)
-            paths = None
-            if self.meter is not None:
-                ranks = op.schedule.ranks
-                paths = np.array([self.meter.path_id(job.name, ranks[int(s)], ranks[int(r)], route) for s, r, route in
-                                  zip(compiled.conn_sender, compiled.conn_receiver, compiled.conn_route, strict=True)],
-                                 dtype=np.int64)
+            paths = self._path_ids(job.name, op.schedule, compiled) if self.meter is not None else None
             slot = self.next_slot
             self.next_slot += 1
             self.runs[slot] = RunState(job_index, job.name, op_index, op.name, iteration, compiled, op.size_bytes,
@@ -358,6 +307,21 @@ class _Engine:
             if compiled.n_transfers == 0:
                 self._complete(slot, now)
 
+    def _path_ids(self, job: str, schedule: Schedule, compiled: CompiledSchedule) -> np.ndarray:
+        """The meter's path id of every connection (cached per job and schedule)."""
+        key = (id(compiled), job)
+        cached = self.path_cache.get(key)
+        if cached is None or cached[0] is not compiled:
+            ranks = schedule.ranks
+            meter = self.meter
+            if meter is None:
+                return np.zeros(0, dtype=np.int64)
+            ids = np.array([meter.path_id(job, ranks[int(s)], ranks[int(r)], compiled.conn_route(c))
+                            for c, (s, r) in enumerate(zip(compiled.conn_sender, compiled.conn_receiver, strict=True))],
+                           dtype=np.int64)
+            cached = self.path_cache[key] = (compiled, ids)
+        return cached[1]
+
     def _compile(self, job: Job, schedule: Schedule) -> CompiledSchedule:
         key = (id(schedule), job.name)
         cached = self.compiled.get(key)
@@ -365,6 +329,7 @@ class _Engine:
             offsets, links = routes_for(schedule, self.topology, job.paths, job.name)
             compiled = compile_schedule(schedule, self.topology, offsets, links,
                                         serialize_connections=self.options.serialize_connections)
+            self.flows.add_routes(compiled.route_offsets, compiled.route_links)
             cached = self.compiled[key] = (schedule, compiled)
         return cached[1]
 
@@ -380,8 +345,8 @@ class _Engine:
             lengths, links = csr_gather(comp.route_offsets, comp.route_links, transfers)
             paths = (run.paths[comp.connection[transfers]] if run.paths is not None
                      else np.full(len(transfers), -1, dtype=np.int64))
-            self._add_flows(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
-                            comp.step[transfers])
+            self.flows.add(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
+                           comp.step[transfers], now)
         return started
 
     # -- the closed-loop hook ------------------------------------------------------
