@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import hierarchical_allgather  # noqa: E402
@@ -157,12 +156,12 @@ def write(rows: list[dict[str, object]], out: Path) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({key: row.get(key, "") for key in COLUMNS})
-    table = Table(title=f"benchmarks/sim.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("case", "bar", "note") else "right")
+    console.print(f"benchmarks/sim.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    console.print("| " + " | ".join(COLUMNS) + " |")
+    console.print("|" + "---|" * len(COLUMNS))
     for row in rows:
-        table.add_row(*[(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, ""))) for c in COLUMNS])
-    console.print(table)
+        console.print("| " + " | ".join(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, ""))
+                                        for c in COLUMNS) + " |")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -8,7 +8,11 @@ background flows took their rate; greedy background flows compete like any flow.
 A flow's last byte leaves the sender when its bytes are sent and arrives one
 route latency (the sum of its links' latencies) later; the arrival may let other
 transfers start. Rates are recomputed whenever the set of flows or a capacity
-changes. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
+changes, but only in the zones of links the change can reach
+(:mod:`mccl.sim.flows`). Within a collective, a flow weighs less the more steps
+it is ahead of the collective's oldest flow on the same links
+(``SimOptions.step_priority``), so a hop sends the older block first, as a FIFO
+connection does, instead of letting the next block race it. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
 processed together, so the thousands of identical flows of a symmetric schedule
 finish in one batch instead of one by one.
 

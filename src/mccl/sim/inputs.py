@@ -132,7 +132,8 @@ class SimOptions:
     ``utilization_bins``: time bins kept for per-link utilization (bins double in
     width as the simulated time grows). ``time_tolerance``: events closer than this
     relative time are processed together (floating-point noise of symmetric flows).
-    ``max_time_s``: give up (an error) past this simulated time.
+    ``max_time_s``: give up (an error) past this simulated time. ``keep_chain``:
+    extract each collective's critical chain (a walk back over its transfers).
     ``step_priority``: weight ratio between a collective's consecutive steps when
     their flows share a link (weighted max-min): the older step's block goes first,
     as on a FIFO connection, instead of racing the next one and delaying everything
