@@ -22,13 +22,14 @@ def sim_command(scenario: str, out_dir: Path | None) -> None:
     report = SCENARIOS[scenario]()
     size = format_size(report.rows[0].size_bytes) if report.rows else "-"
     table = Table(title=f"{report.title} (flow-level simulation; S = {size} per rank)")
-    for column in ("fabric state", "collective", "schedule", "algbw (GB/s)", "busbw (GB/s)", "speedup", "note"):
+    for column in ("fabric state", "collective", "schedule", "algbw (GB/s)", "busbw (GB/s)", "speedup", "note",
+                   "critical chain"):
         table.add_column(column, justify="right" if "GB/s" in column or column == "speedup" else "left")
     for row in report.rows:
         table.add_row(row.scenario, row.collective.value, row.schedule,
                       "-" if row.algbw_gbs is None else f"{row.algbw_gbs:.2f}",
                       "-" if row.busbw_gbs is None else f"{row.busbw_gbs:.2f}",
-                      "-" if row.speedup is None else f"{row.speedup:.2f}x", row.note)
+                      "-" if row.speedup is None else f"{row.speedup:.2f}x", row.note, row.chain)
     console.print(table)
     for when, what in report.events:
         console.print(f"  t = {when:g} s: {what}")

@@ -20,10 +20,11 @@ from mccl.errors import SynthesisError
 from mccl.schedule import Collective, Schedule, validate
 from mccl.sim.analytic import busbw_factor
 from mccl.sim.engine import simulate_schedule
+from mccl.sim.results import RunResult
 from mccl.synth import allgather_cut_bound, direct_alltoall, nccl_ring, optimize
 from mccl.topology import Topology, apply_fault, degrade, rail_optimized
 
-__all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "fig2_degradation", "fig9_failures", "MiB"]
+__all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "fig2_degradation", "fig9_failures", "chain_summary", "MiB"]
 
 MiB = 2**20
 NOT_YET = "not yet available"
@@ -40,6 +41,7 @@ class ScenarioRow:
     busbw_gbs: float | None
     note: str = ""
     speedup: float | None = None  # over the scenario's baseline row
+    chain: str = ""  # the critical chain, summarized: its length and the link it waited on most
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,17 @@ def _simulated(scenario: str, schedule: Schedule, runs_on: Topology, size: float
     run = simulate_schedule(schedule, runs_on, size)
     speedup = run.algbw_gbs / baseline if baseline else None
     return ScenarioRow(scenario, schedule.collective, label, runs_on.name, size, run.algbw_gbs, run.busbw_gbs,
-                       note, speedup)
+                       note, speedup, chain_summary(run, runs_on))
+
+
+def chain_summary(run: RunResult, topology: Topology) -> str:
+    """``"15 hops, 93% on gpu0->tor0.0"``: the critical chain's length and where it spent its time."""
+    seconds = run.chain_links()
+    if not seconds or run.time_s <= 0:
+        return ""
+    link, spent = max(seconds.items(), key=lambda item: item[1])
+    where = f"{topology.links[link].src}->{topology.links[link].dst}" if link >= 0 else "no link"
+    return f"{len(run.critical_chain)} hops, {spent / run.time_s:.0%} on {where}"
 
 
 def _synthesized(topology: Topology, collective: Collective, previous: Schedule | None = None) -> Schedule | None:
