@@ -101,7 +101,7 @@ def test_zone_local_recompute_matches_a_full_solve(data):
     offsets, links = _csr(routes)
     count = len(routes)
     table.add(0, np.arange(count), np.full(count, 1e6), np.diff(offsets), links, np.full(count, -1),
-              np.zeros(count, dtype=np.int64), 0.0)
+              np.zeros(count, dtype=np.int64), np.arange(count), 0.0)
     table.recompute(capacity, 0.0)
     gone = np.zeros(count, dtype=bool)
     gone[data.draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=count - 1, unique=True))] = True

@@ -19,9 +19,17 @@ path instead of racing it for bandwidth). Chunks on different paths — other
 channels of a ring, other trees, other sources — are separate flows that share
 links max-min fairly. Without serialization every transfer is its own connection.
 
+Slices. With ``slices`` = T > 1 every chunk is cut into T equal slices that take
+its path one after another (the same stream, so the same connections): a relay
+forwards slice 0 while slice 1 is still arriving. This is how a runtime executes
+a schedule on a large buffer — MSCCL runs the algorithm over the buffer tile by
+tile, NCCL moves a chunk in slices through its FIFOs — and what the analytic bound
+assumes ("perfect pipelining"). With T = 1 a transfer forwards only a whole chunk
+(store and forward), the literal reading of the IR.
+
 Internal order: transfers sorted by (connection, step, chunk), so a connection's
 transfers are contiguous and its queue order is index order. ``original`` maps
-back to the schedule's transfer index.
+back to the schedule's transfer index, ``chunk // slices`` to its chunk.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ class CompiledSchedule:
     conn_sender: np.ndarray  # rank of each connection's sender
     conn_receiver: np.ndarray
     conn_first: np.ndarray  # internal index of each connection's first transfer
+    hop: np.ndarray  # id of (sender, receiver, route) per transfer: flows of one hop send older steps first
+    slices: int  # each chunk of the schedule is this many internal chunks
     dep_offsets: np.ndarray  # CSR: transfers that wait for transfer d
     dep_targets: np.ndarray
     n_deps: np.ndarray  # how many arrivals each transfer waits for
@@ -100,25 +110,37 @@ def compile_schedule(
     route_links: np.ndarray,
     *,
     serialize_connections: bool = True,
+    slices: int = 1,
 ) -> CompiledSchedule:
     """Lower ``schedule`` (with routes given by a path policy) for the engine."""
+    if slices < 1:
+        raise InvalidSchedule(f"slices must be >= 1, got {slices}")
     transfers = schedule.transfers
-    count = len(transfers)
+    count = len(transfers) * slices
     route_offsets = np.asarray(route_offsets, dtype=np.int64)
     route_links = np.asarray(route_links, dtype=np.int64)
+    source_index = np.repeat(np.arange(len(transfers), dtype=np.int64), slices)
+    if slices > 1:
+        sliced_lengths, route_links = csr_gather(route_offsets, route_links, source_index)
+        route_offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(sliced_lengths, out=route_offsets[1:])
     lengths = np.diff(route_offsets)
     if count and lengths.min() < 1:
         bad = int(np.argmin(lengths))
         raise InvalidSchedule(f"transfer {bad} has an empty route; validate the schedule first")
     if len(route_links) and int(route_links.max()) >= len(topology.links):
         raise InvalidSchedule(f"schedule uses link ids beyond topology {topology.name!r}; validate it first")
-    sender = transfers.sender.astype(np.int64)
-    receiver = transfers.receiver.astype(np.int64)
-    chunk = transfers.chunk.astype(np.int64)
-    step = transfers.step.astype(np.int64)
+    sender = transfers.sender.astype(np.int64)[source_index]
+    receiver = transfers.receiver.astype(np.int64)[source_index]
+    chunk = transfers.chunk.astype(np.int64)[source_index] * slices + np.tile(np.arange(slices), len(transfers))
+    step = transfers.step.astype(np.int64)[source_index]
+    n_chunks = len(schedule.chunks) * slices
+    route_id = _route_hash(route_offsets, route_links)
+    hop_keys = np.stack([sender.astype(np.uint64), receiver.astype(np.uint64), route_id], axis=1)
+    hop = np.unique(hop_keys, axis=0, return_inverse=True)[1].reshape(-1) if count else np.zeros(0, np.int64)
     if serialize_connections:
-        route_id = _route_hash(route_offsets, route_links)
-        stream = _stream_ids(schedule, chunk, sender, receiver, route_id)
+        block = np.repeat(schedule.block_of_chunks(), slices)
+        stream = _stream_ids(block, chunk, sender, receiver, route_id)
         key_order = np.lexsort((stream, route_id, receiver, sender))
         same = np.zeros(count, dtype=bool)
         if count:
@@ -145,22 +167,22 @@ def compile_schedule(
     sender, receiver, chunk, step = sender[order], receiver[order], chunk[order], step[order]
     firsts = np.flatnonzero(new_conn)
 
-    dep_offsets, dep_targets, n_deps = _dependencies(sender, receiver, chunk, step, len(schedule.chunks))
-    fraction = schedule.chunks.fraction[chunk]
+    dep_offsets, dep_targets, n_deps = _dependencies(sender, receiver, chunk, step, n_chunks)
+    fraction = schedule.chunks.fraction[chunk // slices] / slices
     compiled = CompiledSchedule(
-        schedule=schedule, original=order.astype(np.int64), chunk=chunk, sender=sender, receiver=receiver,
+        schedule=schedule, original=source_index[order], chunk=chunk, sender=sender, receiver=receiver,
         step=step, fraction=fraction, latency_s=latency_s, route_offsets=offsets_sorted, route_links=links_sorted,
         connection=connection, n_connections=n_connections, conn_sender=sender[firsts], conn_receiver=receiver[firsts],
-        conn_first=firsts, dep_offsets=dep_offsets, dep_targets=dep_targets, n_deps=n_deps,
+        conn_first=firsts, hop=hop[order].astype(np.int64), slices=slices, dep_offsets=dep_offsets, dep_targets=dep_targets, n_deps=n_deps,
     )
     _check_sources(compiled)
     return compiled
 
 
-def _stream_ids(schedule: Schedule, chunk: np.ndarray, sender: np.ndarray, receiver: np.ndarray,
+def _stream_ids(block: np.ndarray, chunk: np.ndarray, sender: np.ndarray, receiver: np.ndarray,
                 route_id: np.ndarray) -> np.ndarray:
-    """Per transfer, an id shared by the chunks of its block that take the same path."""
-    n_chunks = len(schedule.chunks)
+    """Per transfer, an id shared by the chunks of its block (``block[chunk]``) that take the same path."""
+    n_chunks = len(block)
     with np.errstate(over="ignore"):
         hop = (sender.astype(np.uint64) * np.uint64(0x100000001B3) + receiver.astype(np.uint64)) * _HASH_BASE + route_id
         hop ^= hop >> np.uint64(29)
@@ -171,7 +193,6 @@ def _stream_ids(schedule: Schedule, chunk: np.ndarray, sender: np.ndarray, recei
     path = np.zeros(n_chunks, dtype=np.uint64)
     if len(chunk):
         path[chunk_sorted[starts]] = np.add.reduceat(hop[by_chunk], starts)  # order-free sum of the hops
-    block = schedule.block_of_chunks()
     keys = np.stack([block.astype(np.uint64), path], axis=1)
     _, stream_of_chunk = np.unique(keys, axis=0, return_inverse=True)
     return stream_of_chunk.reshape(-1)[chunk]
@@ -207,11 +228,11 @@ def _check_sources(compiled: CompiledSchedule) -> None:
     schedule = compiled.schedule
     if schedule.collective not in (Collective.ALLGATHER, Collective.ALLTOALL):
         return
-    source = schedule.chunks.source[compiled.chunk]
+    source = schedule.chunks.source[compiled.chunk // compiled.slices]
     bad = np.flatnonzero((compiled.n_deps == 0) & (compiled.sender != source))
     if len(bad):
         i = int(bad[0])
         raise InvalidSchedule(
-            f"transfer {int(compiled.original[i])} sends chunk {int(compiled.chunk[i])} from rank "
+            f"transfer {int(compiled.original[i])} sends chunk {int(compiled.chunk[i]) // compiled.slices} from rank "
             f"{int(compiled.sender[i])} at step {int(compiled.step[i])}, but that rank never receives it earlier; "
             "validate the schedule first")

@@ -9,8 +9,8 @@ A flow's last byte leaves the sender when its bytes are sent and arrives one
 route latency (the sum of its links' latencies) later; the arrival may let other
 transfers start. Rates are recomputed whenever the set of flows or a capacity
 changes, but only in the zones of links the change can reach
-(:mod:`mccl.sim.flows`). Within a collective, a flow weighs less the more steps
-it is ahead of the collective's oldest flow on the same links
+(:mod:`mccl.sim.flows`). On one hop (sender, receiver, route) of a collective a
+flow weighs less the more steps it is ahead of the hop's oldest flow
 (``SimOptions.step_priority``), so a hop sends the older block first, as a FIFO
 connection does, instead of letting the next block race it. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
 processed together, so the thousands of identical flows of a symmetric schedule
@@ -245,7 +245,7 @@ class _Engine:
             elif payload == "start":
                 route = np.asarray(flow.route, dtype=np.int64)
                 self.flows.add(-1, np.array([index]), np.array([np.inf]), np.array([len(route)]), route,
-                               np.array([-1]), np.array([0]), now)
+                               np.array([-1]), np.array([0]), np.array([index]), now)
             else:
                 self.flows.remove((self.flows.run == -1) & (self.flows.transfer == index))
         if constant_changed:
@@ -332,7 +332,8 @@ class _Engine:
         if cached is None or cached[0] is not schedule:
             offsets, links = routes_for(schedule, self.topology, job.paths, job.name)
             compiled = compile_schedule(schedule, self.topology, offsets, links,
-                                        serialize_connections=self.options.serialize_connections)
+                                        serialize_connections=self.options.serialize_connections,
+                                        slices=self.options.slices)
             self.flows.add_routes(compiled.route_offsets, compiled.route_links)
             cached = self.compiled[key] = (schedule, compiled)
         return cached[1]
@@ -350,7 +351,7 @@ class _Engine:
             paths = (run.paths[comp.connection[transfers]] if run.paths is not None
                      else np.full(len(transfers), -1, dtype=np.int64))
             self.flows.add(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
-                           comp.step[transfers], now)
+                           comp.step[transfers], comp.hop[transfers], now)
         return started
 
     # -- the closed-loop hook ------------------------------------------------------

@@ -26,6 +26,7 @@ from mccl.sim.fairshare import max_min_rates
 __all__ = ["FlowTable"]
 
 _MAX_STEP_GAP = 4  # weights below step_priority**-4 make no difference
+_HOP_KEY = 2**32  # hop keys: (run slot + 1) * 2**32 + hop id within the run
 
 
 class FlowTable:
@@ -39,6 +40,7 @@ class FlowTable:
         self.transfer = np.zeros(0, dtype=np.int64)
         self.length = np.zeros(0, dtype=np.int64)
         self.step = np.zeros(0, dtype=np.int64)
+        self.hop = np.zeros(0, dtype=np.int64)  # (run slot, hop) key: flows of one hop send older steps first
         self.path = np.zeros(0, dtype=np.int64)
         self.zone = np.zeros(0, dtype=np.int64)
         self.remaining = np.zeros(0)  # bytes left at t0
@@ -81,7 +83,7 @@ class FlowTable:
 
     # -- membership ------------------------------------------------------------------
     def add(self, run: int, transfers: np.ndarray, size: np.ndarray, lengths: np.ndarray, links: np.ndarray,
-            paths: np.ndarray, steps: np.ndarray, now: float) -> None:
+            paths: np.ndarray, steps: np.ndarray, hops: np.ndarray, now: float) -> None:
         count = len(transfers)
         first = links[np.cumsum(lengths) - lengths]
         zones = self.link_zone[first]
@@ -90,6 +92,7 @@ class FlowTable:
         self.transfer = np.concatenate([self.transfer, transfers])
         self.length = np.concatenate([self.length, lengths])
         self.step = np.concatenate([self.step, steps])
+        self.hop = np.concatenate([self.hop, (run + 1) * _HOP_KEY + hops])
         self.path = np.concatenate([self.path, paths])
         self.zone = np.concatenate([self.zone, zones])
         self.remaining = np.concatenate([self.remaining, size])
@@ -107,7 +110,7 @@ class FlowTable:
         self.dirty[self.zone[gone]] = True
         keep = ~gone
         self.links = self.links[~per_link]
-        for name in ("run", "transfer", "length", "step", "path", "zone", "remaining", "t0", "rate", "finish",
+        for name in ("run", "transfer", "length", "step", "hop", "path", "zone", "remaining", "t0", "rate", "finish",
                      "bottleneck"):
             setattr(self, name, getattr(self, name)[keep])
 
@@ -145,17 +148,19 @@ class FlowTable:
         self.rounds += share.rounds
 
     def _weights(self, index: np.ndarray) -> np.ndarray | None:
-        """Older steps first (mccl.sim.inputs.SimOptions.step_priority): a flow weighs
-        ``step_priority``⁻ᵈ, d the steps it is ahead of its collective's oldest flow in the
-        re-solved zones; background flows weigh 1."""
+        """Older steps first on a hop (mccl.sim.inputs.SimOptions.step_priority): a flow weighs
+        ``step_priority``⁻ᵈ, d the steps it is ahead of the oldest flow in flight on the same
+        hop (sender, receiver, route) of its collective; background flows weigh 1. Flows of
+        other hops share links max-min fairly whatever their steps (a tree's depth says
+        nothing about another tree's)."""
         if self.step_priority == 1.0 or not len(index):
             return None
-        runs, steps = self.run[index], self.step[index]
-        slots = runs + 1  # background (-1) in cell 0
-        oldest = np.full(int(slots.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(oldest, slots, steps)
-        behind = np.minimum(steps - oldest[slots], _MAX_STEP_GAP)
-        behind[runs < 0] = 0
+        hops, steps = self.hop[index], self.step[index]
+        keys, inverse = np.unique(hops, return_inverse=True)
+        oldest = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(oldest, inverse, steps)
+        behind = np.minimum(steps - oldest[inverse], _MAX_STEP_GAP)
+        behind[self.run[index] < 0] = 0
         return self.step_priority ** (-behind.astype(float))
 
     def bytes_left(self, now: float) -> np.ndarray:

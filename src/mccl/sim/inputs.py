@@ -137,7 +137,10 @@ class SimOptions:
     ``step_priority``: weight ratio between a collective's consecutive steps when
     their flows share a link (weighted max-min): the older step's block goes first,
     as on a FIFO connection, instead of racing the next one and delaying everything
-    that waits for it. 1 makes all flows equal.
+    that waits for it. 1 makes all flows equal. ``slices``: cut every chunk into this
+    many slices that follow each other down its path (pipelined execution, as a
+    runtime runs a schedule over a large buffer tile by tile; see
+    :mod:`mccl.sim.compiled`); 1 forwards whole chunks only. Cost grows linearly.
     """
 
     serialize_connections: bool = True
@@ -146,8 +149,11 @@ class SimOptions:
     max_time_s: float = 1e6
     keep_chain: bool = True
     step_priority: float = 1e3
+    slices: int = 1
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.slices, int) and self.slices >= 1):
+            raise MCCLError(f"slices must be an integer >= 1, got {self.slices}")
         if not self.step_priority >= 1:
             raise MCCLError(f"step_priority must be >= 1, got {self.step_priority}")
         if not 0 < self.time_tolerance < 1e-3:

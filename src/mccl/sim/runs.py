@@ -116,13 +116,13 @@ class RunState:
         if not comp.n_transfers:
             return ()
         index = int(np.nanargmax(self.t_arrive))
-        order: list[int] = []
+        order: list[int] = []  # with slices, a chunk's slices may each appear
         while index >= 0 and len(order) <= comp.n_transfers:
             order.append(index)
             index = int(self.enabler[index])
         base = self.start_s
         return tuple(
-            ChainStep(int(comp.original[i]), int(comp.chunk[i]), int(comp.sender[i]), int(comp.receiver[i]),
+            ChainStep(int(comp.original[i]), int(comp.chunk[i]) // comp.slices, int(comp.sender[i]), int(comp.receiver[i]),
                       int(comp.step[i]), float(self.t_start[i] - base), float(self.t_sent[i] - base),
                       float(self.t_arrive[i] - base), Cause(int(self.cause[i])), int(self.bottleneck[i]))
             for i in reversed(order)
