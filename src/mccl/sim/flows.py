@@ -26,7 +26,6 @@ from mccl.sim.fairshare import max_min_rates
 __all__ = ["FlowTable"]
 
 _MAX_STEP_GAP = 4  # weights below step_priority**-4 make no difference
-_HOP_KEY = 2**32  # hop keys: (run slot + 1) * 2**32 + hop id within the run
 
 
 class FlowTable:
@@ -40,7 +39,8 @@ class FlowTable:
         self.transfer = np.zeros(0, dtype=np.int64)
         self.length = np.zeros(0, dtype=np.int64)
         self.step = np.zeros(0, dtype=np.int64)
-        self.hop = np.zeros(0, dtype=np.int64)  # (run slot, hop) key: flows of one hop send older steps first
+        self.hop = np.zeros(0, dtype=np.int64)  # hop id within the run: flows of one hop send older steps first
+        self.n_hops: dict[int, int] = {}  # per run slot, an upper bound of its hop ids
         self.path = np.zeros(0, dtype=np.int64)
         self.zone = np.zeros(0, dtype=np.int64)
         self.remaining = np.zeros(0)  # bytes left at t0
@@ -92,7 +92,9 @@ class FlowTable:
         self.transfer = np.concatenate([self.transfer, transfers])
         self.length = np.concatenate([self.length, lengths])
         self.step = np.concatenate([self.step, steps])
-        self.hop = np.concatenate([self.hop, (run + 1) * _HOP_KEY + hops])
+        self.hop = np.concatenate([self.hop, hops])
+        if len(hops):
+            self.n_hops[run] = max(self.n_hops.get(run, 0), int(hops.max()) + 1)
         self.path = np.concatenate([self.path, paths])
         self.zone = np.concatenate([self.zone, zones])
         self.remaining = np.concatenate([self.remaining, size])
@@ -155,13 +157,16 @@ class FlowTable:
         nothing about another tree's)."""
         if self.step_priority == 1.0 or not len(index):
             return None
-        hops, steps = self.hop[index], self.step[index]
-        keys, inverse = np.unique(hops, return_inverse=True)
-        oldest = np.full(len(keys), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(oldest, inverse, steps)
-        behind = np.minimum(steps - oldest[inverse], _MAX_STEP_GAP)
-        behind[self.run[index] < 0] = 0
-        return self.step_priority ** (-behind.astype(float))
+        runs, hops, steps = self.run[index], self.hop[index], self.step[index]
+        behind = np.zeros(len(index), dtype=np.int64)
+        for run in np.flatnonzero(np.bincount(runs + 1)) - 1:  # the few runs present, without sorting
+            if run < 0:
+                continue  # background flows weigh 1
+            mine = runs == run
+            oldest = np.full(self.n_hops[int(run)], np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(oldest, hops[mine], steps[mine])
+            behind[mine] = steps[mine] - oldest[hops[mine]]
+        return self.step_priority ** (-np.minimum(behind, _MAX_STEP_GAP).astype(float))
 
     def bytes_left(self, now: float) -> np.ndarray:
         return self.remaining - self.rate * (now - self.t0)
