@@ -38,6 +38,6 @@ def test_mccs_ring_reversal_timeline(tmp_path):
 def test_cli_sim_prints_and_plots(capsys, tmp_path):
     assert main(["sim", "fig2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "gpu0 NIC -88%" in out and "not yet available" in out and "7.63x" in out
+    assert "gpu0 NIC -88%" in out and "7.63x" in out and "critical chain" in out
     assert (tmp_path / "fig2.png").stat().st_size > 10_000
     assert main(["sim", "nonsense"]) == 2
