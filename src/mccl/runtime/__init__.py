@@ -1,0 +1,1 @@
+"""mccl.runtime (see api)."""
