@@ -31,7 +31,7 @@ from mccl.errors import MCCLError
 from mccl.runtime.plan import Layout, RankPlan
 from mccl.runtime.telemetry import Meters
 from mccl.runtime.transport import P2P, TAG_SPAN, Transport
-from mccl.schedule import Collective, TransferOp
+from mccl.schedule import TransferOp
 
 __all__ = ["Buffers", "execute", "all_gather_buffers", "all_to_all_buffers", "reduce_scatter_buffers",
            "all_reduce_buffers", "even_blocks", "REDUCERS"]
@@ -253,6 +253,7 @@ def _run_stepwise(transport, plan, views, temps, reducer, tag_base, meters) -> N
             for op in live:
                 if op.is_send:
                     meters.posted(op.peer, views[op.index].numel() * views[op.index].element_size())
+        live.sort(key=lambda op: ((op.peer - plan.rank) % plan.n_ranks, op.index))  # stagger, keep per-peer order
         works = transport.post_group([_p2p(op, views, temps, tag_base) for op in live])
         for work in works:
             work.wait()
@@ -333,7 +334,8 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
                     progress = True
 
     while True:
-        for key in sorted(touched, key=lambda k: k[0]):  # receives before sends
+        # receives before sends; peers staggered by distance so that ranks do not all start on rank 0
+        for key in sorted(touched, key=lambda k: (k[0], (k[1] - plan.rank) % plan.n_ranks)):
             post_ready(key)
         touched.clear()
         if remaining == 0:

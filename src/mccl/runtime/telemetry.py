@@ -116,11 +116,16 @@ class Meters:
         self.communicator = communicator
         self.rank = rank
         self.buffer = buffer
+        self.config = config
+        self.seq = 0
+        self.set_hosts(same_host)
+
+    def set_hosts(self, same_host: Sequence[bool]) -> None:
+        """Which peers share this rank's host (from the topology of the installed schedules)."""
         # key -1: all same-host peers together (injection rate); key p: the pair (rank, p)
         self._key = [-1 if same else peer for peer, same in enumerate(same_host)]
-        self._threshold = [config.threshold_intra if same else config.threshold_inter for same in same_host]
+        self._threshold = [self.config.threshold_intra if same else self.config.threshold_inter for same in same_host]
         self._windows: dict[int, _Window] = {key: _Window() for key in set(self._key)}
-        self.seq = 0
 
     def posted(self, peer: int, nbytes: int) -> None:
         key = self._key[peer]
