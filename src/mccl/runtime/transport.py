@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
 
 from mccl.errors import MCCLError
 
@@ -86,14 +87,14 @@ class Transport:
 
     # torch's own collectives on the same group: the vendor path of mccl-paper §3
     def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:
-        options = dist.ReduceScatterOptions()
+        options = ReduceScatterOptions()
         options.reduceOp = op
         work = (self.group.reduce_scatter_single(output, input, options) if hasattr(self.group, "reduce_scatter_single")
                 else self.group._reduce_scatter_base(output, input, options))
         work.wait()
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        work = (self.group.all_gather_single(output, input, dist.AllgatherOptions())
+        work = (self.group.all_gather_single(output, input, AllgatherOptions())
                 if hasattr(self.group, "all_gather_single") else self.group._allgather_base(output, input))
         work.wait()
 
