@@ -80,7 +80,7 @@ def _correctness(rank, n, topology_name, with_backend):
         if not torch.equal(got, want):
             failures.append(f"rank {rank}: {label}")
 
-    for driver in ("eager", "stepwise"):
+    for driver in ("eager", "exchange", "stepwise"):
         for index, schedule in enumerate(ag):
             comm = Communicator(transport, name=f"ag{index}", topology=topology, schedules=[schedule], driver=driver)
             for size in SIZES:
@@ -210,4 +210,4 @@ def test_collectives_bit_identical_to_torch(world, topology_name, with_backend):
     results = run_ranks(_correctness, world, topology_name, with_backend, timeout_s=200)
     failures = [failure for rank_failures, _count in results for failure in rank_failures]
     assert not failures, "\n".join(failures[:20])
-    assert all(count >= 244 for _failures, count in results)
+    assert all(count >= 364 for _failures, count in results)

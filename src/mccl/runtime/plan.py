@@ -81,6 +81,7 @@ class RankPlan:
     steps: tuple[tuple[int, ...], ...]
     relayed_chunks: tuple[int, ...]
     has_relays: bool
+    n_steps: int
 
     @property
     def n_blocks(self) -> int:
@@ -177,4 +178,5 @@ def build_plan(schedule: Schedule, rank: int) -> RankPlan:
         relays_anywhere = True
     return RankPlan(kind, n, rank, schedule.meta.version, schedule.block_of_chunks(), chunks.fraction.copy(),
                     chunks.source.copy(), chunks.destination.copy(), tuple(ops),
-                    tuple(tuple(step_groups[s]) for s in sorted(step_groups)), tuple(relayed), relays_anywhere)
+                    tuple(tuple(step_groups[s]) for s in sorted(step_groups)), tuple(relayed), relays_anywhere,
+                    schedule.transfers.n_steps)
