@@ -143,10 +143,9 @@ class Communicator:
 
     # ---- hot-swap callbacks (called on the swap thread) ---------------------------------
     def _take_request(self, timeout: float) -> Schedule | None:
-        try:
-            return self._local._queue.get(timeout=timeout)  # idle wait
-        except queue.Empty:
-            pass
+        staged = self._local.get(timeout)  # idle wait
+        if staged is not None:
+            return staged
         if self._source is not None and not self.controller_lost:
             return self._source.poll()
         return None

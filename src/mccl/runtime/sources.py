@@ -82,6 +82,13 @@ class LocalScheduleSource:
     def close(self) -> None:
         self._closed = True
 
+    def get(self, timeout: float) -> Schedule | None:
+        """The next schedule put, waiting idle up to ``timeout`` seconds (the hot-swap thread's inbox)."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
     def poll(self) -> Schedule | None:
         if self._closed:
             raise ControllerError("the local schedule source was closed")
