@@ -101,6 +101,14 @@ def _hotswap(rank, n, controller_address):
         exact &= _check_ag(comm, rank, n, 100 + i)
     record = comm.swaps[0]
     report["stream"] = (exact, record.switch_after, record.adopted, list(comm.history), record.oob_s, record.total_s)
+    # swaps back to back, chunk counts changing each time, collectives flowing throughout
+    for version in range(2, 6):
+        comm.stage(naive_ring(topology, "allgather", chunks=version).with_meta(version=version))
+        for i in range(6):
+            exact &= _check_ag(comm, rank, n, 10 * version + i)
+    _wait_for(lambda: len(comm.swaps) == 5)
+    exact &= _check_ag(comm, rank, n, 1)
+    report["repeated"] = (exact, comm.versions(), [r.switch_after for r in comm.swaps])
     comm.close()
 
     # 2. two communicators swap independently (each on its own long-lived transport group)
@@ -199,6 +207,13 @@ def test_swap_mid_stream_switches_at_one_point_on_every_rank(reports):
         assert [seq for seq, _kind, _v in history] == list(range(1, len(history) + 1))  # none dropped or duplicated
         assert 0 < oob_s <= total_s
     assert switch_after >= 4 + 3 * (N - 1)  # not before the last rank was asked
+
+
+def test_repeated_swaps_stay_exact(reports):
+    assert len({tuple(report["repeated"][2]) for report in reports}) == 1
+    for report in reports:
+        exact, versions, _points = report["repeated"]
+        assert exact and versions["allgather"] == 5
 
 
 def test_two_communicators_swap_independently(reports):

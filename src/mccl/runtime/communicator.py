@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ class Installed:
     version: int
     schedule: Schedule
     plan: RankPlan
+    layouts: dict = field(default_factory=dict, compare=False, repr=False)  # element layouts by block sizes
 
 
 class Communicator:
@@ -70,7 +71,6 @@ class Communicator:
         self._next_to_run = 1
         self._worker_queue: queue.SimpleQueue | None = None
         self._worker: threading.Thread | None = None
-        self._layouts: dict[int, dict] = {}
         self._local = LocalScheduleSource()
         self._source = source
         self.swaps: list[SwapRecord] = []
@@ -249,9 +249,8 @@ class Communicator:
     def _execute(self, installed: Installed, buffers: executor.Buffers, seq: int) -> None:
         if self._meters is not None:
             self._meters.seq = seq
-        cache = self._layouts.setdefault(id(installed.plan), {})
         executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
-                         layout_cache=cache, driver=self.driver)
+                         layout_cache=installed.layouts, driver=self.driver)
 
     # ---- collectives ------------------------------------------------------------------
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
