@@ -102,8 +102,9 @@ def _hotswap(rank, n, controller_address):
     record = comm.swaps[0]
     report["stream"] = (exact, record.switch_after, record.adopted, list(comm.history), record.oob_s, record.total_s)
     # swaps back to back, chunk counts changing each time, collectives flowing throughout
-    for version in range(2, 6):
-        comm.stage(naive_ring(topology, "allgather", chunks=version).with_meta(version=version))
+    for version in range(2, 6):  # odd versions as schedule-file text: the swap thread parses them
+        staged = naive_ring(topology, "allgather", chunks=version).with_meta(version=version)
+        comm.stage(dumps_schedule(staged) if version % 2 else staged)
         for i in range(6):
             exact &= _check_ag(comm, rank, n, 10 * version + i)
     _wait_for(lambda: len(comm.swaps) == 5)

@@ -31,7 +31,7 @@ from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
 from mccl.runtime.transport import Transport
-from mccl.schedule import Collective, Schedule, validate
+from mccl.schedule import Collective, Schedule, loads_schedule, validate
 from mccl.topology import Topology
 
 __all__ = ["Communicator", "Installed"]
@@ -96,7 +96,9 @@ class Communicator:
         hosts = [self.topology.node(gpu).host for gpu in installed.schedule.ranks]
         return [hosts[peer] is not None and hosts[peer] == hosts[self.rank] for peer in range(self.size)]
 
-    def _prepare(self, schedule: Schedule) -> Installed:
+    def _prepare(self, schedule: Schedule | str | bytes) -> Installed:
+        if isinstance(schedule, str | bytes):  # a schedule file's text, as the controller sends it
+            schedule = loads_schedule(schedule.decode() if isinstance(schedule, bytes) else schedule)
         if not isinstance(schedule, Schedule):
             raise InvalidSchedule(f"expected a Schedule, got {type(schedule).__name__}")
         if schedule.n_ranks != self.size:
@@ -126,8 +128,9 @@ class Communicator:
         if self._meters is not None:
             self._meters.set_hosts(self._same_host())
 
-    def stage(self, schedule: Schedule) -> None:
-        """Hand a new schedule version to the hot-swap thread (call it on every rank; see hotswap)."""
+    def stage(self, schedule: Schedule | str) -> None:
+        """Hand a new schedule version (a Schedule or a schedule file's JSON text) to the hot-swap
+        thread, which parses, validates and plans it off the critical path; call it on every rank."""
         if self._swapper is None:
             raise MCCLError(f"communicator {self.name!r} has no control channel, so it cannot hot-swap")
         self._local.put(schedule)
@@ -159,7 +162,7 @@ class Communicator:
 
     def _stage(self, schedule: Schedule) -> str | None:
         try:
-            installed = self._prepare(schedule)
+            installed = self._prepare(schedule)  # parse, validate, pre-build the plan
             current = self._installed.get(installed.schedule.collective)
             if current is not None and installed.version <= current.version:
                 raise InvalidSchedule(f"version {installed.version} is not newer than the installed "
