@@ -170,7 +170,11 @@ def _through_backend(rank, n, topology, ag, a2a, rs):
 
     mb.register()
     group = dist.new_group(list(range(n)), backend="mccl")
+    from mccl.runtime import MemorySink, TelemetryConfig
+
     mb.communicator(group).configure(topology=topology, schedules=[ag, a2a, rs])
+    sink = MemorySink()
+    mb.communicator(group).attach_telemetry(sink, TelemetryConfig(threshold_inter=1, threshold_intra=1))
     failures = []
     x = _values(11, torch.float32, rank, 0)
     out, ref = torch.empty(n * 11), torch.empty(n * 11)
@@ -201,6 +205,9 @@ def _through_backend(rank, n, topology, ag, a2a, rs):
     if [kind for _seq, kind, _v in history] != ["allgather", "allgather", "alltoall", "reducescatter", "allgather",
                                                  None]:
         failures.append(f"rank {rank}: backend calls did not all reach mccl: {list(history)}")
+    mb.communicator(group).flush_telemetry()
+    if not sink.samples or {s.kind for s in sink.samples} - {"intra", "inter"}:
+        failures.append(f"rank {rank}: no telemetry from the backend's collectives")
     return failures
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from mccl.errors import ControllerError, InvalidSchedule, MCCLError
+from mccl.errors import InvalidSchedule, MCCLError
 from mccl.runtime import executor
 from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
 from mccl.runtime.plan import RankPlan, build_plan
@@ -82,10 +82,8 @@ class Communicator:
             self._installed[installed.schedule.collective] = installed
         self._telemetry: TelemetryBuffer | None = None
         self._meters: Meters | None = None
-        config = telemetry or TelemetryConfig(enabled=sink is not None)
-        if sink is not None and config.enabled:
-            self._telemetry = TelemetryBuffer(sink, config)
-            self._meters = Meters(name, self.rank, self._same_host(), self._telemetry, config)
+        if sink is not None:
+            self.attach_telemetry(sink, telemetry)
         self._swapper = SwapThread(self, control, poll_s) if control is not None else None
 
     # ---- schedules -------------------------------------------------------------------
@@ -343,11 +341,17 @@ class Communicator:
         if self._telemetry is not None:
             self._telemetry.close()
 
+    def attach_telemetry(self, sink: TelemetrySink, config: TelemetryConfig | None = None) -> None:
+        """Start measuring into ``sink`` (e.g. on a communicator created by the "mccl" backend)."""
+        config = config or TelemetryConfig()
+        if not config.enabled:
+            return
+        if self._telemetry is not None:
+            self._telemetry.close()
+        self._telemetry = TelemetryBuffer(sink, config)
+        self._meters = Meters(self.name, self.rank, self._same_host(), self._telemetry, config)
+
     def set_source(self, source: ScheduleSource | None) -> None:
         """Attach the controller's schedule source (or detach it)."""
         self._source = source
         self.controller_lost = False
-
-    def _check_controller(self) -> None:
-        if self.controller_lost:
-            raise ControllerError("the controller is unreachable; the last schedules stay in use")
