@@ -40,37 +40,14 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
             meters: Meters | None = None, layout_cache: dict | None = None, driver: str | None = None) -> None:
     """Run ``plan`` once over ``buffers``; blocks until this rank's part is done.
 
-    ``driver``: ``"eager"`` (gloo only) or ``"stepwise"``; default: eager where the
-    transport is dependency-driven.
+    ``driver``: ``"eager"``, ``"exchange"`` (gloo only) or ``"stepwise"``; default:
+    :func:`default_driver`.
     """
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
-    key = buffers.block_elems.tobytes()
-    layout = layout_cache.get(key) if layout_cache is not None else None
-    if layout is None:
-        layout = plan.layout(buffers.block_elems)
-        if layout_cache is not None:
-            if len(layout_cache) > 64:
-                layout_cache.clear()
-            layout_cache[key] = layout
+    views, spans = regions(plan, buffers, layout_cache)
     tag_base = (seq % 1024) * TAG_SPAN
-    views: list[torch.Tensor | None] = []
-    spans: list[tuple[torch.Tensor, int, int] | None] = []
     temps: dict[int, torch.Tensor] = {}
-    for op in plan.ops:
-        length = int(layout.length[op.chunk])
-        if length == 0:
-            views.append(None)
-            spans.append(None)
-            continue
-        tensor, base = buffers.region(op.chunk, layout)
-        start = base + int(layout.offset[op.chunk])
-        if start + length > tensor.numel():
-            raise MCCLError(f"chunk {op.chunk} ends at element {start + length}, beyond the {tensor.numel()} "
-                            "elements of its buffer")
-        view = tensor[start:start + length]
-        views.append(view)
-        spans.append((tensor, start, length))
     chosen = driver or default_driver(transport, plan)
     if chosen in ("eager", "exchange") and not transport.dependency_driven:
         raise MCCLError(f"the {chosen} driver needs a gloo transport")
@@ -86,6 +63,37 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
         raise MCCLError(f"unknown driver {chosen!r}: eager, exchange (gloo) or stepwise")
     if buffers.finish is not None:
         buffers.finish()
+
+
+def regions(plan: RankPlan, buffers: Buffers, layout_cache: dict | None = None) -> tuple[list, list]:
+    """Every operation's tensor view and (tensor, start, length) span; None for empty chunks.
+
+    This, with building the :class:`Buffers`, is the executor's Python work per call
+    before the first operation is issued (benchmarks/runtime.py measures it)."""
+    key = buffers.block_elems.tobytes()
+    layout = layout_cache.get(key) if layout_cache is not None else None
+    if layout is None:
+        layout = plan.layout(buffers.block_elems)
+        if layout_cache is not None:
+            if len(layout_cache) > 64:
+                layout_cache.clear()
+            layout_cache[key] = layout
+    views: list[torch.Tensor | None] = []
+    spans: list[tuple[torch.Tensor, int, int] | None] = []
+    for op in plan.ops:
+        length = int(layout.length[op.chunk])
+        if length == 0:
+            views.append(None)
+            spans.append(None)
+            continue
+        tensor, base = buffers.region(op.chunk, layout)
+        start = base + int(layout.offset[op.chunk])
+        if start + length > tensor.numel():
+            raise MCCLError(f"chunk {op.chunk} ends at element {start + length}, beyond the {tensor.numel()} "
+                            "elements of its buffer")
+        views.append(tensor[start:start + length])
+        spans.append((tensor, start, length))
+    return views, spans
 
 
 def default_driver(transport: Transport, plan: RankPlan) -> str:
