@@ -1,7 +1,9 @@
 """mccl: collective schedules kept matched to the network a training job really has.
 
 Read first: ``mccl.topology`` (the fabric), ``mccl.schedule`` (the Schedule IR and its
-validator), ``mccl.synth`` (who makes schedules), ``mccl.sim`` (how fast they run).
+validator), ``mccl.synth`` (who makes schedules), ``mccl.sim`` (how fast they run),
+``mccl.runtime`` (the executor on torch.distributed; ``mccl.init``,
+``mccl.all_gather_into_tensor``, ... load it, and torch, on first use).
 """
 
 from mccl.errors import (
@@ -14,6 +16,18 @@ from mccl.errors import (
 )
 
 __version__ = "0.1.0"
+
+_RUNTIME_NAMES = ("init", "all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor", "all_reduce",
+                  "barrier", "Communicator")
+
+
+def __getattr__(name: str) -> object:
+    """``mccl.init`` and the collectives come from :mod:`mccl.runtime`, imported (with torch) on first use."""
+    if name in _RUNTIME_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module("mccl.runtime"), name)
+    raise AttributeError(f"module 'mccl' has no attribute {name!r}")
 
 __all__ = [
     "ControllerError",

@@ -37,6 +37,28 @@ def _cable(edges: list[Edge], a: str, b: str, gbps: float, latency_us: float) ->
     edges.append((b, a, gbps, latency_us))
 
 
+def _gpu_nodes(groups: int, hosts_per_group: int, gpus_per_host: int, group_prefix: str) -> list[Node]:
+    """GPUs ``gpu0 …`` host by host; host h of group g is ``host{h}``, its rack and segment ``{prefix}{g}``."""
+    nodes = []
+    for group in range(groups):
+        for local_host in range(hosts_per_group):
+            host = group * hosts_per_group + local_host
+            for rail in range(gpus_per_host):
+                nodes.append(Node(f"gpu{len(nodes)}", NodeKind.GPU, host=f"host{host}", rail=rail,
+                                  rack=f"{group_prefix}{group}", segment=f"{group_prefix}{group}", pod="pod0"))
+    return nodes
+
+
+def _host_index(gpu: Node) -> int:
+    return int((gpu.host or "host0").removeprefix("host"))
+
+
+def _intra_host_cables(edges: list[Edge], gpus: list[Node], gbps: float) -> None:
+    """Each GPU's cable to its host's switch ``nvs{h}`` (25 ns, as NVSwitch)."""
+    for gpu in gpus:
+        _cable(edges, gpu.id, f"nvs{_host_index(gpu)}", gbps, NVSWITCH_LATENCY_US)
+
+
 def _positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0:
@@ -71,25 +93,9 @@ def rail_optimized(
     )
     n_agg = hosts_per_segment if aggregation_switches is None else aggregation_switches
     _positive(aggregation_switches=n_agg)
-    nodes: list[Node] = []
+    nodes = _gpu_nodes(segments, hosts_per_segment, gpus_per_host, "seg")
+    gpus = list(nodes)
     edges: list[Edge] = []
-    gpu = 0
-    for segment in range(segments):
-        for local_host in range(hosts_per_segment):
-            host = segment * hosts_per_segment + local_host
-            for rail in range(gpus_per_host):
-                nodes.append(
-                    Node(
-                        f"gpu{gpu}",
-                        NodeKind.GPU,
-                        host=f"host{host}",
-                        rail=rail,
-                        rack=f"seg{segment}",
-                        segment=f"seg{segment}",
-                        pod="pod0",
-                    )
-                )
-                gpu += 1
     for host in range(segments * hosts_per_segment):
         segment = host // hosts_per_segment
         nodes.append(Node(f"nvs{host}", NodeKind.NVSWITCH, host=f"host{host}", segment=f"seg{segment}", pod="pod0"))
@@ -99,11 +105,9 @@ def rail_optimized(
     for index in range(n_agg):
         nodes.append(Node(f"agg{index}", NodeKind.AGGREGATION, pod="pod0"))
 
-    for node in nodes[:gpu]:
-        host_index = int(node.host.removeprefix("host"))  # type: ignore[union-attr]
-        _cable(edges, node.id, f"nvs{host_index}", nvswitch_gbps, NVSWITCH_LATENCY_US)
-    for node in nodes[:gpu]:
-        _cable(edges, node.id, f"tor{node.segment.removeprefix('seg')}.{node.rail}", nic_gbps, NIC_LATENCY_US)  # type: ignore[union-attr]
+    _intra_host_cables(edges, gpus, nvswitch_gbps)
+    for gpu in gpus:
+        _cable(edges, gpu.id, f"tor{_host_index(gpu) // hosts_per_segment}.{gpu.rail}", nic_gbps, NIC_LATENCY_US)
     for segment in range(segments):
         for rail in range(gpus_per_host):
             for index in range(n_agg):
@@ -142,18 +146,9 @@ def spine_leaf(
         intra_host_gbps=intra_host_gbps,
     )
     nic_gbps = host_gbps / gpus_per_host
-    nodes: list[Node] = []
+    nodes = _gpu_nodes(racks, hosts_per_rack, gpus_per_host, "rack")
+    gpus = list(nodes)
     edges: list[Edge] = []
-    gpu = 0
-    for rack in range(racks):
-        for local_host in range(hosts_per_rack):
-            host = rack * hosts_per_rack + local_host
-            for rail in range(gpus_per_host):
-                nodes.append(
-                    Node(f"gpu{gpu}", NodeKind.GPU, host=f"host{host}", rail=rail,
-                         rack=f"rack{rack}", segment=f"rack{rack}", pod="pod0")
-                )
-                gpu += 1
     n_hosts = racks * hosts_per_rack
     if gpus_per_host > 1:
         for host in range(n_hosts):
@@ -162,12 +157,10 @@ def spine_leaf(
         nodes.append(Node(f"leaf{rack}", NodeKind.TOR, rack=f"rack{rack}", pod="pod0"))
     for index in range(spines):
         nodes.append(Node(f"spine{index}", NodeKind.AGGREGATION, pod="pod0"))
-    for node in nodes[:gpu]:
-        host_index = int(node.host.removeprefix("host"))  # type: ignore[union-attr]
-        if gpus_per_host > 1:
-            _cable(edges, node.id, f"nvs{host_index}", intra_host_gbps, NVSWITCH_LATENCY_US)
-    for node in nodes[:gpu]:
-        _cable(edges, node.id, f"leaf{node.rack.removeprefix('rack')}", nic_gbps, latency_us)  # type: ignore[union-attr]
+    if gpus_per_host > 1:
+        _intra_host_cables(edges, gpus, intra_host_gbps)
+    for gpu in gpus:
+        _cable(edges, gpu.id, f"leaf{_host_index(gpu) // hosts_per_rack}", nic_gbps, latency_us)
     for rack in range(racks):
         for index in range(spines):
             _cable(edges, f"leaf{rack}", f"spine{index}", uplink_gbps, latency_us)
@@ -196,27 +189,19 @@ def switch_ring(
               gpus_per_host=gpus_per_host, link_gbps=link_gbps, intra_host_gbps=intra_host_gbps)
     nic_gbps = link_gbps if host_gbps is None else host_gbps
     _positive(host_gbps=nic_gbps)
-    nodes: list[Node] = []
+    nodes = _gpu_nodes(n_switches, hosts_per_switch, gpus_per_host, "rack")
+    gpus = list(nodes)
     edges: list[Edge] = []
-    gpu = 0
-    for switch in range(n_switches):
-        for local_host in range(hosts_per_switch):
-            host = switch * hosts_per_switch + local_host
-            for rail in range(gpus_per_host):
-                nodes.append(Node(f"gpu{gpu}", NodeKind.GPU, host=f"host{host}", rail=rail,
-                                  rack=f"rack{switch}", segment=f"rack{switch}", pod="pod0"))
-                gpu += 1
     n_hosts = n_switches * hosts_per_switch
     if gpus_per_host > 1:
         for host in range(n_hosts):
             nodes.append(Node(f"nvs{host}", NodeKind.NVSWITCH, host=f"host{host}"))
     for switch in range(n_switches):
         nodes.append(Node(f"sw{switch}", NodeKind.SWITCH, rack=f"rack{switch}", pod="pod0"))
-    for node in nodes[:gpu]:
-        host_index = int(node.host.removeprefix("host"))  # type: ignore[union-attr]
-        if gpus_per_host > 1:
-            _cable(edges, node.id, f"nvs{host_index}", intra_host_gbps, NVSWITCH_LATENCY_US)
-        _cable(edges, node.id, f"sw{host_index // hosts_per_switch}", nic_gbps, latency_us)
+    if gpus_per_host > 1:
+        _intra_host_cables(edges, gpus, intra_host_gbps)
+    for gpu in gpus:
+        _cable(edges, gpu.id, f"sw{_host_index(gpu) // hosts_per_switch}", nic_gbps, latency_us)
     if n_switches == 2:
         _cable(edges, "sw0", "sw1", link_gbps, latency_us)
     elif n_switches > 2:
@@ -229,10 +214,7 @@ def switch_ring(
 def single_switch(n_gpus: int, gbps: float, *, latency_us: float = NIC_LATENCY_US) -> Topology:
     """``n_gpus`` GPUs, each on its own host, each with a ``gbps`` cable to one switch."""
     _positive(n_gpus=n_gpus, gbps=gbps)
-    nodes = [
-        Node(f"gpu{i}", NodeKind.GPU, host=f"host{i}", rail=0, rack="rack0", segment="rack0", pod="pod0")
-        for i in range(n_gpus)
-    ]
+    nodes = _gpu_nodes(1, n_gpus, 1, "rack")
     nodes.append(Node("sw0", NodeKind.SWITCH, rack="rack0", pod="pod0"))
     edges: list[Edge] = []
     for i in range(n_gpus):

@@ -166,16 +166,22 @@ def _build(data: Any, reader: _Reader) -> Topology:
         raise reader.fail("", str(error)) from None
 
 
+def _entry(reader: _Reader, where: str, entry: Any, allowed: set[str], what: str) -> dict[str, Any]:
+    """One list entry: a mapping with only known fields."""
+    if not isinstance(entry, dict):
+        raise reader.fail(where, f"{what} must be a mapping")
+    unknown = set(entry) - allowed
+    if unknown:
+        raise reader.fail(where, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return entry
+
+
 def _read_nodes(reader: _Reader, entries: list[Any]) -> list[Node]:
     nodes: list[Node] = []
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         where = f"nodes[{i}]"
-        if not isinstance(entry, dict):
-            raise reader.fail(where, "a node must be a mapping with at least id and kind")
-        unknown = set(entry) - _NODE_FIELDS
-        if unknown:
-            raise reader.fail(where, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_NODE_FIELDS)}")
+        entry = _entry(reader, where, entry, _NODE_FIELDS, "a node (with at least id and kind)")
         node_id = entry.get("id")
         if not isinstance(node_id, str) or not node_id:
             raise reader.fail(f"{where}.id", f"node id must be a non-empty string, got {node_id!r}")
@@ -211,11 +217,7 @@ def _read_links(reader: _Reader, entries: list[Any], node_ids: set[str]) -> list
     links: list[Link] = []
     for i, entry in enumerate(entries):
         where = f"links[{i}]"
-        if not isinstance(entry, dict):
-            raise reader.fail(where, "a link must be a mapping with src, dst, gbps and latency_us")
-        unknown = set(entry) - _LINK_FIELDS
-        if unknown:
-            raise reader.fail(where, f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_LINK_FIELDS)}")
+        entry = _entry(reader, where, entry, _LINK_FIELDS, "a link (with src, dst, gbps and latency_us)")
         for end in ("src", "dst"):
             if end not in entry:
                 raise reader.fail(where, f"missing field '{end}'")

@@ -1,0 +1,357 @@
+"""A communicator: one transport group, its installed schedules, sequence numbers, hot swap.
+
+Every collective issued on a communicator gets the next sequence number (under a
+short lock, the "issue" of mccl-paper §6.2.2) and the schedule installed for its
+kind at that number; collectives then execute strictly in sequence order (sync calls
+on the caller's thread, ``async_op=True`` calls on the communicator's worker thread),
+so a hot swap never lets two schedules run at once. A collective kind without an
+installed schedule runs torch's own collective on the transport group (the vendor
+path; also what ReduceScatter keeps, §3).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from mccl.errors import InvalidSchedule, MCCLError
+from mccl.runtime import executor
+from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
+from mccl.runtime.plan import RankPlan, build_plan
+from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
+from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
+from mccl.runtime.transport import Transport
+from mccl.schedule import Collective, Schedule, loads_schedule, validate
+from mccl.topology import Topology
+
+__all__ = ["Communicator", "Installed"]
+
+log = logging.getLogger("mccl.runtime")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A schedule ready to run on this rank: its version and its pre-built plan."""
+
+    version: int
+    schedule: Schedule
+    plan: RankPlan
+    layouts: dict = field(default_factory=dict, compare=False, repr=False)  # element layouts by block sizes
+
+
+class Communicator:
+    """See module docstring. Build one with :func:`mccl.runtime.init`; methods mirror torch.distributed."""
+
+    def __init__(self, transport: Transport, *, name: str, topology: Topology | None = None,
+                 schedules: Sequence[Schedule] = (), source: ScheduleSource | None = None,
+                 sink: TelemetrySink | None = None, telemetry: TelemetryConfig | None = None,
+                 control: ControlChannel | None = None, driver: str | None = None, poll_s: float = 0.02) -> None:
+        self.transport = transport
+        self.name = name
+        self.rank = transport.rank
+        self.size = transport.size
+        self.topology = topology
+        self.driver = driver
+        self._installed: dict[Collective, Installed] = {}
+        self._staged: dict[Collective, dict[int, Installed]] = {}
+        self._pending: list[tuple[int, dict[Collective, Installed]]] = []
+        self._issue_lock = threading.Lock()
+        self._seq = 0
+        self._turn = threading.Condition()
+        self._next_to_run = 1
+        self._worker_queue: queue.SimpleQueue | None = None
+        self._worker: threading.Thread | None = None
+        self._local = LocalScheduleSource()
+        self._source = source
+        self.swaps: list[SwapRecord] = []
+        self.events: collections.deque[str] = collections.deque(maxlen=256)
+        self.controller_lost = False
+        self.history: collections.deque[tuple[int, str | None, int | None]] = collections.deque(maxlen=4096)
+        for schedule in schedules:
+            installed = self._prepare(schedule)
+            self._installed[installed.schedule.collective] = installed
+        self._telemetry: TelemetryBuffer | None = None
+        self._meters: Meters | None = None
+        if sink is not None:
+            self.attach_telemetry(sink, telemetry)
+        self._swapper = SwapThread(self, control, poll_s) if control is not None else None
+
+    # ---- schedules -------------------------------------------------------------------
+    def _same_host(self) -> list[bool]:
+        installed = next(iter(self._installed.values()), None)
+        if self.topology is None or installed is None:
+            return [False] * self.size
+        hosts = [self.topology.node(gpu).host for gpu in installed.schedule.ranks]
+        return [hosts[peer] is not None and hosts[peer] == hosts[self.rank] for peer in range(self.size)]
+
+    def _prepare(self, schedule: Schedule | str | bytes) -> Installed:
+        if isinstance(schedule, str | bytes):  # a schedule file's text, as the controller sends it
+            schedule = loads_schedule(schedule.decode() if isinstance(schedule, bytes) else schedule)
+        if not isinstance(schedule, Schedule):
+            raise InvalidSchedule(f"expected a Schedule, got {type(schedule).__name__}")
+        if schedule.n_ranks != self.size:
+            raise InvalidSchedule(f"the schedule has {schedule.n_ranks} ranks, communicator {self.name!r} {self.size}")
+        if self.topology is None:
+            raise InvalidSchedule(f"communicator {self.name!r} has no topology to validate the schedule against")
+        validate(schedule, self.topology)
+        return Installed(int(schedule.meta.version), schedule, build_plan(schedule, self.rank))
+
+    def configure(self, *, topology: Topology | None = None, schedules: Sequence[Schedule] = ()) -> None:
+        """Set the topology and install schedules: set-up only, before the first collective, on every rank."""
+        if topology is not None:
+            with self._issue_lock:
+                if self._seq:
+                    raise MCCLError("configure() is for set-up; once collectives ran, use stage() (hot swap)")
+                self.topology = topology
+        for schedule in schedules:
+            self.install(schedule)
+
+    def install(self, schedule: Schedule) -> None:
+        """Install a schedule now, without agreement: only before the first collective, on every rank."""
+        installed = self._prepare(schedule)
+        with self._issue_lock:
+            if self._seq:
+                raise MCCLError("install() is for set-up; once collectives ran, use stage() (hot swap)")
+            self._installed[installed.schedule.collective] = installed
+        if self._meters is not None:
+            self._meters.set_hosts(self._same_host())
+
+    def stage(self, schedule: Schedule | str) -> None:
+        """Hand a new schedule version (a Schedule or a schedule file's JSON text) to the hot-swap
+        thread, which parses, validates and plans it off the critical path; call it on every rank."""
+        if self._swapper is None:
+            raise MCCLError(f"communicator {self.name!r} has no control channel, so it cannot hot-swap")
+        self._local.put(schedule)
+
+    def versions(self) -> dict[str, int]:
+        with self._issue_lock:
+            return {kind.value: item.version for kind, item in self._installed.items()}
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last collective launched on this communicator."""
+        return self._seq
+
+    # ---- hot-swap callbacks (called on the swap thread) ---------------------------------
+    def _take_request(self, timeout: float) -> Schedule | None:
+        staged = self._local.get(timeout)  # idle wait
+        if staged is not None:
+            return staged
+        if self._source is not None and not self.controller_lost:
+            return self._source.poll()
+        return None
+
+    def _controller_lost(self, reason: str) -> None:
+        self.controller_lost = True
+        self.events.append(f"controller lost: {reason}")
+
+    def _swap_failed(self, reason: str) -> None:
+        self.events.append(f"swap failed: {reason}")
+
+    def _stage(self, schedule: Schedule) -> str | None:
+        try:
+            installed = self._prepare(schedule)  # parse, validate, pre-build the plan
+            current = self._installed.get(installed.schedule.collective)
+            if current is not None and installed.version <= current.version:
+                raise InvalidSchedule(f"version {installed.version} is not newer than the installed "
+                                      f"{current.version} of {installed.schedule.collective.value}")
+        except MCCLError as error:
+            log.error("mccl: rejected a staged schedule on rank %d: %s", self.rank, error)
+            self.events.append(f"rejected: {error}")
+            return str(error)
+        self._staged.setdefault(installed.schedule.collective, {})[installed.version] = installed
+        return None
+
+    def _sync_round(self, exchange: Callable[[bytes], list[bytes]]) -> tuple[int, dict[str, int], float]:
+        staged = {kind.value: sorted(items) for kind, items in self._staged.items()}
+        with self._issue_lock:  # hold the issuing of new collectives only for the exchange
+            start = time.perf_counter()
+            payloads = exchange(encode(self._seq, staged))
+            switch_after, adopted = agree(payloads)
+            changes: dict[Collective, Installed] = {}
+            for kind_name, version in adopted.items():
+                kind = Collective(kind_name)
+                current = self._installed.get(kind)
+                if current is None or version > current.version:
+                    changes[kind] = self._staged[kind][version]
+            if changes:
+                self._pending.append((switch_after, changes))
+            oob_s = time.perf_counter() - start
+        for kind_name, version in adopted.items():
+            kind = Collective(kind_name)
+            self._staged[kind] = {v: item for v, item in self._staged[kind].items() if v > version}
+        return switch_after, adopted, oob_s
+
+    def _record(self, record: SwapRecord) -> None:
+        self.swaps.append(record)
+
+    # ---- issuing and running ----------------------------------------------------------
+    def _launch(self, kind: Collective | None) -> tuple[int, Installed | None]:
+        with self._issue_lock:
+            self._seq += 1
+            seq = self._seq
+            while self._pending and seq > self._pending[0][0]:
+                self._installed.update(self._pending.pop(0)[1])
+            installed = self._installed.get(kind) if kind is not None else None
+            self.history.append((seq, kind.value if kind is not None else None,
+                                 installed.version if installed is not None else None))
+            return seq, installed
+
+    def _run_in_order(self, seq: int, body: Callable[[], None]) -> None:
+        with self._turn:
+            while self._next_to_run != seq:
+                self._turn.wait()
+        try:
+            body()
+        finally:
+            with self._turn:
+                self._next_to_run = seq + 1
+                self._turn.notify_all()
+
+    def _submit(self, kind: Collective | None, body: Callable[[int, Installed | None], None],
+                result: list[torch.Tensor], async_op: bool) -> object | None:
+        seq, installed = self._launch(kind)
+        if not async_op:
+            self._run_in_order(seq, lambda: body(seq, installed))
+            return None
+        future: torch.futures.Future = torch.futures.Future()
+        self._ensure_worker()
+        self._worker_queue.put((seq, lambda: body(seq, installed), future, result))
+        return _create_work_from_future(future)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            self._worker_queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._work_forever, name="mccl-worker", daemon=True)
+            self._worker.start()
+
+    def _work_forever(self) -> None:
+        while True:
+            item = self._worker_queue.get()
+            if item is None:
+                return
+            seq, run, future, result = item
+            try:
+                self._run_in_order(seq, run)
+                future.set_result(result)
+            except BaseException as error:
+                future.set_exception(error)
+
+    def _execute(self, installed: Installed, buffers: executor.Buffers, seq: int) -> None:
+        if self._meters is not None:
+            self._meters.seq = seq
+        executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
+                         layout_cache=installed.layouts, driver=self.driver)
+
+    # ---- collectives ------------------------------------------------------------------
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
+        def body(seq: int, installed: Installed | None) -> None:
+            if installed is None:
+                self.transport.native_all_gather(output, input)
+            else:
+                self._execute(installed, executor.all_gather_buffers(installed.plan, output, input), seq)
+        return self._submit(Collective.ALLGATHER, body, [output], async_op)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
+                          input_split_sizes: Sequence[int] | None = None, *, async_op: bool = False):
+        def body(seq: int, installed: Installed | None) -> None:
+            if installed is None:
+                work = self.transport.group.alltoall_base(output, input, list(output_split_sizes or []),
+                                                          list(input_split_sizes or []), dist.AllToAllOptions())
+                work.wait()
+                return
+            buffers = executor.all_to_all_buffers(installed.plan, output, input, output_split_sizes, input_split_sizes,
+                                                  self._split_matrix)
+            self._execute(installed, buffers, seq)
+        return self._submit(Collective.ALLTOALL, body, [output], async_op)
+
+    def _split_matrix(self, mine: list[int]) -> np.ndarray:
+        """Every rank's input splits (elements), gathered over the transport (relays need them)."""
+        device = torch.device("cuda") if self.transport.backend == "nccl" else torch.device("cpu")
+        local = torch.tensor(mine, dtype=torch.int64, device=device)
+        gathered = torch.empty(self.size * len(mine), dtype=torch.int64, device=device)
+        self.transport.native_all_gather(gathered, local)
+        return gathered.cpu().numpy().reshape(self.size, self.size)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = dist.ReduceOp.SUM, *,
+                              async_op: bool = False):
+        def body(seq: int, installed: Installed | None) -> None:
+            if installed is None or op not in executor.REDUCERS:
+                self.transport.native_reduce_scatter(output, input, op)
+            else:
+                self._execute(installed, executor.reduce_scatter_buffers(installed.plan, output, input, op), seq)
+        return self._submit(Collective.REDUCESCATTER, body, [output], async_op)
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = dist.ReduceOp.SUM, *, async_op: bool = False):
+        """ReduceScatter with torch's own collective (the reduction stays on the vendor path),
+        then AllGather through mccl (mccl-paper §3)."""
+        def body(seq: int, installed: Installed | None) -> None:
+            flat = tensor.reshape(-1) if tensor.is_contiguous() else None
+            if flat is None:
+                raise MCCLError("all_reduce: the tensor must be contiguous")
+            if flat.is_complex():
+                flat = torch.view_as_real(flat).reshape(-1)
+            n = self.size
+            per_rank = -(-flat.numel() // n)
+            source = torch.zeros(per_rank * n, dtype=flat.dtype, device=flat.device)
+            source[:flat.numel()].copy_(flat)
+            target = flat if per_rank * n == flat.numel() else torch.empty_like(source)
+            mine = target[self.rank * per_rank:(self.rank + 1) * per_rank]
+            self.transport.native_reduce_scatter(mine, source, op)
+            if installed is None:
+                self.transport.native_all_gather(target, mine.clone())
+            else:
+                self._execute(installed, executor.all_gather_buffers(installed.plan, target, mine), seq)
+            if target is not flat:
+                flat.copy_(target[:flat.numel()])
+        return self._submit(Collective.ALLGATHER, body, [tensor], async_op)
+
+    def barrier(self, *, async_op: bool = False):
+        def body(seq: int, installed: Installed | None) -> None:
+            self.transport.barrier()
+        return self._submit(None, body, [], async_op)
+
+    # ---- telemetry and shutdown -------------------------------------------------------
+    @property
+    def telemetry_dropped(self) -> int:
+        return self._telemetry.dropped if self._telemetry is not None else 0
+
+    def flush_telemetry(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.flush()
+
+    def close(self) -> None:
+        """Stop the background threads (after the queued collectives); the transport group stays."""
+        if self._swapper is not None:
+            self._swapper.stop()
+        if self._worker is not None:
+            self._worker_queue.put(None)
+            self._worker.join(timeout=30)
+            self._worker = None
+        if self._telemetry is not None:
+            self._telemetry.close()
+
+    def attach_telemetry(self, sink: TelemetrySink, config: TelemetryConfig | None = None) -> None:
+        """Start measuring into ``sink`` (e.g. on a communicator created by the "mccl" backend)."""
+        config = config or TelemetryConfig()
+        if not config.enabled:
+            return
+        if self._telemetry is not None:
+            self._telemetry.close()
+        self._telemetry = TelemetryBuffer(sink, config)
+        self._meters = Meters(self.name, self.rank, self._same_host(), self._telemetry, config)
+
+    def set_source(self, source: ScheduleSource | None) -> None:
+        """Attach the controller's schedule source (or detach it)."""
+        self._source = source
+        self.controller_lost = False

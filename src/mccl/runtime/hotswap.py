@@ -1,0 +1,172 @@
+"""Hot swap (mccl-paper §6.2.2, after MCCS): a new schedule replaces the old between two collectives.
+
+A background thread per communicator receives schedules (``Communicator.stage`` or
+the schedule source), and for each, in rounds that every rank runs in the same order:
+
+1. **Stage** — validate against the communicator's topology, pre-build this rank's
+   send/receive plan; nothing that blocks. A schedule that fails is rejected and
+   reported; the old one stays (fail-static).
+2. **Ready** — wait, idle, until every rank has staged (or rejected) its schedule of
+   this round; the main thread keeps issuing collectives meanwhile, so ranks that
+   were asked earlier than others do not stall the job.
+3. **Out-of-band AllGather** — briefly hold the issuing of new collectives on this
+   communicator and exchange (staged versions, last launched sequence number) over
+   a control channel separate from the transport. Adopted, per collective: the
+   newest version every rank has staged (the paper's "minimum version" when
+   versions arrive in order; a version one rank rejected is never adopted). The
+   maximum sequence number K is the switch point: collectives ≤ K run the old
+   schedule, collectives > K the new one. Every rank computes the same result.
+
+Collectives of one communicator execute in sequence order, so two schedules never
+run at once and none is dropped or duplicated; other communicators swap on their
+own. The control channel is a :class:`StoreControl` (the job's TCPStore: a 16-byte
+exchange costs ~0.6–0.9 ms at 8 ranks here, a gloo AllGather ~10 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+import torch.distributed as dist
+
+from mccl.errors import ControllerError, MCCLError
+
+__all__ = ["ControlChannel", "StoreControl", "SwapRecord", "agree"]
+
+log = logging.getLogger("mccl.runtime")
+
+
+class ControlChannel(Protocol):
+    """Out-of-band exchange among the ranks of one communicator (not the transport group)."""
+
+    def ready(self, round_id: int, stop: Callable[[], bool]) -> bool:
+        """Publish "this rank reached round_id" and idle-wait for all ranks; False if stopped."""
+        ...
+
+    def allgather(self, round_id: int, payload: bytes) -> list[bytes]:
+        """Every rank's payload of round_id, by rank."""
+        ...
+
+
+class StoreControl:
+    """A control channel over a torch.distributed Store (its own client connection)."""
+
+    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.005,
+                 timeout_s: float = 60.0) -> None:
+        self.store = dist.PrefixStore(prefix, store.clone() if hasattr(store, "clone") else store)
+        self.rank = rank
+        self.size = size
+        self.poll_s = poll_s
+        self.timeout = timedelta(seconds=timeout_s)
+        self._sleep = threading.Event()
+
+    def ready(self, round_id: int, stop: Callable[[], bool]) -> bool:
+        self.store.set(f"ready/{round_id}/{self.rank}", b"1")
+        keys = [f"ready/{round_id}/{rank}" for rank in range(self.size)]
+        while not self.store.check(keys):
+            if stop():
+                return False
+            self._sleep.wait(self.poll_s)  # idle: no GIL-holding spin (it slows gloo 5–14×)
+        return True
+
+    def allgather(self, round_id: int, payload: bytes) -> list[bytes]:
+        self.store.set(f"sync/{round_id}/{self.rank}", payload)
+        keys = [f"sync/{round_id}/{rank}" for rank in range(self.size)]
+        self.store.wait(keys, self.timeout)
+        return [bytes(value) for value in self.store.multi_get(keys)]
+
+
+@dataclass(frozen=True)
+class SwapRecord:
+    """One hot-swap round as this rank saw it (times in seconds)."""
+
+    round: int
+    switch_after: int
+    adopted: tuple[tuple[str, int], ...]
+    rejected: str | None
+    stage_s: float
+    ready_s: float
+    oob_s: float
+    total_s: float
+
+
+def agree(payloads: list[bytes]) -> tuple[int, dict[str, int]]:
+    """(K, {collective: version}) from every rank's ``{"seq": s, "staged": {kind: [versions]}}``."""
+    decoded = [json.loads(payload) for payload in payloads]
+    switch_after = max(int(item["seq"]) for item in decoded)
+    kinds = set().union(*(item["staged"].keys() for item in decoded))
+    adopted: dict[str, int] = {}
+    for kind in sorted(kinds):
+        common = set.intersection(*(set(item["staged"].get(kind, [])) for item in decoded))
+        if common:
+            adopted[kind] = max(common)
+    return switch_after, adopted
+
+
+def encode(seq: int, staged: dict[str, list[int]]) -> bytes:
+    return json.dumps({"seq": seq, "staged": staged}, sort_keys=True).encode()
+
+
+class SwapThread:
+    """The background thread of one communicator; it calls back into the communicator.
+
+    ``communicator`` provides ``_take_request(timeout)``, ``_stage(schedule)``,
+    ``_sync_round(payload_fn)`` and ``_record(SwapRecord)`` (see api.Communicator).
+    """
+
+    def __init__(self, communicator: object, control: ControlChannel, poll_s: float) -> None:
+        self.communicator = communicator
+        self.control = control
+        self.poll_s = poll_s
+        self.round = 0
+        self._stop = False
+        self._controller_lost = False
+        self.thread = threading.Thread(target=self._run, name="mccl-hotswap", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        comm = self.communicator
+        while not self._stop:
+            try:
+                schedule = comm._take_request(self.poll_s)
+            except ControllerError as error:
+                if not self._controller_lost:
+                    self._controller_lost = True
+                    log.warning("mccl: the controller is unreachable (%s); keeping the last schedule", error)
+                    comm._controller_lost(str(error))
+                continue
+            if schedule is None:
+                continue
+            try:
+                self._round(schedule)
+            except MCCLError as error:  # fail-static: report, keep the old schedule, keep running
+                log.error("mccl: hot swap round %d failed: %s; keeping the last schedule", self.round, error)
+                comm._swap_failed(str(error))
+            except Exception as error:
+                log.exception("mccl: hot swap round %d failed", self.round)
+                comm._swap_failed(repr(error))
+
+    def _round(self, schedule: object) -> None:
+        comm = self.communicator
+        self.round += 1
+        start = time.perf_counter()
+        rejected = comm._stage(schedule)
+        staged_at = time.perf_counter()
+        if not self.control.ready(self.round, lambda: self._stop):
+            return
+        ready_at = time.perf_counter()
+        switch_after, adopted, oob_s = comm._sync_round(lambda payload: self.control.allgather(self.round, payload))
+        end = time.perf_counter()
+        comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())), rejected,
+                                staged_at - start, ready_at - staged_at, oob_s, end - start))

@@ -1,0 +1,117 @@
+"""The executor's two seams to the controller: where schedules come from, where samples go.
+
+mccl-paper §3 splits mccl into a fast path (the executor, in every rank) and a slow
+path (the controller). The executor talks to the controller only through these two
+interfaces, so the controller's client (ZeroMQ, a later issue) plugs in without
+changing the executor:
+
+* :class:`ScheduleSource` — ``poll()`` returns the next schedule the controller
+  issued, or None; it never blocks (the hot-swap thread calls it between idle
+  waits) and raises :class:`~mccl.errors.ControllerError` when the controller is
+  unreachable (the executor then keeps its last schedule: fail-static).
+* :class:`TelemetrySink` — ``submit(samples)`` receives a batch of measurements,
+  called from the telemetry thread, never from a collective.
+
+Local implementations: :class:`LocalScheduleSource` (a queue an operator or test
+fills) and :class:`MemorySink` (keeps the samples in memory).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from mccl.errors import ControllerError
+from mccl.schedule import Schedule
+
+__all__ = ["Sample", "ScheduleSource", "TelemetrySink", "LocalScheduleSource", "MemorySink"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measurement window (mccl-paper §5): ``bytes`` moved in ``seconds`` while saturated.
+
+    ``kind``: ``"intra"`` — the rank's cumulative injection rate into its host fabric
+    (all peers on its host together, §3.3), ``peer`` is -1; ``"inter"`` — one rank
+    pair across hosts. ``end_time``: wall clock (s since the epoch) when the window
+    closed. ``seq``: the communicator's sequence number of the collective.
+    """
+
+    kind: str
+    communicator: str
+    rank: int
+    peer: int
+    bytes: int
+    seconds: float
+    end_time: float
+    seq: int
+
+    @property
+    def gbps(self) -> float:
+        """The measured rate in Gbit/s (topology units)."""
+        return self.bytes * 8 / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+@runtime_checkable
+class ScheduleSource(Protocol):
+    def poll(self) -> Schedule | None:
+        """The next schedule issued for this rank, or None; never blocks; ControllerError if unreachable."""
+        ...
+
+
+@runtime_checkable
+class TelemetrySink(Protocol):
+    def submit(self, samples: Sequence[Sample]) -> None:
+        """Take a batch of samples (called off the critical path)."""
+        ...
+
+
+class LocalScheduleSource:
+    """A schedule source filled in-process (operators, tests); ``close()`` makes it unreachable."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Schedule] = queue.SimpleQueue()
+        self._closed = False
+
+    def put(self, schedule: Schedule) -> None:
+        self._queue.put(schedule)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def get(self, timeout: float) -> Schedule | None:
+        """The next schedule put, waiting idle up to ``timeout`` seconds (the hot-swap thread's inbox)."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def poll(self) -> Schedule | None:
+        if self._closed:
+            raise ControllerError("the local schedule source was closed")
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
+
+class MemorySink:
+    """Keeps every batch it receives; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: list[Sample] = []
+        self.batches = 0
+
+    def submit(self, samples: Sequence[Sample]) -> None:
+        with self._lock:
+            self._samples.extend(samples)
+            self.batches += 1
+
+    @property
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self._samples)

@@ -1,0 +1,112 @@
+"""The point-to-point transport under the executor: one long-lived torch process group.
+
+Everything that differs between gloo (CPU, tests) and NCCL (GPUs) is here, named:
+
+* **Matching.** gloo matches a receive to a send by (peer, tag); NCCL ignores tags and
+  matches in issue order per peer pair. The plan gives every operation the ordinal
+  of its peer pair as tag *and* the executor issues operations to a peer in that
+  order, so both rules hold at once.
+* **Issuing.** NCCL needs the sends and receives of one step inside one group
+  (``ncclGroupStart/End``, torch's coalescing manager): two ranks that each post a
+  receive before their send to the other would deadlock otherwise. gloo has no
+  groups; each operation is posted on its own, receives first, because a gloo send
+  completes only once the peer has posted the matching receive.
+* **Progress.** On NCCL the stream orders the steps: the executor enqueues every step
+  and the CPU does not wait. gloo needs the CPU to wait for a chunk before
+  forwarding it, so :attr:`Transport.dependency_driven` selects the executor's
+  eager driver, which waits in ``Work.wait()`` (the GIL is released there) and
+  forwards each chunk as soon as it arrives — pipelining across chunks.
+* **Hazards of gloo** (measured, see issue 6): never call ``wait(timeout)`` (an
+  expired wait breaks the group for good: the executor always waits without a
+  timeout); a message larger than the posted receive aborts the receiving process
+  (the executor checks tensor sizes before it issues anything, and receive sizes
+  come from the same deterministic layout as send sizes).
+
+Transport groups are long-lived (creating one costs 20–90 ms across 8 ranks): a hot
+swap replaces the schedule, never the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+
+from mccl.errors import MCCLError
+
+__all__ = ["P2P", "Transport", "TAG_SPAN"]
+
+TAG_SPAN = 1 << 20  # ordinals per peer pair and collective; collectives cycle through 1024 tag spaces
+
+
+@dataclass(frozen=True)
+class P2P:
+    is_send: bool
+    tensor: torch.Tensor
+    peer: int
+    tag: int
+
+
+class Transport:
+    """Point-to-point operations over ``group`` (a ProcessGroup or a c10d Backend), in group ranks."""
+
+    def __init__(self, group: dist.ProcessGroup | object, *, backend: str | None = None) -> None:
+        self.group = group
+        name = backend or _backend_name(group)
+        if name not in ("gloo", "nccl"):
+            raise MCCLError(f"mccl runs on a gloo or nccl transport group, not {name!r}")
+        self.backend = name
+        self.rank = int(group.rank())
+        self.size = int(group.size())
+
+    @property
+    def dependency_driven(self) -> bool:
+        """gloo: the CPU must wait for a chunk before forwarding it (see module docstring)."""
+        return self.backend == "gloo"
+
+    def post(self, op: P2P) -> object:
+        """Issue one operation now (gloo); returns its Work."""
+        if op.is_send:
+            return self.group.send([op.tensor], op.peer, op.tag)
+        return self.group.recv([op.tensor], op.peer, op.tag)
+
+    def post_group(self, ops: Sequence[P2P]) -> list[object]:
+        """Issue ``ops`` together: one NCCL group (coalesced), or one by one, receives first, on gloo."""
+        ordered = [op for op in ops if not op.is_send] + [op for op in ops if op.is_send]
+        if self.backend != "nccl" or not ordered:
+            return [self.post(op) for op in ordered]
+        device = ordered[0].tensor.device
+        self.group._start_coalescing(device)
+        for op in ordered:
+            self.post(op)
+        work = self.group._end_coalescing(device)
+        return [work]
+
+    # torch's own collectives on the same group: the vendor path of mccl-paper §3
+    def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:
+        options = ReduceScatterOptions()
+        options.reduceOp = op
+        work = (self.group.reduce_scatter_single(output, input, options) if hasattr(self.group, "reduce_scatter_single")
+                else self.group._reduce_scatter_base(output, input, options))
+        work.wait()
+
+    def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        work = (self.group.all_gather_single(output, input, AllgatherOptions())
+                if hasattr(self.group, "all_gather_single") else self.group._allgather_base(output, input))
+        work.wait()
+
+    def barrier(self) -> None:
+        self.group.barrier().wait()
+
+
+def _backend_name(group: object) -> str:
+    getter = getattr(group, "_get_backend_name", None) or getattr(group, "name", None)
+    if getter is None:
+        raise MCCLError(f"cannot tell the backend of {group!r}; pass backend='gloo' or 'nccl'")
+    name = str(getter()).lower()
+    if name == "undefined":
+        return dist.get_backend(group)
+    return name
