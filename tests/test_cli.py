@@ -47,7 +47,7 @@ def test_synth_direct_and_sim(capsys, tmp_path):
     code, out, _ = run(capsys, "synth", "direct", "--topology", "rail_optimized(1,2,8)", "--out", str(tmp_path / "a.json"))
     assert code == 0 and "100.00 GB/s" in out
     code, out, _ = run(capsys, "sim")
-    assert code == 0 and "gpu0 NIC -88%" in out and "not yet available" in out
+    assert code == 0 and "gpu0 NIC -88%" in out and "NCCL ring" in out and "cut bound" in out
 
 
 @pytest.mark.parametrize(
