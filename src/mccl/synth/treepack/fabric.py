@@ -29,6 +29,7 @@ class Fabric:
     head: np.ndarray
     gbps: np.ndarray  # float per arc
     link: np.ndarray  # physical link id per arc
+    groups: np.ndarray  # int per node: its host's index, -1 for nodes of no host (ToRs, spines)
 
     @property
     def n_nodes(self) -> int:
@@ -52,6 +53,7 @@ def fabric_of(topology: Topology, ranks: Sequence[str]) -> Fabric:
         head=np.array([index[link.dst] for link in kept], dtype=np.int64),
         gbps=np.array([link.gbps for link in kept], dtype=float),
         link=np.array([link.id for link in kept], dtype=np.int64),
+        groups=_host_groups(topology, names),
     )
     _check_connected(fabric, topology, rank_set)
     return fabric
@@ -74,3 +76,13 @@ def _check_connected(fabric: Fabric, topology: Topology, rank_set: set[str]) -> 
             raise Infeasible(f"rank GPU {fabric.names[0]!r} cannot {direction} rank GPU {other!r} in "
                              f"topology {topology.name!r} through switches and ranks only (disconnected ranks); "
                              "AllGather is impossible")
+
+
+def _host_groups(topology: Topology, names: list[str]) -> np.ndarray:
+    hosts: dict[str, int] = {}
+    out = np.full(len(names), -1, dtype=np.int64)
+    for i, name in enumerate(names):
+        host = topology.node(name).host
+        if host is not None:
+            out[i] = hosts.setdefault(host, len(hosts))
+    return out

@@ -57,6 +57,10 @@ class FlowNet:
             raise ArithmeticError(f"max-flow solver returned {status}; capacities may overflow int64")
         return int(self._solver.optimal_flow())
 
+    def flows(self, arcs: np.ndarray) -> np.ndarray:
+        """After :meth:`max_flow`, the flow on each of ``arcs``."""
+        return np.asarray(self._solver.flows(np.asarray(arcs, dtype=np.int64)), dtype=np.int64)
+
     def sink_side(self) -> np.ndarray:
         """After :meth:`max_flow`, the nodes that still reach the sink in the residual graph (bool mask)."""
         mask = np.zeros(self.n_nodes, dtype=bool)

@@ -77,7 +77,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     t_phase1 = time.perf_counter()
     integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=hints.k if hints else None)
     t_rounding = time.perf_counter()
-    logical = remove_switches(fabric, integral.units, integral.k)
+    logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
     k = _trees_that_fit(logical, integral.k)
     t_phase2 = time.perf_counter()
     prefer = (lambda root: hints.arcs[root]) if hints else None

@@ -147,46 +147,66 @@ def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, c
     return all(net.max_flow(source, v) >= n_ranks * k for v in range(n_ranks))
 
 
-def _fast_split(graph: _Graph, w: int) -> None:
-    """Split switch w maximally: proportional floors, then a bipartite max-flow for the rest."""
+def _fast_split(graph: _Graph, w: int, groups: np.ndarray) -> None:
+    """Split switch w maximally and spread, keeping pairs of one host (``groups``) for last.
+
+    A route that leaves a host through w and comes back into the same host spends
+    that host's ingress on data it already has: the host cut (tight on HPN, where
+    the NICs carry almost exactly what the host lacks) would lose it. So pairs
+    with ``groups[u] == groups[t] >= 0`` (and w outside that host) are used only
+    when nothing else is left.
+    """
     ins = {u: graph.units((u, w)) for u in graph.inn[w]}
     outs = {t: graph.units((w, t)) for t in graph.out[w]}
-    total_out = sum(outs.values())
-    if not ins or not outs or total_out == 0:
+    if not ins or not outs:
         graph.drop_switch(w)
         return
+
+    def apart(u: int, t: int) -> bool:
+        return u != t and (groups[u] < 0 or groups[u] != groups[t] or groups[w] == groups[u])
+
     plan: dict[tuple[int, int], int] = defaultdict(int)
     left_in = dict(ins)
     left_out = dict(outs)
     for u, cu in sorted(ins.items(), key=lambda item: -item[1]):
+        reachable = sum(ct for t, ct in outs.items() if apart(u, t))
+        if reachable == 0:
+            continue
         for t, ct in outs.items():
-            if t == u:
+            if not apart(u, t):
                 continue
-            share = min(cu * ct // total_out, left_in[u], left_out[t])
+            share = min(cu * ct // reachable, left_in[u], left_out[t])
             if share > 0:
                 plan[(u, t)] += share
                 left_in[u] -= share
                 left_out[t] -= share
-    us = [u for u in left_in if left_in[u] > 0]
-    ts = [t for t in left_out if left_out[t] > 0]
-    if us and ts:
-        # Bipartite fill-up: source 0, in-side 1.., out-side, sink last.
-        net = FlowNet(2 + len(us) + len(ts))
-        sink = 1 + len(us) + len(ts)
-        net.add_arcs(np.zeros(len(us)), np.arange(1, 1 + len(us)), np.array([left_in[u] for u in us]))
-        net.add_arcs(np.arange(1 + len(us), sink), np.full(len(ts), sink), np.array([left_out[t] for t in ts]))
-        pairs = [(i, j) for i, u in enumerate(us) for j, t in enumerate(ts) if u != t]
-        if pairs:
-            ids = net.add_arcs(np.array([1 + i for i, _ in pairs]), np.array([1 + len(us) + j for _, j in pairs]),
-                               np.full(len(pairs), BIG))
-            net.max_flow(0, sink)
-            flows = net._solver.flows(ids)  # noqa: SLF001 - read back the per-pair amounts
-            for (i, j), flow in zip(pairs, flows, strict=True):
-                if flow > 0:
-                    plan[(us[i], ts[j])] += int(flow)
+    _fill(plan, left_in, left_out, apart)
+    _fill(plan, left_in, left_out, lambda u, t: u != t)
     for (u, t), amount in plan.items():
         graph.split(u, w, t, amount)
     graph.drop_switch(w)
+
+
+def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: dict[int, int], allowed) -> None:
+    """Add to ``plan`` a maximal split of what is left, over the allowed pairs (bipartite max-flow)."""
+    us = [u for u in left_in if left_in[u] > 0]
+    ts = [t for t in left_out if left_out[t] > 0]
+    pairs = [(i, j) for i, u in enumerate(us) for j, t in enumerate(ts) if allowed(u, t)]
+    if not pairs:
+        return
+    net = FlowNet(2 + len(us) + len(ts))
+    sink = 1 + len(us) + len(ts)
+    net.add_arcs(np.zeros(len(us)), np.arange(1, 1 + len(us)), np.array([left_in[u] for u in us]))
+    net.add_arcs(np.arange(1 + len(us), sink), np.full(len(ts), sink), np.array([left_out[t] for t in ts]))
+    ids = net.add_arcs(np.array([1 + i for i, _ in pairs]), np.array([1 + len(us) + j for _, j in pairs]),
+                       np.full(len(pairs), BIG))
+    net.max_flow(0, sink)
+    for (i, j), flow in zip(pairs, net.flows(ids), strict=True):
+        if flow > 0:
+            u, t = us[i], ts[j]
+            plan[(u, t)] += int(flow)
+            left_in[u] -= int(flow)
+            left_out[t] -= int(flow)
 
 
 def _careful_split(graph: _Graph, w: int, k: int) -> None:
@@ -229,13 +249,14 @@ def _careful_split(graph: _Graph, w: int, k: int) -> None:
     graph.drop_switch(w)
 
 
-def remove_switches(fabric: Fabric, units: np.ndarray, k: int) -> LogicalGraph:
+def remove_switches(fabric: Fabric, units: np.ndarray, k: int, groups: np.ndarray | None = None) -> LogicalGraph:
     """Split off every switch; the logical rank-to-rank graph with the routes of its arcs."""
-    switches = list(range(fabric.n_ranks, fabric.n_nodes))
+    if groups is None:
+        groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
     graph = _Graph(fabric, units)
-    order = sorted(switches, key=lambda w: len(graph.inn[w]))
+    order = _nearest_first(fabric)
     for w in order:
-        _fast_split(graph, w)
+        _fast_split(graph, w, groups)
     careful = False
     tail, head, caps = graph.arrays()
     if not packing_ok(fabric.n_ranks, fabric.n_ranks, tail, head, caps, k):
@@ -243,7 +264,7 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int) -> LogicalGraph:
         graph = _Graph(fabric, units)
         for w in order:
             before = {key: [list(item) for item in pool] for key, pool in graph.pools.items()}
-            _fast_split(graph, w)
+            _fast_split(graph, w, groups)
             tail, head, caps = graph.arrays()
             if packing_ok(graph.n_nodes, graph.n_ranks, tail, head, caps, k):
                 continue
@@ -256,3 +277,14 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int) -> LogicalGraph:
     units_out = {key: graph.units(key) for key in graph.pools}
     routes = {key: [(path, units) for path, units in pool] for key, pool in graph.pools.items()}
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
+
+
+def _nearest_first(fabric: Fabric) -> list[int]:
+    """Switches by hop distance from the nearest rank (NVSwitches, then ToRs, then aggregation)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import shortest_path
+
+    n = fabric.n_nodes
+    graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, fabric.head)), shape=(n, n))
+    distance = shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
+    return sorted(range(fabric.n_ranks, n), key=lambda w: (distance[w], w))
