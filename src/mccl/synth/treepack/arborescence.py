@@ -54,6 +54,7 @@ def pack_arborescences(
     *,
     latency_aware: bool = False,
     prefer: Callable[[int], Set[tuple[int, int]]] | None = None,
+    max_batch: int = 64,
 ) -> tuple[list[Tree], int]:
     """k spanning out-trees per rank within ``units``; returns the trees and the max-flows used.
 
@@ -64,34 +65,92 @@ def pack_arborescences(
     for index, (u, _) in enumerate(keys):
         out[u].append(index)
     residual = np.array([units[key] for key in keys], dtype=np.int64)
-    source = n
-    net = FlowNet(n + 1)
-    arc_ids = net.add_arcs(np.array([u for u, _ in keys], dtype=np.int64),
-                           np.array([v for _, v in keys], dtype=np.int64), residual)
-    source_arcs = net.add_arcs(np.full(n, source), np.arange(n), np.full(n, k))
+    tails = np.array([u for u, _ in keys], dtype=np.int64)
+    heads = np.array([v for _, v in keys], dtype=np.int64)
     untouched = np.full(n, k, dtype=np.int64)
-    total = n * k  # M: the demand of all unfinished groups
     trees: list[Tree] = []
-    for root in range(n):
-        preferred = prefer(root) if prefer is not None else frozenset()
-        untouched[root] = 0
-        net.set_capacity(source_arcs[root], 0)
-        stack: list[tuple[Tree, int | None]] = [(Tree(root, k, depth={root: 0}), None)]
-        while stack:
-            tree, group_arc = stack.pop()
-            if group_arc is not None:
-                net.set_capacity(group_arc, 0)  # the group being grown leaves the network
-            _grow(tree, n, keys, out, residual, net, arc_ids, source_arcs, untouched, total,
-                  latency_aware, preferred, stack)
-            total -= tree.multiplicity
-            trees.append(tree)
-    return trees, net.solves
+    solves = 0
+    root, batch = 0, 1
+    while root < n:
+        # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
+        # still packs with n max-flows; on failure roll back and grow them one root at a time, checked.
+        roots = range(root, min(n, root + batch))
+        saved = (residual.copy(), untouched.copy())
+        greedy: list[Tree] = []
+        stalled = False
+        for r in roots:
+            untouched[r] = 0
+            preferred = prefer(r) if prefer is not None else frozenset()
+            stack: list[tuple[Tree, int | None]] = [(Tree(r, k, depth={r: 0}), None)]
+            while stack and not stalled:
+                tree, _ = stack.pop()
+                stalled = not _grow(tree, n, keys, out, residual, None, None, None, untouched, 0,
+                                    latency_aware, preferred, stack)
+                greedy.append(tree)
+        if not stalled:
+            solves += n
+            stalled = not _packs(n, tails, heads, residual, untouched)
+        if not stalled:
+            trees.extend(greedy)
+            root += len(roots)
+            batch = min(2 * batch, max_batch)
+            continue
+        residual[:], untouched[:] = saved
+        if batch > 1:
+            batch = max(1, batch // 4)
+            continue
+        trees.extend(_checked_root(root, n, k, keys, out, tails, heads, residual, untouched,
+                                   latency_aware, prefer))
+        solves += _checked_root.solves  # type: ignore[attr-defined]
+        root += 1
+    return trees, solves
+
+
+def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray) -> bool:
+    """Whether the untouched roots' trees still fit: ``maxflow(s*, v) >= Σ untouched`` for every v."""
+    need = int(untouched.sum())
+    if need == 0:
+        return True
+    net = FlowNet(n + 1)
+    net.add_arcs(tails, heads, residual)
+    net.add_arcs(np.full(n, n), np.arange(n), untouched)
+    return all(net.max_flow(n, v) >= need for v in range(n))
+
+
+def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: list[list[int]],
+                  tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
+                  latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None) -> list[Tree]:
+    """One root's k trees, every arc checked by the max-flow of the module docstring."""
+    preferred = prefer(root) if prefer is not None else frozenset()
+    untouched[root] = 0
+    total = int(untouched.sum()) + k
+    net = FlowNet(n + 1)
+    arc_ids = net.add_arcs(tails, heads, residual)
+    source_arcs = net.add_arcs(np.full(n, n), np.arange(n), untouched)
+    stack: list[tuple[Tree, int | None]] = [(Tree(root, k, depth={root: 0}), None)]
+    trees = []
+    while stack:
+        tree, group_arc = stack.pop()
+        if group_arc is not None:
+            net.set_capacity(group_arc, 0)  # the group being grown leaves the network
+        if not _grow(tree, n, keys, out, residual, net, arc_ids, source_arcs, untouched, total,
+                     latency_aware, preferred, stack):
+            raise SynthesisError(f"tree packing stalled for root rank {tree.root} with {len(tree.depth)} of {n} "
+                                 "ranks reached; the logical graph lost the cut condition (a bug)")
+        total -= tree.multiplicity
+        trees.append(tree)
+    _checked_root.solves = net.solves  # type: ignore[attr-defined]
+    return trees
 
 
 def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]], residual: np.ndarray,
-          net: FlowNet, arc_ids: np.ndarray, source_arcs: np.ndarray, untouched: np.ndarray, total: int,
-          latency_aware: bool, preferred: Set[tuple[int, int]], stack: list) -> None:
-    """Grow one group until it spans all ranks, splitting off remainders onto ``stack``."""
+          net: FlowNet | None, arc_ids: np.ndarray | None, source_arcs: np.ndarray | None,
+          untouched: np.ndarray, total: int, latency_aware: bool, preferred: Set[tuple[int, int]],
+          stack: list) -> bool:
+    """Grow one group until it spans all ranks, splitting off remainders onto ``stack``.
+
+    With ``net`` None, greedily (μ = min(m, c_uv)); False when no arc is left to grow by.
+    """
     heap: list[tuple[tuple, int]] = []
 
     def push_from(u: int) -> None:
@@ -100,7 +159,9 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
             if v in tree.depth or residual[index] == 0:
                 continue
             warm = 0 if keys[index] in preferred else 1
-            order = (tree.depth[u], -int(residual[index])) if latency_aware else (-int(residual[index]), tree.depth[u])
+            cap = int(residual[index])
+            # Latency-aware: among arcs of the same capacity class (a power of two), the shallowest first.
+            order = (-cap.bit_length(), tree.depth[u], -cap) if latency_aware else (-cap, tree.depth[u])
             heapq.heappush(heap, ((warm, *order, index), index))
 
     for u in tree.depth:
@@ -108,8 +169,7 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
     failed: list[tuple[tuple, int]] = []
     while len(tree.depth) < n:
         if not heap:
-            raise SynthesisError(f"tree packing stalled for root rank {tree.root} with {len(tree.depth)} of {n} "
-                                 "ranks reached; the logical graph lost the cut condition (a bug)")
+            return False
         item = heapq.heappop(heap)
         index = item[1]
         u, v = keys[index]
@@ -117,7 +177,7 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
             continue
         m = tree.multiplicity
         mu = min(m, int(residual[index]))
-        if len(tree.depth) > 1:
+        if net is not None and len(tree.depth) > 1:
             saved = int(untouched[u])
             net.set_capacity(source_arcs[u], BIG)
             flow = net.max_flow(n, v)
@@ -128,14 +188,17 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
             continue
         if mu < m:
             rest = Tree(tree.root, m - mu, list(tree.edges), dict(tree.depth), tree.preferred)
-            node = net.n_nodes
-            group_arc = net.add_arc(n, node, m - mu)
-            members = np.fromiter(rest.depth, dtype=np.int64)
-            net.add_arcs(np.full(len(members), node), members, np.full(len(members), BIG))
+            group_arc = None
+            if net is not None:
+                node = net.n_nodes
+                group_arc = net.add_arc(n, node, m - mu)
+                members = np.fromiter(rest.depth, dtype=np.int64)
+                net.add_arcs(np.full(len(members), node), members, np.full(len(members), BIG))
             stack.append((rest, group_arc))
             tree.multiplicity = mu
         residual[index] -= mu
-        net.set_capacity(arc_ids[index], int(residual[index]))
+        if net is not None:
+            net.set_capacity(arc_ids[index], int(residual[index]))
         tree.depth[v] = tree.depth[u] + 1
         tree.edges.append((u, v))
         tree.preferred += (u, v) in preferred
@@ -143,3 +206,4 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
         for again in failed:
             heapq.heappush(heap, again)
         failed.clear()
+    return True

@@ -288,3 +288,4 @@ def _nearest_first(fabric: Fabric) -> list[int]:
     graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, fabric.head)), shape=(n, n))
     distance = shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
     return sorted(range(fabric.n_ranks, n), key=lambda w: (distance[w], w))
+
