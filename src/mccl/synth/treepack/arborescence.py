@@ -26,25 +26,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Set
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.synth.treepack.flownet import BIG, FlowNet
+from mccl.synth.treepack.greedy import GreedyGrower
+from mccl.synth.treepack.tree import Tree
 
 __all__ = ["Tree", "pack_arborescences"]
-
-
-@dataclass
-class Tree:
-    """``multiplicity`` identical trees of ``root``; ``edges`` in the order added; ``depth`` per rank."""
-
-    root: int
-    multiplicity: int
-    edges: list[tuple[int, int]] = field(default_factory=list)
-    depth: dict[int, int] = field(default_factory=dict)
-    preferred: int = 0  # edges that came from the previous tree (warm start)
 
 
 def pack_arborescences(
@@ -70,6 +60,8 @@ def pack_arborescences(
     untouched = np.full(n, k, dtype=np.int64)
     trees: list[Tree] = []
     solves = 0
+    grower = GreedyGrower(n, tails, heads, latency_aware)
+    index_of = {key: i for i, key in enumerate(keys)}
     root, batch = 0, 1
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
@@ -80,13 +72,11 @@ def pack_arborescences(
         stalled = False
         for r in roots:
             untouched[r] = 0
-            preferred = prefer(r) if prefer is not None else frozenset()
-            stack: list[tuple[Tree, int | None]] = [(Tree(r, k, depth={r: 0}), None)]
-            while stack and not stalled:
-                tree, _ = stack.pop()
-                stalled = not _grow(tree, n, keys, out, residual, None, None, None, untouched, 0,
-                                    latency_aware, preferred, stack)
-                greedy.append(tree)
+            grown = grower.grow_root(r, k, residual, _mask(prefer, r, index_of, len(keys)))
+            if grown is None:
+                stalled = True
+                break
+            greedy.extend(grown)
         if not stalled:
             solves += n
             stalled = not _packs(n, tails, heads, residual, untouched)
@@ -104,6 +94,18 @@ def pack_arborescences(
         solves += _checked_root.solves  # type: ignore[attr-defined]
         root += 1
     return trees, solves
+
+
+def _mask(prefer: Callable[[int], Set[tuple[int, int]]] | None, root: int, index_of: dict[tuple[int, int], int],
+          n_arcs: int) -> np.ndarray:
+    """The previous tree's arcs for ``root`` as a mask over the logical arcs."""
+    mask = np.zeros(n_arcs, dtype=bool)
+    if prefer is not None:
+        for key in prefer(root):
+            index = index_of.get(key)
+            if index is not None:
+                mask[index] = True
+    return mask
 
 
 def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray) -> bool:
@@ -167,9 +169,18 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
     for u in tree.depth:
         push_from(u)
     failed: list[tuple[tuple, int]] = []
+    grown = False  # whether the tree grew since the failed arcs were last retried
     while len(tree.depth) < n:
         if not heap:
-            return False
+            # An arc refused now may fit once the tree holds more ranks: retry the refused ones lazily,
+            # only when nothing else is left (each retry costs a max-flow).
+            if not failed or not grown:
+                return False
+            for again in failed:
+                heapq.heappush(heap, again)
+            failed.clear()
+            grown = False
+            continue
         item = heapq.heappop(heap)
         index = item[1]
         u, v = keys[index]
@@ -203,7 +214,5 @@ def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]],
         tree.edges.append((u, v))
         tree.preferred += (u, v) in preferred
         push_from(v)
-        for again in failed:
-            heapq.heappush(heap, again)
-        failed.clear()
+        grown = True
     return True

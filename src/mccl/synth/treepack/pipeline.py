@@ -24,11 +24,12 @@ from dataclasses import replace
 from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferList, TransferOp, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
-from mccl.synth.treepack.arborescence import Tree, pack_arborescences
+from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
+from mccl.synth.treepack.tree import Tree
 from mccl.synth.treepack.warm import WarmHints, kept_fraction, warm_hints
 from mccl.topology import Link, Topology
 
