@@ -45,6 +45,9 @@ def pack_arborescences(
     latency_aware: bool = False,
     prefer: Callable[[int], Set[tuple[int, int]]] | None = None,
     max_batch: int = 64,
+    greedy_retries: int = 3,
+    root_seed: int = 0,
+    groups: np.ndarray | None = None,
 ) -> tuple[list[Tree], int]:
     """k spanning out-trees per rank within ``units``; returns the trees and the max-flows used.
 
@@ -62,14 +65,18 @@ def pack_arborescences(
     solves = 0
     grower = GreedyGrower(n, tails, heads, latency_aware)
     index_of = {key: i for i, key in enumerate(keys)}
-    root, batch = 0, 1
+    order = _interleaved(n, groups)
+    root, batch, retries = 0, 1, 0
+    rng = np.random.default_rng(root_seed)
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
-        # still packs with n max-flows; on failure roll back and grow them one root at a time, checked.
-        roots = range(root, min(n, root + batch))
+        # still packs with n max-flows; on failure roll back and retry smaller, then with a few
+        # randomized orders, and only then grow one root with every arc checked.
+        roots = order[root:min(n, root + batch)]
         saved = (residual.copy(), untouched.copy())
         greedy: list[Tree] = []
         stalled = False
+        grower.jitter = rng if retries else None
         for r in roots:
             untouched[r] = 0
             grown = grower.grow_root(r, k, residual, _mask(prefer, r, index_of, len(keys)))
@@ -78,22 +85,45 @@ def pack_arborescences(
                 break
             greedy.extend(grown)
         if not stalled:
-            solves += n
-            stalled = not _packs(n, tails, heads, residual, untouched)
+            ok, used = _packs(n, tails, heads, residual, untouched)
+            solves += used
+            stalled = not ok
         if not stalled:
             trees.extend(greedy)
             root += len(roots)
             batch = min(2 * batch, max_batch)
+            retries = 0
             continue
         residual[:], untouched[:] = saved
         if batch > 1:
             batch = max(1, batch // 4)
             continue
-        trees.extend(_checked_root(root, n, k, keys, out, tails, heads, residual, untouched,
+        if retries < greedy_retries:
+            retries += 1
+            continue
+        retries = 0
+        trees.extend(_checked_root(order[root], n, k, keys, out, tails, heads, residual, untouched,
                                    latency_aware, prefer))
         solves += _checked_root.solves  # type: ignore[attr-defined]
         root += 1
     return trees, solves
+
+
+def _interleaved(n: int, groups: np.ndarray | None) -> list[int]:
+    """Roots host by host in turn (first rank of every host, then the second, ...).
+
+    A host's egress must carry its own roots' trees out; packed last, a host's roots find
+    it spent on relays of earlier trees. Interleaving spreads that demand over the packing.
+    """
+    if groups is None:
+        return list(range(n))
+    seen: dict[int, int] = {}
+    position = []
+    for rank in range(n):
+        group = int(groups[rank]) if groups[rank] >= 0 else -1 - rank
+        position.append((seen.get(group, 0), group, rank))
+        seen[group] = seen.get(group, 0) + 1
+    return [rank for _, _, rank in sorted(position)]
 
 
 def _mask(prefer: Callable[[int], Set[tuple[int, int]]] | None, root: int, index_of: dict[tuple[int, int], int],
@@ -108,15 +138,18 @@ def _mask(prefer: Callable[[int], Set[tuple[int, int]]] | None, root: int, index
     return mask
 
 
-def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray) -> bool:
-    """Whether the untouched roots' trees still fit: ``maxflow(s*, v) >= Σ untouched`` for every v."""
+def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray,
+           untouched: np.ndarray) -> tuple[bool, int]:
+    """Whether the untouched roots' trees still fit (``maxflow(s*, v) >= Σ untouched`` for every v),
+    and the max-flows that took."""
     need = int(untouched.sum())
     if need == 0:
-        return True
+        return True, 0
     net = FlowNet(n + 1)
     net.add_arcs(tails, heads, residual)
     net.add_arcs(np.full(n, n), np.arange(n), untouched)
-    return all(net.max_flow(n, v) >= need for v in range(n))
+    ok = all(net.max_flow(n, v) >= need for v in range(n))
+    return ok, net.solves
 
 
 def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: list[list[int]],

@@ -25,6 +25,7 @@ class GreedyGrower:
     """Arc arrays of the logical graph, indexed by tail for fast frontier updates."""
 
     def __init__(self, n: int, tails: np.ndarray, heads: np.ndarray, latency_aware: bool) -> None:
+        self.jitter: np.random.Generator | None = None  # set for a retry: random tie-breaking noise
         self.n = n
         self.tails = tails
         self.heads = heads
@@ -35,7 +36,7 @@ class GreedyGrower:
     def _score(self, arcs: np.ndarray, residual: np.ndarray, depth: np.ndarray, preferred: np.ndarray,
                top: float) -> np.ndarray:
         res = residual[arcs].astype(float)
-        tail_depth = depth[self.tails[arcs]].astype(float)
+        tail_depth = depth[self.tails[arcs]]
         n = self.n
         if self.latency_aware:
             base = (np.floor(np.log2(np.maximum(res, 1.0))) + 1.0) * (n + 2) - tail_depth + res / (top + 1.0)
@@ -43,7 +44,10 @@ class GreedyGrower:
         else:
             base = res - tail_depth / (n + 1)
             bonus = 2.0 * (top + 1.0)
-        return base + bonus * preferred[arcs]
+        score = base + bonus * preferred[arcs]
+        if self.jitter is not None:
+            score = score * self.jitter.uniform(0.5, 1.5, len(arcs))
+        return score
 
     def grow_root(self, root: int, k: int, residual: np.ndarray, preferred: np.ndarray) -> list[Tree] | None:
         """k trees of ``root`` within ``residual`` (updated in place), or None when greedy gets stuck."""

@@ -83,7 +83,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     t_phase2 = time.perf_counter()
     prefer = (lambda root: hints.arcs[root]) if hints else None
     trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
-                                             prefer=prefer)
+                                             prefer=prefer, groups=fabric.groups)
     t_phase3 = time.perf_counter()
     schedule = _lower(topology, ranks, collective, trees, k, logical)
     n = len(ranks)

@@ -254,7 +254,7 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int, groups: np.ndarra
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
     graph = _Graph(fabric, units)
-    order = _nearest_first(fabric)
+    order = _farthest_first(fabric)
     for w in order:
         _fast_split(graph, w, groups)
     careful = False
@@ -279,13 +279,17 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int, groups: np.ndarra
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
 
 
-def _nearest_first(fabric: Fabric) -> list[int]:
-    """Switches by hop distance from the nearest rank (NVSwitches, then ToRs, then aggregation)."""
+def _farthest_first(fabric: Fabric) -> list[int]:
+    """Switches by hop distance from the nearest rank, farthest first (aggregation, then ToRs and NVSwitches).
+
+    Splitting the core first keeps every split small (an aggregation switch sees ToRs, not every GPU
+    behind them), so the logical graph stays sparse: O(n · ports) arcs rather than O(n²).
+    """
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import shortest_path
 
     n = fabric.n_nodes
     graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, fabric.head)), shape=(n, n))
     distance = shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
-    return sorted(range(fabric.n_ranks, n), key=lambda w: (distance[w], w))
+    return sorted(range(fabric.n_ranks, n), key=lambda w: (-distance[w], w))
 
