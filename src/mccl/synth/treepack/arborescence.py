@@ -48,6 +48,7 @@ def pack_arborescences(
     greedy_retries: int = 3,
     root_seed: int = 0,
     groups: np.ndarray | None = None,
+    demand: np.ndarray | None = None,
 ) -> tuple[list[Tree], int]:
     """k spanning out-trees per rank within ``units``; returns the trees and the max-flows used.
 
@@ -60,7 +61,8 @@ def pack_arborescences(
     residual = np.array([units[key] for key in keys], dtype=np.int64)
     tails = np.array([u for u, _ in keys], dtype=np.int64)
     heads = np.array([v for _, v in keys], dtype=np.int64)
-    untouched = np.full(n, k, dtype=np.int64)
+    untouched = np.full(n, k, dtype=np.int64) if demand is None else np.asarray(demand, dtype=np.int64).copy()
+    wanted = untouched.copy()
     trees: list[Tree] = []
     solves = 0
     grower = GreedyGrower(n, tails, heads, latency_aware)
@@ -79,7 +81,9 @@ def pack_arborescences(
         grower.jitter = rng if retries else None
         for r in roots:
             untouched[r] = 0
-            grown = grower.grow_root(r, k, residual, _mask(prefer, r, index_of, len(keys)))
+            if wanted[r] == 0:
+                continue
+            grown = grower.grow_root(r, int(wanted[r]), residual, _mask(prefer, r, index_of, len(keys)))
             if grown is None:
                 stalled = True
                 break
@@ -102,7 +106,7 @@ def pack_arborescences(
             retries += 1
             continue
         retries = 0
-        trees.extend(_checked_root(order[root], n, k, keys, out, tails, heads, residual, untouched,
+        trees.extend(_checked_root(order[root], n, int(wanted[order[root]]), keys, out, tails, heads, residual, untouched,
                                    latency_aware, prefer))
         solves += _checked_root.solves  # type: ignore[attr-defined]
         root += 1
@@ -156,6 +160,10 @@ def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: l
                   tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
                   latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None) -> list[Tree]:
     """One root's k trees, every arc checked by the max-flow of the module docstring."""
+    if k == 0:
+        untouched[root] = 0
+        _checked_root.solves = 0  # type: ignore[attr-defined]
+        return []
     preferred = prefer(root) if prefer is not None else frozenset()
     untouched[root] = 0
     total = int(untouched.sum()) + k

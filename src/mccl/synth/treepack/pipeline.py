@@ -21,8 +21,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from mccl.errors import SynthesisError
-from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferList, TransferOp, bottleneck_cut
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.fabric import fabric_of
@@ -30,7 +32,14 @@ from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
 from mccl.synth.treepack.tree import Tree
-from mccl.synth.treepack.warm import WarmHints, kept_fraction, warm_hints
+from mccl.synth.treepack.warm import (
+    WarmHints,
+    drop_crossing,
+    keep_previous_trees,
+    kept_fraction,
+    previous_trees,
+    warm_hints,
+)
 from mccl.topology import Link, Topology
 
 __all__ = ["synthesize", "synthesize_reducescatter", "reversed_topology"]
@@ -78,12 +87,21 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     t_phase1 = time.perf_counter()
     integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=hints.k if hints else None)
     t_rounding = time.perf_counter()
-    logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
-    k = _trees_that_fit(logical, integral.k)
-    t_phase2 = time.perf_counter()
     prefer = (lambda root: hints.arcs[root]) if hints else None
-    trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
-                                             prefer=prefer, groups=fabric.groups)
+    reused = None
+    if previous is not None and hints is not None:
+        reused = _reuse(previous, collective, fabric, integral.units, integral.k, len(topology.links), checker,
+                        latency_aware, prefer)
+    if reused is not None:
+        k, logical, trees, phase3_flows, kept = reused
+        t_phase2 = t_rounding  # switch removal and packing of the dropped trees are timed as phase 3
+    else:
+        logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
+        k = _trees_that_fit(logical, integral.k)
+        t_phase2 = time.perf_counter()
+        trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
+                                                 prefer=prefer, groups=fabric.groups)
+        kept = 0
     t_phase3 = time.perf_counter()
     schedule = _lower(topology, ranks, collective, trees, k, logical)
     n = len(ranks)
@@ -102,6 +120,8 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         "fractional_rate_gbps": optimum.rate_gbps,
         "switch_removal_careful": float(logical.careful),
     }
+    if previous is not None:
+        stats["reused_trees_fraction"] = kept / (n * k)
     if hints is not None:
         stats["kept_fraction"] = kept_fraction(hints, trees)
     schedule = Schedule(collective, ranks, schedule.chunks, schedule.transfers, ScheduleMeta(
@@ -118,11 +138,41 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     return replace(schedule, meta=meta)
 
 
+def _reuse(previous: Schedule, collective: Collective, fabric, units, k: int, n_links: int, checker: CutChecker,
+           latency_aware: bool, prefer) -> tuple[int, LogicalGraph, list[Tree], int, int] | None:
+    """Warm start that keeps the previous trees which still fit the new integer capacities and packs only
+    the rest (mccl-paper §4.3: Fail1/Fail2 leave most of the structure reusable). None when the rest
+    cannot be packed around the kept trees; the caller then packs everything (warm-ordered)."""
+    kept, residual, need = keep_previous_trees(previous_trees(previous, collective), fabric, units, k, n_links)
+    if not kept:
+        return None
+    for _ in range(4):  # give back kept trees across each blocking cut, a few times
+        checker.set_arc_capacities(residual)
+        side = checker.violated_cut(need, int(need.sum())) if int(need.sum()) else None
+        if side is None:
+            break
+        kept = drop_crossing(kept, residual, need, fabric, side, n_links)
+    else:
+        return None
+    if not kept:
+        return None
+    logical = remove_switches(fabric, residual, need, fabric.groups)
+    if logical.careful:
+        keys = list(logical.units)
+        tails = np.array([u for u, _ in keys], dtype=np.int64)
+        heads = np.array([v for _, v in keys], dtype=np.int64)
+        caps = np.array([logical.units[key] for key in keys], dtype=np.int64)
+        if not packing_ok(fabric.n_ranks, fabric.n_ranks, tails, heads, caps, need):
+            return None
+    trees, flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware, prefer=prefer,
+                                      groups=fabric.groups, demand=need)
+    return k, logical, kept + trees, flows, sum(tree.multiplicity for tree in kept)
+
+
 def _trees_that_fit(logical: LogicalGraph, k: int) -> int:
     """k, or fewer trees per rank when switch removal could not keep the cut condition (unbalanced switches)."""
     if not logical.careful:
         return k
-    import numpy as np
 
     keys = list(logical.units)
     tail = np.array([u for u, _ in keys], dtype=np.int64)
@@ -137,38 +187,63 @@ def _trees_that_fit(logical: LogicalGraph, k: int) -> int:
 
 def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,
            logical: LogicalGraph) -> Schedule:
-    """Trees to chunks and transfers (see the module docstring for steps and ReduceScatter)."""
+    """Trees to chunks and transfers (see the module docstring for steps and ReduceScatter).
+
+    Built column-wise with list extends (a 512-GPU schedule has millions of transfers): per
+    tree edge, its chunks take the logical link's routes unit by unit, a run of chunks per route.
+    """
     n = len(ranks)
     pools = {key: [list(item) for item in routes] for key, routes in logical.routes.items()}
     reduce = collective is Collective.REDUCESCATTER
     deepest = max(max(tree.depth.values()) for tree in trees)
-    transfers = TransferList()
-    sources: list[int] = []
+    chunk_col: list[int] = []
+    sender_col: list[int] = []
+    receiver_col: list[int] = []
+    step_col: list[int] = []
+    lengths: list[int] = []
+    links: list[int] = []
     next_chunk = [0] * n
-    ordered = sorted(trees, key=lambda tree: tree.root)
-    chunk_of_tree: list[int] = []
-    for tree in ordered:
-        chunk_of_tree.append(tree.root * k + next_chunk[tree.root])
+    for tree in sorted(trees, key=lambda tree: tree.root):
+        first = tree.root * k + next_chunk[tree.root]
         next_chunk[tree.root] += tree.multiplicity
-    for tree, first in zip(ordered, chunk_of_tree, strict=True):
-        for chunk in range(first, first + tree.multiplicity):
-            for u, v in tree.edges:
-                route = _take_route(pools[(u, v)])
-                if reduce:
-                    transfers.add(chunk, v, u, deepest - tree.depth[v], tuple(reversed(route)), TransferOp.REDUCE)
-                else:
-                    transfers.add(chunk, u, v, tree.depth[u], route)
+        m = tree.multiplicity
+        for position, (u, v) in enumerate(tree.edges):
+            pieces = [(tree.routes[position], m)] if tree.routes is not None else _take_routes(pools[(u, v)], m)
+            sender, receiver = (v, u) if reduce else (u, v)
+            step = deepest - tree.depth[v] if reduce else tree.depth[u]
+            chunk = first
+            for route, count in pieces:
+                path = list(reversed(route)) if reduce else list(route)
+                chunk_col.extend(range(chunk, chunk + count))
+                chunk += count
+                sender_col.extend([sender] * count)
+                receiver_col.extend([receiver] * count)
+                step_col.extend([step] * count)
+                lengths.extend([len(path)] * count)
+                links.extend(path * count)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    op = TransferOp.REDUCE if reduce else TransferOp.COPY
+    transfers = Transfers(chunk_col, sender_col, receiver_col, step_col, np.full(len(chunk_col), int(op)),
+                          offsets, links)
     sources = [root for root in range(n) for _ in range(k)]
     fractions = [1.0 / k] * (n * k)
     none = [-1] * (n * k)
     table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
-    return Schedule(collective, ranks, table, transfers.freeze())
+    return Schedule(collective, ranks, table, transfers)
 
 
-def _take_route(pool: list[list]) -> tuple[int, ...]:
-    """One unit of a logical link's routes (the link carries one more chunk of one tree)."""
+def _take_routes(pool: list[list], count: int) -> list[tuple[tuple[int, ...], int]]:
+    """``count`` units of a logical link's routes, as (route, units) pieces."""
+    pieces = []
     for item in pool:
-        if item[1] > 0:
-            item[1] -= 1
-            return item[0]
-    raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
+        if count == 0:
+            break
+        used = min(item[1], count)
+        if used > 0:
+            item[1] -= used
+            count -= used
+            pieces.append((item[0], used))
+    if count:
+        raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
+    return pieces

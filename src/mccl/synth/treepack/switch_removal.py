@@ -138,13 +138,16 @@ class _Graph:
         return tail, head, caps
 
 
-def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray, k: int) -> bool:
-    """Whether ``maxflow(s*, v) >= n·k`` for every rank v (s* feeds each rank k units)."""
+def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,
+               k: int | np.ndarray) -> bool:
+    """Whether ``maxflow(s*, v) >= Σ k`` for every rank v (s* feeds rank r its k[r] trees; k may be uniform)."""
+    demand = np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,))
     net = FlowNet(n_nodes + 1)
     source = n_nodes
     net.add_arcs(tail, head, caps)
-    net.add_arcs(np.full(n_ranks, source), np.arange(n_ranks), np.full(n_ranks, k))
-    return all(net.max_flow(source, v) >= n_ranks * k for v in range(n_ranks))
+    net.add_arcs(np.full(n_ranks, source), np.arange(n_ranks), demand)
+    need = int(demand.sum())
+    return all(net.max_flow(source, v) >= need for v in range(n_ranks))
 
 
 def _fast_split(graph: _Graph, w: int, groups: np.ndarray) -> None:
@@ -209,7 +212,7 @@ def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: d
             left_out[t] -= int(flow)
 
 
-def _careful_split(graph: _Graph, w: int, k: int) -> None:
+def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
     """Split switch w pair by pair, each by the largest amount that keeps the cut condition."""
 
     def ok() -> bool:
@@ -249,8 +252,12 @@ def _careful_split(graph: _Graph, w: int, k: int) -> None:
     graph.drop_switch(w)
 
 
-def remove_switches(fabric: Fabric, units: np.ndarray, k: int, groups: np.ndarray | None = None) -> LogicalGraph:
-    """Split off every switch; the logical rank-to-rank graph with the routes of its arcs."""
+def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
+                    groups: np.ndarray | None = None) -> LogicalGraph:
+    """Split off every switch; the logical rank-to-rank graph with the routes of its arcs.
+
+    ``k``: trees per rank still to pack (uniform, or per rank for a warm start's residual).
+    """
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
     graph = _Graph(fabric, units)
