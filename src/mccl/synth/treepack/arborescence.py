@@ -16,10 +16,21 @@ m_i of headroom for free there (proof in the design notes of issue 3). When
 stack (integral multiplicities, as ForestColl's packing). The first arc of a group
 (R = {root}) needs no max-flow: no X can meet R without containing u.
 
-One network for the whole phase: logical arcs change capacity in place, group
-nodes are added as groups split. Candidate arcs come from a heap: the previous
-tree's arcs first (warm start), then by capacity (throughput) or by depth of u
-(latency-aware, shallow trees). Cost: one max-flow per arc added, n·(n-1)·groups.
+That exact rule costs one max-flow per arc added (n·(n-1)·groups in all), so it is
+the fallback. The packing runs in optimistic batches instead: the next roots' trees
+grow greedily (:mod:`.greedy`, no max-flow), then n max-flows prove that every root
+still to come can be packed in what is left (the theorem above with untouched roots
+only). A batch that passes is kept and the next one is twice as large (up to 64
+roots); one that fails is rolled back and retried smaller, then with a few randomized
+greedy orders, and only then is one root grown arc by arc with the exact rule. Roots
+go host by host in turn, so that no host's egress is spent on relays before its own
+roots' trees leave it. On HPN fabrics the exact rule is needed for about one root.
+
+Each exact-rule root gets its own network: logical arcs at their residual capacity,
+group nodes added as groups split. Candidate arcs come from a heap: the previous
+tree's arcs first (warm start), then by capacity (throughput) or by the depth of u
+within a capacity class (latency-aware); an arc refused is retried only when
+nothing else is left.
 """
 
 from __future__ import annotations
