@@ -18,7 +18,7 @@ its partial sum after all its children have.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import replace
 
 import numpy as np
@@ -27,7 +27,7 @@ from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.treepack.arborescence import pack_arborescences
-from mccl.synth.treepack.fabric import fabric_of
+from mccl.synth.treepack.fabric import Fabric, fabric_of
 from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
@@ -138,8 +138,9 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     return replace(schedule, meta=meta)
 
 
-def _reuse(previous: Schedule, collective: Collective, fabric, units, k: int, n_links: int, checker: CutChecker,
-           latency_aware: bool, prefer) -> tuple[int, LogicalGraph, list[Tree], int, int] | None:
+def _reuse(previous: Schedule, collective: Collective, fabric: Fabric, units: np.ndarray, k: int, n_links: int,
+           checker: CutChecker, latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None,
+           ) -> tuple[int, LogicalGraph, list[Tree], int, int] | None:
     """Warm start that keeps the previous trees which still fit the new integer capacities and packs only
     the rest (mccl-paper §4.3: Fail1/Fail2 leave most of the structure reusable). None when the rest
     cannot be packed around the kept trees; the caller then packs everything (warm-ordered)."""
