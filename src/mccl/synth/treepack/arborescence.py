@@ -20,9 +20,10 @@ That exact rule costs one max-flow per arc added (n·(n-1)·groups in all), so i
 the fallback. The packing runs in optimistic batches instead: the next roots' trees
 grow greedily (:mod:`.greedy`, no max-flow), then n max-flows prove that every root
 still to come can be packed in what is left (the theorem above with untouched roots
-only). A batch that passes is kept and the next one is twice as large (up to 64
-roots); one that fails is rolled back and retried smaller, then with a few randomized
-greedy orders, and only then is one root grown arc by arc with the exact rule. Roots
+only). A batch that passes is kept and the next one is twice as large (the first
+has 16 roots: early on there is slack everywhere); one that fails is rolled back and
+retried smaller, then with a few randomized greedy orders, and only then is one root
+grown arc by arc with the exact rule. Roots
 go host by host in turn, so that no host's egress is spent on relays before its own
 roots' trees leave it. On HPN fabrics the exact rule is needed for about one root.
 
@@ -55,7 +56,7 @@ def pack_arborescences(
     *,
     latency_aware: bool = False,
     prefer: Callable[[int], Set[tuple[int, int]]] | None = None,
-    max_batch: int = 64,
+    first_batch: int = 16,
     greedy_retries: int = 3,
     root_seed: int = 0,
     groups: np.ndarray | None = None,
@@ -79,7 +80,7 @@ def pack_arborescences(
     grower = GreedyGrower(n, tails, heads, latency_aware)
     index_of = {key: i for i, key in enumerate(keys)}
     order = _interleaved(n, groups)
-    root, batch, retries = 0, 1, 0
+    root, batch, retries = 0, first_batch, 0
     rng = np.random.default_rng(root_seed)
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
@@ -106,7 +107,7 @@ def pack_arborescences(
         if not stalled:
             trees.extend(greedy)
             root += len(roots)
-            batch = min(2 * batch, max_batch)
+            batch *= 2
             retries = 0
             continue
         residual[:], untouched[:] = saved
