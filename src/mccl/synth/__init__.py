@@ -2,8 +2,9 @@
 
 Every synthesizer shares one calling convention: ``f(topology, collective?, ranks=None,
 **options) -> Schedule`` with the metadata of :class:`mccl.schedule.ScheduleMeta`
-filled in. Baselines today: rings (naive, NCCL-style, locality-aware) and direct
-AllToAll; bounds every schedule must respect live in :mod:`mccl.synth.bounds`.
+filled in. Baselines: rings (naive, NCCL-style, locality-aware) and direct AllToAll;
+AllGather / ReduceScatter by optimal spanning-tree packing in :mod:`mccl.synth.treepack`;
+bounds every schedule must respect live in :mod:`mccl.synth.bounds`.
 """
 
 from mccl.synth.bounds import CutBound, allgather_cut_bound
@@ -20,6 +21,8 @@ from mccl.synth.ring import (
     nccl_ring_orders,
     ring_schedule,
 )
+from mccl.synth.treepack import synthesize as treepack_allgather
+from mccl.synth.treepack import synthesize_reducescatter as treepack_reducescatter
 
 __all__ = [
     "CutBound",
@@ -36,4 +39,6 @@ __all__ = [
     "nccl_ring_orders",
     "optimize",
     "ring_schedule",
+    "treepack_allgather",
+    "treepack_reducescatter",
 ]
