@@ -19,6 +19,7 @@ from mccl.schedule.ir import (
     TransferOp,
     Transfers,
 )
+from mccl.schedule.msccl import to_msccl_xml
 from mccl.schedule.serialize import dump_schedule, dumps_schedule, load_schedule, loads_schedule
 from mccl.schedule.validate import validate
 
@@ -42,5 +43,6 @@ __all__ = [
     "load_schedule",
     "loads_schedule",
     "steady_state_algbw",
+    "to_msccl_xml",
     "validate",
 ]

@@ -20,6 +20,8 @@ from mccl.synth.ring import (
     nccl_ring_orders,
     ring_schedule,
 )
+from mccl.synth.treepack import synthesize as treepack_allgather
+from mccl.synth.treepack import synthesize_reducescatter as treepack_reducescatter
 
 __all__ = [
     "CutBound",
@@ -36,4 +38,6 @@ __all__ = [
     "nccl_ring_orders",
     "optimize",
     "ring_schedule",
+    "treepack_allgather",
+    "treepack_reducescatter",
 ]

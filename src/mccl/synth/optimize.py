@@ -27,8 +27,14 @@ def optimize(
 ) -> Schedule:
     """A throughput-optimized schedule for ``collective`` on ``topology`` (validated shape)."""
     collective = Collective(collective)
-    if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
-        raise SynthesisError(f"{collective.value} tree packing is not available yet (issue 3)")
+    if collective is Collective.ALLGATHER:
+        from mccl.synth.treepack import synthesize
+
+        return synthesize(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
+    if collective is Collective.REDUCESCATTER:
+        from mccl.synth.treepack import synthesize_reducescatter
+
+        return synthesize_reducescatter(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
     if collective is Collective.ALLTOALL:
         raise SynthesisError("alltoall column generation is not available yet (issue 4)")
     raise SynthesisError(f"{collective.value} synthesis is not available yet")

@@ -1,0 +1,249 @@
+"""AllGather and ReduceScatter by optimal spanning-tree packing: the three phases end to end.
+
+ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
+
+1. :mod:`.maxrate` — the fractional optimum x* and its saturated cut (parametric max-flow);
+2. :mod:`.rounding` — k ≤ ``chunks`` trees per rank and integer link capacities at the
+   best rate x ≤ x* for them (the rounding loss ``1 - x/x*``);
+3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links;
+4. :mod:`.arborescence` — k spanning out-trees per rank with integral multiplicities.
+
+Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
+depth(u), along the physical route of the logical link. ReduceScatter runs the same
+synthesis on the reversed fabric (every link turned around, same ids) and reverses
+the trees: a REDUCE transfer ``v → u`` at step ``D - depth(v)``, so a rank forwards
+its partial sum after all its children have.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from mccl.errors import SynthesisError
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
+from mccl.synth.common import check_ranks, describe_on
+from mccl.synth.treepack.arborescence import pack_arborescences
+from mccl.synth.treepack.fabric import fabric_of
+from mccl.synth.treepack.maxrate import CutChecker, max_rate
+from mccl.synth.treepack.rounding import best_integral_rate
+from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
+from mccl.synth.treepack.tree import Tree
+from mccl.synth.treepack.warm import (
+    WarmHints,
+    drop_crossing,
+    keep_previous_trees,
+    kept_fraction,
+    previous_trees,
+    warm_hints,
+)
+from mccl.topology import Link, Topology
+
+__all__ = ["synthesize", "synthesize_reducescatter", "reversed_topology"]
+
+MAX_CHUNKS = 10  # mccl-paper §6: "up to ten chunks"
+
+
+def reversed_topology(topology: Topology) -> Topology:
+    """Every link turned around (same ids, capacities and latencies): ReduceScatter's AllGather dual."""
+    links = tuple(Link(link.id, link.dst, link.src, link.gbps, link.latency_us) for link in topology.links)
+    return Topology(f"{topology.name}^T", topology.nodes, links)
+
+
+def synthesize(topology: Topology, ranks: Sequence[str] | None = None, *, previous: Schedule | None = None,
+               chunks: int = MAX_CHUNKS, latency_aware: bool = False) -> Schedule:
+    """A throughput-optimal AllGather (up to the reported rounding loss), validated-shape.
+
+    ``chunks``: most chunks (trees) per source, 1…10. ``previous``: a schedule on the
+    same ranks to warm-start from. ``latency_aware``: shallow trees (Appendix C).
+    """
+    chosen = check_ranks(topology, ranks)
+    return _run(topology, chosen, Collective.ALLGATHER, previous, chunks, latency_aware)
+
+
+def synthesize_reducescatter(topology: Topology, ranks: Sequence[str] | None = None, *,
+                             previous: Schedule | None = None, chunks: int = MAX_CHUNKS,
+                             latency_aware: bool = False) -> Schedule:
+    """ReduceScatter as the AllGather trees of the reversed fabric, run backwards (REDUCE transfers)."""
+    chosen = check_ranks(topology, ranks)
+    return _run(topology, chosen, Collective.REDUCESCATTER, previous, chunks, latency_aware)
+
+
+def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, previous: Schedule | None,
+         chunks: int, latency_aware: bool) -> Schedule:
+    if not 1 <= chunks <= MAX_CHUNKS:
+        raise SynthesisError(f"chunks must be 1..{MAX_CHUNKS} per source, got {chunks}")
+    start = time.perf_counter()
+    fabric_topology = topology if collective is Collective.ALLGATHER else reversed_topology(topology)
+    fabric = fabric_of(fabric_topology, ranks)
+    hints: WarmHints | None = None
+    if previous is not None:
+        hints = warm_hints(previous, topology, ranks, collective, fabric)
+    checker = CutChecker(fabric)
+    optimum = max_rate(fabric, hint_sides=hints.cut_sides if hints else (), checker=checker)
+    t_phase1 = time.perf_counter()
+    integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=hints.k if hints else None)
+    t_rounding = time.perf_counter()
+    prefer = (lambda root: hints.arcs[root]) if hints else None
+    reused = None
+    if previous is not None and hints is not None:
+        reused = _reuse(previous, collective, fabric, integral.units, integral.k, len(topology.links), checker,
+                        latency_aware, prefer)
+    if reused is not None:
+        k, logical, trees, phase3_flows, kept = reused
+        t_phase2 = t_rounding  # switch removal and packing of the dropped trees are timed as phase 3
+    else:
+        logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
+        k = _trees_that_fit(logical, integral.k)
+        t_phase2 = time.perf_counter()
+        trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
+                                                 prefer=prefer, groups=fabric.groups)
+        kept = 0
+    t_phase3 = time.perf_counter()
+    schedule = _lower(topology, ranks, collective, trees, k, logical)
+    n = len(ranks)
+    stats = {
+        "solve_time_s": time.perf_counter() - start,
+        "phase1_s": t_phase1 - start,
+        "rounding_s": t_rounding - t_phase1,
+        "phase2_s": t_phase2 - t_rounding,
+        "phase3_s": t_phase3 - t_phase2,
+        "max_flows": checker.net.solves + phase3_flows,
+        "phase1_rounds": optimum.rounds,
+        "trees_per_source": k,
+        "tree_groups": len(trees),
+        "max_depth": max(max(tree.depth.values()) for tree in trees),
+        "integral_rate_gbps": integral.rate_gbps * k / integral.k,
+        "fractional_rate_gbps": optimum.rate_gbps,
+        "switch_removal_careful": float(logical.careful),
+    }
+    if previous is not None:
+        stats["reused_trees_fraction"] = kept / (n * k)
+    if hints is not None:
+        stats["kept_fraction"] = kept_fraction(hints, trees)
+    schedule = Schedule(collective, ranks, schedule.chunks, schedule.transfers, ScheduleMeta(
+        f"{collective.value}.treepack", topology=topology.name,
+        inputs=(("chunks", str(chunks)), ("latency_aware", str(latency_aware).lower()),
+                ("warm", "true" if previous is not None else "false")),
+        throughput_bound_gbs=n * optimum.rate_gbps / 8.0))
+    schedule = describe_on(schedule, topology)
+    cut_links = sorted({int(fabric.link[arc]) for arc in optimum.cut_arcs})
+    achieved = schedule.meta.achieved_gbs or 0.0
+    stats["rounding_gap"] = max(0.0, 1.0 - achieved / schedule.meta.throughput_bound_gbs)
+    meta = replace(schedule.meta, bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut_links),
+                   stats=tuple(sorted(stats.items())))
+    return replace(schedule, meta=meta)
+
+
+def _reuse(previous: Schedule, collective: Collective, fabric, units, k: int, n_links: int, checker: CutChecker,
+           latency_aware: bool, prefer) -> tuple[int, LogicalGraph, list[Tree], int, int] | None:
+    """Warm start that keeps the previous trees which still fit the new integer capacities and packs only
+    the rest (mccl-paper §4.3: Fail1/Fail2 leave most of the structure reusable). None when the rest
+    cannot be packed around the kept trees; the caller then packs everything (warm-ordered)."""
+    kept, residual, need = keep_previous_trees(previous_trees(previous, collective), fabric, units, k, n_links)
+    if not kept:
+        return None
+    for _ in range(4):  # give back kept trees across each blocking cut, a few times
+        checker.set_arc_capacities(residual)
+        side = checker.violated_cut(need, int(need.sum())) if int(need.sum()) else None
+        if side is None:
+            break
+        kept = drop_crossing(kept, residual, need, fabric, side, n_links)
+    else:
+        return None
+    if not kept:
+        return None
+    logical = remove_switches(fabric, residual, need, fabric.groups)
+    if logical.careful:
+        keys = list(logical.units)
+        tails = np.array([u for u, _ in keys], dtype=np.int64)
+        heads = np.array([v for _, v in keys], dtype=np.int64)
+        caps = np.array([logical.units[key] for key in keys], dtype=np.int64)
+        if not packing_ok(fabric.n_ranks, fabric.n_ranks, tails, heads, caps, need):
+            return None
+    trees, flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware, prefer=prefer,
+                                      groups=fabric.groups, demand=need)
+    return k, logical, kept + trees, flows, sum(tree.multiplicity for tree in kept)
+
+
+def _trees_that_fit(logical: LogicalGraph, k: int) -> int:
+    """k, or fewer trees per rank when switch removal could not keep the cut condition (unbalanced switches)."""
+    if not logical.careful:
+        return k
+
+    keys = list(logical.units)
+    tail = np.array([u for u, _ in keys], dtype=np.int64)
+    head = np.array([v for _, v in keys], dtype=np.int64)
+    caps = np.array([logical.units[key] for key in keys], dtype=np.int64)
+    for fit in range(k, 0, -1):
+        if packing_ok(logical.n_ranks, logical.n_ranks, tail, head, caps, fit):
+            return fit
+    raise SynthesisError("switch removal left no spanning tree per rank; the fabric's switches are too "
+                         "unbalanced (far more capacity in than out) for tree packing")
+
+
+def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,
+           logical: LogicalGraph) -> Schedule:
+    """Trees to chunks and transfers (see the module docstring for steps and ReduceScatter).
+
+    Built column-wise with list extends (a 512-GPU schedule has millions of transfers): per
+    tree edge, its chunks take the logical link's routes unit by unit, a run of chunks per route.
+    """
+    n = len(ranks)
+    pools = {key: [list(item) for item in routes] for key, routes in logical.routes.items()}
+    reduce = collective is Collective.REDUCESCATTER
+    deepest = max(max(tree.depth.values()) for tree in trees)
+    chunk_col: list[int] = []
+    sender_col: list[int] = []
+    receiver_col: list[int] = []
+    step_col: list[int] = []
+    lengths: list[int] = []
+    links: list[int] = []
+    next_chunk = [0] * n
+    for tree in sorted(trees, key=lambda tree: tree.root):
+        first = tree.root * k + next_chunk[tree.root]
+        next_chunk[tree.root] += tree.multiplicity
+        m = tree.multiplicity
+        for position, (u, v) in enumerate(tree.edges):
+            pieces = [(tree.routes[position], m)] if tree.routes is not None else _take_routes(pools[(u, v)], m)
+            sender, receiver = (v, u) if reduce else (u, v)
+            step = deepest - tree.depth[v] if reduce else tree.depth[u]
+            chunk = first
+            for route, count in pieces:
+                path = list(reversed(route)) if reduce else list(route)
+                chunk_col.extend(range(chunk, chunk + count))
+                chunk += count
+                sender_col.extend([sender] * count)
+                receiver_col.extend([receiver] * count)
+                step_col.extend([step] * count)
+                lengths.extend([len(path)] * count)
+                links.extend(path * count)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    op = TransferOp.REDUCE if reduce else TransferOp.COPY
+    transfers = Transfers(chunk_col, sender_col, receiver_col, step_col, np.full(len(chunk_col), int(op)),
+                          offsets, links)
+    sources = [root for root in range(n) for _ in range(k)]
+    fractions = [1.0 / k] * (n * k)
+    none = [-1] * (n * k)
+    table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
+    return Schedule(collective, ranks, table, transfers)
+
+
+def _take_routes(pool: list[list], count: int) -> list[tuple[tuple[int, ...], int]]:
+    """``count`` units of a logical link's routes, as (route, units) pieces."""
+    pieces = []
+    for item in pool:
+        if count == 0:
+            break
+        used = min(item[1], count)
+        if used > 0:
+            item[1] -= used
+            count -= used
+            pieces.append((item[0], used))
+    if count:
+        raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
+    return pieces

@@ -1,0 +1,302 @@
+"""Phase 2: switch removal by splitting off (ForestColl §5.2, mccl-paper Fig. 18).
+
+Switches forward but do not copy, so a tree can only use a switch as a pass-through
+from one rank to another. Splitting off a pair of arcs ``u → w → t`` at a switch w
+by γ units replaces γ units of each by γ units of a logical arc ``u → t`` whose
+physical route is the concatenation. Once every switch is split off, only ranks are
+left, and Phase 3 packs arborescences on the logical graph. The Bang-Jensen –
+Frank – Jackson theorem says a switch whose in-capacity equals its out-capacity
+(every full-duplex fabric, and every fault here, which degrades both directions)
+can be split off completely while keeping the cut condition of Phase 1.
+
+Per switch we split greedily but spread: first each in-arc's share proportional
+to the out-arcs' capacities (floors), then a small bipartite max-flow (no ``u → u``
+pairs) fills up what is left, so the split is maximal. After all switches we check
+the cut condition on the logical graph with n max-flows. If it fails (unbalanced
+switches, e.g. random one-way links), the careful mode re-splits switch by switch,
+pair by pair, each amount the largest that keeps the condition (binary search on
+max-flow checks); what still cannot be split is dropped and shows as loss.
+
+Units are integers: trees per time unit of :mod:`mccl.synth.treepack.rounding`.
+Complexity: fast path O(Σ_w deg(w)²) plus one round of n max-flows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.flownet import BIG, FlowNet
+
+__all__ = ["LogicalGraph", "remove_switches", "packing_ok"]
+
+Path = tuple[int, ...]  # physical link ids
+Pool = list[list]  # [[path, units], ...]
+
+
+@dataclass(frozen=True)
+class LogicalGraph:
+    """Rank-to-rank logical arcs: ``units[(u, v)]`` trees per time unit, ``routes[(u, v)]`` their physical routes."""
+
+    n_ranks: int
+    units: dict[tuple[int, int], int]
+    routes: dict[tuple[int, int], list[tuple[Path, int]]]
+    careful: bool  # whether the fast split failed its check
+
+
+def _take(pool: Pool, amount: int) -> list[tuple[Path, int]]:
+    """Remove ``amount`` units from a pool of routes (largest first); return the pieces."""
+    pieces = []
+    pool.sort(key=lambda item: -item[1])
+    while amount > 0:
+        path, units = pool[0]
+        used = min(units, amount)
+        pieces.append((path, used))
+        amount -= used
+        if used == units:
+            pool.pop(0)
+        else:
+            pool[0][1] = units - used
+    return pieces
+
+
+def _pair_pieces(left: list[tuple[Path, int]], right: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
+    """Concatenate route pieces of two equal-size piece lists unit-wise."""
+    out: dict[Path, int] = defaultdict(int)
+    i = j = 0
+    left = [list(p) for p in left]
+    right = [list(p) for p in right]
+    while i < len(left) and j < len(right):
+        used = min(left[i][1], right[j][1])
+        out[left[i][0] + right[j][0]] += used
+        left[i][1] -= used
+        right[j][1] -= used
+        i += left[i][1] == 0
+        j += right[j][1] == 0
+    return list(out.items())
+
+
+class _Graph:
+    """Mutable multigraph of arcs with route pools during splitting."""
+
+    def __init__(self, fabric: Fabric, units: np.ndarray) -> None:
+        self.n_ranks = fabric.n_ranks
+        self.n_nodes = fabric.n_nodes
+        self.pools: dict[tuple[int, int], Pool] = {}
+        for arc in np.flatnonzero(units > 0):
+            key = (int(fabric.tail[arc]), int(fabric.head[arc]))
+            self.pools.setdefault(key, []).append([(int(fabric.link[arc]),), int(units[arc])])
+        self.out: dict[int, set[int]] = defaultdict(set)
+        self.inn: dict[int, set[int]] = defaultdict(set)
+        for u, v in self.pools:
+            self.out[u].add(v)
+            self.inn[v].add(u)
+
+    def units(self, key: tuple[int, int]) -> int:
+        return sum(units for _, units in self.pools.get(key, ()))
+
+    def add(self, key: tuple[int, int], pieces: list[tuple[Path, int]]) -> None:
+        pool = self.pools.setdefault(key, [])
+        index = {path: i for i, (path, _) in enumerate(pool)}
+        for path, units in pieces:
+            if path in index:
+                pool[index[path]][1] += units
+            else:
+                index[path] = len(pool)
+                pool.append([path, units])
+        self.out[key[0]].add(key[1])
+        self.inn[key[1]].add(key[0])
+
+    def split(self, u: int, w: int, t: int, amount: int) -> None:
+        left = _take(self.pools[(u, w)], amount)
+        right = _take(self.pools[(w, t)], amount)
+        for key in ((u, w), (w, t)):
+            if not self.pools[key]:
+                del self.pools[key]
+                self.out[key[0]].discard(key[1])
+                self.inn[key[1]].discard(key[0])
+        self.add((u, t), _pair_pieces(left, right))
+
+    def drop_switch(self, w: int) -> None:
+        for u in list(self.inn[w]):
+            self.pools.pop((u, w), None)
+            self.out[u].discard(w)
+        for t in list(self.out[w]):
+            self.pools.pop((w, t), None)
+            self.inn[t].discard(w)
+        self.inn.pop(w, None)
+        self.out.pop(w, None)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keys = list(self.pools)
+        tail = np.array([u for u, _ in keys], dtype=np.int64)
+        head = np.array([v for _, v in keys], dtype=np.int64)
+        caps = np.array([self.units(key) for key in keys], dtype=np.int64)
+        return tail, head, caps
+
+
+def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,
+               k: int | np.ndarray) -> bool:
+    """Whether ``maxflow(s*, v) >= Σ k`` for every rank v (s* feeds rank r its k[r] trees; k may be uniform)."""
+    demand = np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,))
+    net = FlowNet(n_nodes + 1)
+    source = n_nodes
+    net.add_arcs(tail, head, caps)
+    net.add_arcs(np.full(n_ranks, source), np.arange(n_ranks), demand)
+    need = int(demand.sum())
+    return all(net.max_flow(source, v) >= need for v in range(n_ranks))
+
+
+def _fast_split(graph: _Graph, w: int, groups: np.ndarray) -> None:
+    """Split switch w maximally and spread, keeping pairs of one host (``groups``) for last.
+
+    A route that leaves a host through w and comes back into the same host spends
+    that host's ingress on data it already has: the host cut (tight on HPN, where
+    the NICs carry almost exactly what the host lacks) would lose it. So pairs
+    with ``groups[u] == groups[t] >= 0`` (and w outside that host) are used only
+    when nothing else is left.
+    """
+    ins = {u: graph.units((u, w)) for u in graph.inn[w]}
+    outs = {t: graph.units((w, t)) for t in graph.out[w]}
+    if not ins or not outs:
+        graph.drop_switch(w)
+        return
+
+    def apart(u: int, t: int) -> bool:
+        return u != t and (groups[u] < 0 or groups[u] != groups[t] or groups[w] == groups[u])
+
+    plan: dict[tuple[int, int], int] = defaultdict(int)
+    left_in = dict(ins)
+    left_out = dict(outs)
+    for u, cu in sorted(ins.items(), key=lambda item: -item[1]):
+        reachable = sum(ct for t, ct in outs.items() if apart(u, t))
+        if reachable == 0:
+            continue
+        for t, ct in outs.items():
+            if not apart(u, t):
+                continue
+            share = min(cu * ct // reachable, left_in[u], left_out[t])
+            if share > 0:
+                plan[(u, t)] += share
+                left_in[u] -= share
+                left_out[t] -= share
+    _fill(plan, left_in, left_out, apart)
+    _fill(plan, left_in, left_out, lambda u, t: u != t)
+    for (u, t), amount in plan.items():
+        graph.split(u, w, t, amount)
+    graph.drop_switch(w)
+
+
+def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: dict[int, int], allowed) -> None:
+    """Add to ``plan`` a maximal split of what is left, over the allowed pairs (bipartite max-flow)."""
+    us = [u for u in left_in if left_in[u] > 0]
+    ts = [t for t in left_out if left_out[t] > 0]
+    pairs = [(i, j) for i, u in enumerate(us) for j, t in enumerate(ts) if allowed(u, t)]
+    if not pairs:
+        return
+    net = FlowNet(2 + len(us) + len(ts))
+    sink = 1 + len(us) + len(ts)
+    net.add_arcs(np.zeros(len(us)), np.arange(1, 1 + len(us)), np.array([left_in[u] for u in us]))
+    net.add_arcs(np.arange(1 + len(us), sink), np.full(len(ts), sink), np.array([left_out[t] for t in ts]))
+    ids = net.add_arcs(np.array([1 + i for i, _ in pairs]), np.array([1 + len(us) + j for _, j in pairs]),
+                       np.full(len(pairs), BIG))
+    net.max_flow(0, sink)
+    for (i, j), flow in zip(pairs, net.flows(ids), strict=True):
+        if flow > 0:
+            u, t = us[i], ts[j]
+            plan[(u, t)] += int(flow)
+            left_in[u] -= int(flow)
+            left_out[t] -= int(flow)
+
+
+def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
+    """Split switch w pair by pair, each by the largest amount that keeps the cut condition."""
+
+    def ok() -> bool:
+        tail, head, caps = graph.arrays()
+        return packing_ok(graph.n_nodes, graph.n_ranks, tail, head, caps, k)
+
+    for u in sorted(graph.inn[w]):
+        for t in sorted(graph.out[w]):
+            if t == u or (u, w) not in graph.pools or (w, t) not in graph.pools:
+                continue
+            high = min(graph.units((u, w)), graph.units((w, t)))
+            saved = {key: [list(item) for item in graph.pools.get(key, [])] for key in ((u, w), (w, t), (u, t))}
+
+            def restore(saved: dict = saved, u: int = u, t: int = t) -> None:
+                for key, pool in saved.items():
+                    if pool:
+                        graph.pools[key] = [list(item) for item in pool]
+                        graph.out[key[0]].add(key[1])
+                        graph.inn[key[1]].add(key[0])
+                    else:
+                        graph.pools.pop(key, None)
+                        graph.out[key[0]].discard(key[1])
+                        graph.inn[key[1]].discard(key[0])
+
+            low = 0
+            while low < high:
+                mid = (low + high + 1) // 2
+                graph.split(u, w, t, mid)
+                good = ok()
+                restore()
+                if good:
+                    low = mid
+                else:
+                    high = mid - 1
+            if low > 0:
+                graph.split(u, w, t, low)
+    graph.drop_switch(w)
+
+
+def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
+                    groups: np.ndarray | None = None) -> LogicalGraph:
+    """Split off every switch; the logical rank-to-rank graph with the routes of its arcs.
+
+    ``k``: trees per rank still to pack (uniform, or per rank for a warm start's residual).
+    """
+    if groups is None:
+        groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
+    graph = _Graph(fabric, units)
+    order = _farthest_first(fabric)
+    for w in order:
+        _fast_split(graph, w, groups)
+    careful = False
+    tail, head, caps = graph.arrays()
+    if not packing_ok(fabric.n_ranks, fabric.n_ranks, tail, head, caps, k):
+        careful = True
+        graph = _Graph(fabric, units)
+        for w in order:
+            before = {key: [list(item) for item in pool] for key, pool in graph.pools.items()}
+            _fast_split(graph, w, groups)
+            tail, head, caps = graph.arrays()
+            if packing_ok(graph.n_nodes, graph.n_ranks, tail, head, caps, k):
+                continue
+            graph.pools = before
+            graph.out, graph.inn = defaultdict(set), defaultdict(set)
+            for u, v in graph.pools:
+                graph.out[u].add(v)
+                graph.inn[v].add(u)
+            _careful_split(graph, w, k)
+    units_out = {key: graph.units(key) for key in graph.pools}
+    routes = {key: [(path, units) for path, units in pool] for key, pool in graph.pools.items()}
+    return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
+
+
+def _farthest_first(fabric: Fabric) -> list[int]:
+    """Switches by hop distance from the nearest rank, farthest first (aggregation, then ToRs and NVSwitches).
+
+    Splitting the core first keeps every split small (an aggregation switch sees ToRs, not every GPU
+    behind them), so the logical graph stays sparse: O(n · ports) arcs rather than O(n²).
+    """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import shortest_path
+
+    n = fabric.n_nodes
+    graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, fabric.head)), shape=(n, n))
+    distance = shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
+    return sorted(range(fabric.n_ranks, n), key=lambda w: (-distance[w], w))
+
