@@ -23,8 +23,9 @@ Measured topology (which capacities the synthesizer sees). Measurements are per
 overlay link (§3.3): a rank pair across hosts, or a rank's injection into its host
 fabric. Mapping onto physical links, the choice made here:
 
-* an inter-host pair i → j covers **every link on every route** its transfers take
-  in the active schedule; a rank's intra-host injection rate covers the **first
+* an inter-host pair i → j covers **every link on every route** its transfers took
+  (in the active schedule and the earlier versions its measurements came from,
+  :func:`merge_maps`); a rank's intra-host injection rate covers the **first
   link** of its intra-host routes (the GPU's own port into the host switch);
 * a path's throughput is bounded by every link on its route (``r_o ≤ C_a`` for
   ``a ∈ o``), so each measured path is a lower bound on each link it covers, and
@@ -33,12 +34,14 @@ fabric. Mapping onto physical links, the choice made here:
   through it and is found exactly; a link that some path still crosses at full
   speed is exonerated (a slow pair is blamed on the links only it uses).
 
-Rates are compared with what the same overlay link delivered when the active
-schedule started (:class:`~mccl.control.ewma.OverlayEWMA` references), so the
-fabric's absolute speed does not matter: ``factor_o = M_o / reference_o``, and a
-physical link's capacity is ``base_a · factor_a``, at most its nominal capacity;
-``base`` is the topology the active schedule was synthesized for (nominal at
-first). Links no measurement covers keep ``base``.
+Rates are compared with what the same overlay link delivered while healthy (the
+:class:`~mccl.control.ewma.OverlayEWMA` references, learned once at start-up), so
+the fabric's absolute speed does not matter (loopback in the demo, RDMA on GPUs):
+``factor_o = M_o / reference_o``, and a physical link's capacity is
+``nominal_a · min(1, factor_a)``. Links no measurement covers keep their nominal
+capacity. A degradation that clears brings the factors back to 1, the measured
+topology back to nominal, and the schedule made for the degraded fabric gets
+flagged in its turn.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from mccl.errors import ControllerError
 from mccl.schedule import Schedule, chunks_per_link, link_load
 from mccl.topology import Topology
 
-__all__ = ["CutProfile", "DriftResult", "OverlayMap", "profile", "drift_test", "overlay_map", "measured_capacities"]
+__all__ = ["CutProfile", "DriftResult", "OverlayMap", "profile", "drift_test", "overlay_map", "merge_maps",
+           "measured_capacities"]
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,20 @@ def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
     return OverlayMap(n, out_offsets, links)
 
 
+def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
+    """Per overlay link, the union of the links both maps say it covers (same communicator)."""
+    if first.n_ranks != second.n_ranks:
+        raise ControllerError(f"overlay maps of {first.n_ranks} and {second.n_ranks} ranks cannot be merged")
+    sets = [np.union1d(first.links_of(o), second.links_of(o)) for o in range(len(first.offsets) - 1)]
+    offsets = np.zeros(len(sets) + 1, dtype=np.int64)
+    np.cumsum([len(item) for item in sets], out=offsets[1:])
+    links = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, dtype=np.int64)
+    return OverlayMap(first.n_ranks, offsets, links)
+
+
 def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
-                        base_gbps: np.ndarray, nominal_gbps: np.ndarray) -> np.ndarray:
-    """Per link, ``base · max factor`` over the overlay links that cover it, capped at nominal (module docstring).
+                        nominal_gbps: np.ndarray) -> np.ndarray:
+    """Per link, ``nominal · min(1, max factor)`` over the overlay links that cover it (module docstring).
 
     Factors are NaN where an overlay link has no reference yet; those are skipped."""
     n = mapping.n_ranks
@@ -152,9 +167,9 @@ def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_fac
                               np.asarray(intra_factor, dtype=float).reshape(n)])
     per_entry = np.repeat(factors, np.diff(mapping.offsets))
     known = ~np.isnan(per_entry) & (per_entry > 0)
-    best = np.full(len(base_gbps), -np.inf)
+    best = np.full(len(nominal_gbps), -np.inf)
     np.maximum.at(best, mapping.links[known], per_entry[known])
-    result = np.array(base_gbps, dtype=float)
+    result = np.array(nominal_gbps, dtype=float)
     touched = np.isfinite(best)
-    result[touched] = np.minimum(result[touched] * best[touched], nominal_gbps[touched])
+    result[touched] *= np.minimum(best[touched], 1.0)
     return result

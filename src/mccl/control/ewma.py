@@ -11,11 +11,11 @@ point-to-point throughput of rank pair i → j across hosts; ``intra[i]`` — ra
 cumulative injection rate into its host fabric. All rates in Gbit/s.
 
 Each overlay link also learns a *reference*: its smoothed value once it has seen
-``warmup`` samples under the schedule now active. The controller compares later
-values with it (``factors``), so its decisions do not depend on the absolute speed
-of the fabric (loopback in the demo, NVLink/RDMA on GPUs) — only on relative change.
-The state is plain numpy arrays; :meth:`reset` starts over (a new schedule version
-shares links differently, so its references are learned anew).
+``warmup`` samples (at start-up, on the healthy fabric — the paper's initial
+probing, §3.1). The controller compares later values with it (``factors``), so its
+decisions do not depend on the absolute speed of the fabric (loopback in the demo,
+NVLink/RDMA on GPUs), only on relative change. The state is plain numpy arrays;
+:meth:`reset` starts over.
 """
 
 from __future__ import annotations

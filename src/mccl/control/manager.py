@@ -14,10 +14,14 @@ newest measurements, and if the degradation has cleared the new schedule is
 dropped ("aborted") and the current one kept. A synthesizer that is not available
 (``SynthesisError``) keeps the current schedule and is logged once.
 
-After a new version is issued its EWMAs start over (a new schedule shares links
-differently) and samples of the next ``settle_collectives`` collectives are
-ignored: they may still have run on the old schedule before the executors'
-hot-swap point K.
+The EWMAs and their references persist across versions: the measured topology is
+always "nominal × what each overlay link delivers now relative to when healthy"
+(:mod:`.drift`), so a new schedule is judged on the same evidence, and a
+degradation that keeps deepening after a swap, or clears, flags it again — but only
+once samples of ``settle_collectives`` collectives past the one last reported when
+it was issued have arrived (the new version must have run before it is judged;
+this also damps thrashing). Samples of a communicator's first
+``settle_collectives`` collectives are ignored (start-up transients).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from mccl.control.drift import (
     OverlayMap,
     drift_test,
     measured_capacities,
+    merge_maps,
     overlay_map,
     profile,
 )
@@ -55,7 +60,7 @@ class ControlConfig:
     """``alpha``: EWMA smoothing factor (§3.2; paper prototype 0.012 at one sample per chunk
     on GPUs — here a sample is a whole saturated window, so larger values fit). ``gamma``: the
     drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
-    fixed. ``settle_collectives``: collectives after a new version whose samples are ignored.
+    fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
     ``synth_options``: keyword options for :func:`mccl.synth.optimize`."""
 
     alpha: float = 0.3
@@ -97,15 +102,15 @@ class _Active:
     version: int
     text: str
     cut: CutProfile
-    overlay: OverlayMap
-    base_gbps: np.ndarray
     busy: bool = False
+    judge_after_seq: int = 0
 
 
 @dataclass
 class _Communicator:
     ewma: OverlayEWMA
     active: dict[Collective, _Active] = field(default_factory=dict)
+    coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
     last_seq: int = 0
     ignore_through: int = 0
 
@@ -134,11 +139,11 @@ class ScheduleManager:
                text: str = "") -> None:
         self.events.append(Event(time.time(), kind, comm, collective.value, version, value, text))
 
-    def _activate(self, comm: _Communicator, schedule: Schedule, version: int, base_gbps: np.ndarray,
-                  on: Topology) -> _Active:
-        text = dumps_schedule(schedule)
-        return _Active(schedule, version, text, profile(schedule, len(on.links)), overlay_map(schedule, on),
-                       np.array(base_gbps, dtype=float))
+    def _activate(self, comm: _Communicator, schedule: Schedule, version: int, on: Topology) -> _Active:
+        covered = overlay_map(schedule, on)
+        comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
+        return _Active(schedule, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
 
     def register(self, communicator: str, schedule: Schedule) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
@@ -158,7 +163,7 @@ class ScheduleManager:
             current = comm.active.get(schedule.collective)
             if current is not None and current.version >= version:
                 return current.version
-            comm.active[schedule.collective] = self._activate(comm, schedule, version, self._nominal, self.topology)
+            comm.active[schedule.collective] = self._activate(comm, schedule, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
 
@@ -198,7 +203,7 @@ class ScheduleManager:
     # ---- decisions --------------------------------------------------------------------
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         inter, intra = comm.ewma.factors()
-        capacities = measured_capacities(active.overlay, inter, intra, active.base_gbps, self._nominal)
+        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal)
         return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
 
     def check(self) -> list[Decision]:
@@ -209,7 +214,8 @@ class ScheduleManager:
                 if comm.ewma.learned == 0:
                     continue
                 for kind, active in comm.active.items():
-                    decisions.append(self._decide(name, comm, kind, active))
+                    if comm.last_seq > active.judge_after_seq:
+                        decisions.append(self._decide(name, comm, kind, active))
         return decisions
 
     def step(self) -> list[Event]:
@@ -268,9 +274,7 @@ class ScheduleManager:
                 return None
             version = active.version + 1
             schedule = schedule.with_meta(version=version)
-            comm.active[kind] = self._activate(comm, schedule, version, decision.capacities_gbps, measured)
-            comm.ewma.reset()
-            comm.ignore_through = comm.last_seq + self.config.settle_collectives
+            comm.active[kind] = self._activate(comm, schedule, version, measured)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms")
             return schedule
