@@ -25,8 +25,10 @@ fabric. Mapping onto physical links, the choice made here:
 
 * an inter-host pair i → j covers **every link on every route** its transfers took
   (in the active schedule and the earlier versions its measurements came from,
-  :func:`merge_maps`); a rank's intra-host injection rate covers the **first
-  link** of its intra-host routes (the GPU's own port into the host switch);
+  :func:`merge_maps`); a rank's intra-host injection rate covers the links of
+  its intra-host routes that stay inside the host (its port into the host switch
+  and the switch's ports to its peers; a same-host route through the NIC is left
+  to the inter-host evidence);
 * a path's throughput is bounded by every link on its route (``r_o ≤ C_a`` for
   ``a ∈ o``), so each measured path is a lower bound on each link it covers, and
   the tightest estimate of a link is the best path through it:
@@ -63,7 +65,7 @@ class CutProfile:
     """What Algorithm 1 needs of one schedule, as arrays: the loaded links and their ``n_a``,
     the cut links ``K_s`` (positions into ``links``) and their base slacks."""
 
-    links: np.ndarray  # link ids with n_a > 0
+    links: np.ndarray  # link ids with n_a > 0, and the cut's
     n: np.ndarray  # n_a (or fraction-weighted load) for those links
     cut: np.ndarray  # positions into ``links`` of the cut links
     base_slack: np.ndarray
@@ -84,13 +86,13 @@ def profile(schedule: Schedule, n_links: int) -> CutProfile:
     fractions = schedule.chunks.fraction
     equal = len(fractions) == 0 or np.allclose(fractions, fractions[0])
     weight = chunks_per_link(schedule, n_links).astype(float) if equal else link_load(schedule, n_links)
-    links = np.flatnonzero(weight > 0)
+    cut_ids = np.array([item.link for item in schedule.meta.bottleneck_cut], dtype=np.int64)
+    if np.any((cut_ids < 0) | (cut_ids >= n_links)):
+        raise ControllerError(f"the schedule's bottleneck cut names links outside the topology's {n_links}")
+    # a proven cut may include links the rounded schedule leaves empty: n_a = 0, slack 1 (Algorithm 1 phase 2)
+    links = np.union1d(np.flatnonzero(weight > 0), cut_ids)
     position = {int(link): i for i, link in enumerate(links)}
-    cut_ids = [item.link for item in schedule.meta.bottleneck_cut]
-    missing = [link for link in cut_ids if link not in position]
-    if missing:
-        raise ControllerError(f"the schedule's bottleneck cut names links {missing} that it does not use")
-    return CutProfile(links, weight[links], np.array([position[link] for link in cut_ids], dtype=np.int64),
+    return CutProfile(links, weight[links], np.array([position[int(link)] for link in cut_ids], dtype=np.int64),
                       np.array([item.base_slack for item in schedule.meta.bottleneck_cut], dtype=float))
 
 
@@ -99,7 +101,8 @@ def drift_test(cut: CutProfile, capacities_gbps: np.ndarray, gamma: float) -> Dr
     m = np.asarray(capacities_gbps, dtype=float)[cut.links]
     if np.any(~(m > 0)):
         raise ControllerError("measured capacities must be positive on every link the schedule uses")
-    x_min = float(np.min(m / cut.n))  # phase 1
+    loaded = cut.n > 0
+    x_min = float(np.min(m[loaded] / cut.n[loaded])) if np.any(loaded) else float("inf")  # phase 1
     if len(cut.cut) == 0:
         return DriftResult(x_min, np.zeros(0), np.zeros(0), 0.0, False, -1)
     mk = m[cut.cut]
@@ -127,6 +130,7 @@ class OverlayMap:
 def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
     n = schedule.n_ranks
     hosts = [topology.node(gpu).host for gpu in schedule.ranks]
+    host_of = [topology.node(link.dst).host for link in topology.links]
     sets: list[set[int]] = [set() for _ in range(n * n + n)]
     transfers = schedule.transfers
     offsets = transfers.route_offsets
@@ -136,7 +140,8 @@ def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
         if len(route) == 0:
             continue
         if hosts[i] is not None and hosts[i] == hosts[j]:
-            sets[n * n + i].add(int(route[0]))
+            if all(host_of[int(link)] == hosts[i] for link in route):  # through the host's own fabric
+                sets[n * n + i].update(int(link) for link in route)
         else:
             sets[i * n + j].update(int(link) for link in route)
     lengths = np.array([len(item) for item in sets], dtype=np.int64)
