@@ -128,27 +128,30 @@ class OverlayMap:
 
 
 def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
+    """Which physical links each overlay link covers (module docstring); vectorized over transfers."""
     n = schedule.n_ranks
-    hosts = [topology.node(gpu).host for gpu in schedule.ranks]
-    host_of = [topology.node(link.dst).host for link in topology.links]
-    sets: list[set[int]] = [set() for _ in range(n * n + n)]
+    host_names = [topology.node(gpu).host for gpu in schedule.ranks]
+    codes = {name: code for code, name in enumerate(sorted({h for h in host_names if h is not None}))}
+    rank_host = np.array([codes.get(h, -1) if h is not None else -1 for h in host_names], dtype=np.int64)
+    link_host = np.array([codes.get(topology.node(link.dst).host, -2) for link in topology.links], dtype=np.int64)
     transfers = schedule.transfers
-    offsets = transfers.route_offsets
-    for index in range(len(transfers)):
-        i, j = int(transfers.sender[index]), int(transfers.receiver[index])
-        route = transfers.route_links[offsets[index]:offsets[index + 1]]
-        if len(route) == 0:
-            continue
-        if hosts[i] is not None and hosts[i] == hosts[j]:
-            if all(host_of[int(link)] == hosts[i] for link in route):  # through the host's own fabric
-                sets[n * n + i].update(int(link) for link in route)
-        else:
-            sets[i * n + j].update(int(link) for link in route)
-    lengths = np.array([len(item) for item in sets], dtype=np.int64)
-    out_offsets = np.zeros(len(sets) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out_offsets[1:])
-    links = np.array([link for item in sets for link in sorted(item)], dtype=np.int64)
-    return OverlayMap(n, out_offsets, links)
+    sender = transfers.sender.astype(np.int64)
+    receiver = transfers.receiver.astype(np.int64)
+    lengths = transfers.route_lengths
+    intra = (rank_host[sender] >= 0) & (rank_host[sender] == rank_host[receiver])
+    overlay = np.where(intra, n * n + sender, sender * n + receiver)
+    hop_overlay = np.repeat(overlay, lengths)
+    hop_transfer = np.repeat(np.arange(len(transfers)), lengths)
+    links = transfers.route_links.astype(np.int64)
+    outside = intra[hop_transfer] & (link_host[links] != rank_host[sender][hop_transfer])
+    leaves_host = np.bincount(hop_transfer[outside], minlength=len(transfers)) > 0  # same host, through the NIC
+    keep = ~leaves_host[hop_transfer]
+    n_links = len(topology.links)
+    keys = np.unique(hop_overlay[keep] * n_links + links[keep])
+    owners, covered = keys // n_links, keys % n_links
+    offsets = np.zeros(n * n + n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owners, minlength=n * n + n), out=offsets[1:])
+    return OverlayMap(n, offsets, covered)
 
 
 def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
