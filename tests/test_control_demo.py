@@ -14,7 +14,7 @@ def test_demo_quick_closes_the_loop():
                             text=True, timeout=170)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    assert "rank 0's NIC cable degraded" in out
+    assert "rank 0's NIC (gpu0 -> tor0.0) degraded" in out
     assert "flagged" in out and "issued" in out and "swapped to v2" in out
     assert "WRONG" not in out and "every result equal to torch's" in out
     assert "detection" in out and "recovered" in out

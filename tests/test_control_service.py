@@ -152,3 +152,33 @@ def test_register_of_an_invalid_schedule_is_refused(service):
 def test_bind_errors_are_named(service):
     with pytest.raises(ControllerError, match="cannot bind"):
         ControllerService(ScheduleManager(TOPOLOGY), service.address)
+
+
+def test_controller_command_serves_and_bad_input_is_one_line():
+    import subprocess
+    import sys
+
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "mccl.cli.main", "controller", "--topology",
+                                "rail_optimized(1,2,2)", "--bind", endpoint], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    client = ControllerClient(endpoint, "job", 0)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.request("status", timeout_s=1.0)["op"] == "status"
+                break
+            except ControllerError:
+                assert time.monotonic() < deadline and process.poll() is None
+        assert client.register(optimize(TOPOLOGY, "allgather").with_meta(version=3)) == 3
+    finally:
+        client.close()
+        process.terminate()
+        process.communicate(timeout=10)
+    bad = subprocess.run([sys.executable, "-m", "mccl.cli.main", "controller", "--topology", "nonsense(1)"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "mccl:" in bad.stderr

@@ -60,6 +60,7 @@ def test_paced_sends_take_their_serialization_time_and_telemetry_sees_the_rate()
         # 1 MiB at 0.2 Gbit/s is 41.9 ms of link time; loopback alone is far faster
         assert result["times"][0.2] >= 0.9 * (1 << 20) * 8 / 0.2e9
         assert result["times"][0.2] > 2 * result["times"][None]
-        # the window of the paced pair measures the emulated rate (completion times from the pacer)
-        assert result["last_gbps"] == pytest.approx(0.2, rel=0.25)
+        # the window of the paced pair measures the emulated rate (completion times from the pacer):
+        # never above it, and on a loaded machine (sleeps overshoot) not far below
+        assert 0.1 <= result["last_gbps"] <= 0.2 * 1.1
         assert len(result["errors"]) == 3 and "positive" in result["errors"][2]

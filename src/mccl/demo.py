@@ -8,9 +8,11 @@ fabric scaled down by ``fabric_scale``, so the fabric is emulated in the executo
 transport (:meth:`mccl.runtime.transport.Transport.throttle`, real delays): each
 rank's sends to its own host share one pacer at the NVSwitch port rate, its sends
 to the other host one pacer at the NIC rate (both / ``fabric_scale``). After
-``healthy`` collectives the NIC cable of rank 0's GPU degrades to
-``degraded_gbps`` (Fail2's 50 Gbit/s by default): rank 0's sends to the other host
-and the other host's sends to rank 0 (sharing the cable) are paced at that rate.
+``healthy`` collectives the transmit side of rank 0's NIC (link gpu0 → tor0.0)
+degrades to ``degraded_gbps`` (Fail2's 50 Gbit/s, one direction): rank 0's pacer
+for the other host slows to that rate. One direction because it is emulated
+exactly — every send crossing that link leaves from rank 0 through that one
+pacer — while the receive side is shared by senders in several processes.
 The executors' passive telemetry sees it, the controller's drift test flags the
 schedule, re-synthesizes on the measured topology, and the ranks hot-swap to the
 new version at an agreed sequence number K.
@@ -39,7 +41,7 @@ class DemoConfig:
     """``ranks``: 4 or 8 gloo processes. ``size_bytes``: AllGather input per rank. ``healthy``:
     collectives before the degradation. ``after_swap``: collectives run on one unchanged newer
     schedule version before stopping (the loop has settled). ``max_collectives``: stop there in any case. ``degraded_gbps``: the degraded cable's
-    rate in the topology's units. ``fabric_scale``: emulated rates are the topology's / this.
+    rate in the topology's units (rank 0's NIC, transmit side). ``fabric_scale``: emulated rates are the topology's / this.
     ``alpha``/``gamma``: the controller's EWMA factor and drift threshold."""
 
     ranks: int = 4
@@ -165,7 +167,6 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
     hosts = [topology.node(gpu).host for gpu in gpus]
     near = [peer for peer in range(world) if peer != rank and hosts[peer] == hosts[rank]]
     far = [peer for peer in range(world) if hosts[peer] != hosts[rank]]
-    far_of_0 = [peer for peer in range(world) if hosts[peer] != hosts[0]]
     scale = config.fabric_scale
     ports = topology.capacities_gbps[list(topology.out_links[gpus[rank]])]  # NVSwitch port (fast), NIC (slow)
     if near:  # the emulated fabric: this GPU's NVSwitch port and its NIC, one shared pacer each
@@ -179,11 +180,9 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
     changed_at, current = 0, first_version
     try:
         for index in range(config.max_collectives):
-            if index == config.healthy:  # the gray failure: rank 0's NIC cable slows down
+            if index == config.healthy:  # the gray failure: rank 0's NIC transmits slower
                 if rank == 0:
                     comm.transport.throttle(far, config.degraded_gbps / scale)
-                elif rank in far_of_0:  # the cable's other direction, shared by the other host's ranks
-                    comm.transport.throttle([0], config.degraded_gbps / scale / len(far_of_0))
                 degraded_at = time.time()
             source = torch.randint(-2**30, 2**30, (elements,), dtype=torch.int32, generator=generator)
             output = torch.empty(elements * world, dtype=torch.int32)
@@ -193,7 +192,7 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
             comm.all_gather_into_tensor(output, source)
             seconds = time.perf_counter() - start
             seq, _, version = comm.history[-1]
-            dist.all_gather_into_tensor(expected, source)  # torch's own, on the same group
+            comm.transport.native_all_gather(expected, source)  # torch's own gloo AllGather, same group
             records.append((seq, int(version), start_wall, seconds, index >= config.healthy,
                             bool(torch.equal(output, expected))))
             if version != current:  # versions are agreed, so every rank stops after the same collective

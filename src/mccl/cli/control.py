@@ -41,7 +41,7 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
 @click.option("--alpha", default=0.5, show_default=True, type=float, help="EWMA smoothing factor α")
 @click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
 def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
-    """The closed loop live: N gloo ranks run AllGathers, a NIC cable degrades, the controller re-synthesizes."""
+    """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
     from mccl.demo import DemoConfig, run_demo
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
@@ -62,7 +62,7 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.demo.DemoReport, impor
     for record in report.records:
         notes = []
         if record.degraded and (previous is None or not previous.degraded):
-            notes.append(f"rank 0's NIC cable degraded to {config.degraded_gbps:g} Gbit/s")
+            notes.append(f"rank 0's NIC (gpu0 -> tor0.0) degraded to {config.degraded_gbps:g} Gbit/s")
         if previous is not None and record.version != previous.version:
             swap = versions.get(previous.seq)
             notes.append(f"swapped to v{record.version} (K={previous.seq}"
