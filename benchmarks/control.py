@@ -172,6 +172,7 @@ def live(runs: int) -> list[dict]:
         rows.append({"run": run, "detection_ms": (report.detection_s or float("nan")) * 1e3,
                      "synthesis_ms": (report.synthesis_s or float("nan")) * 1e3,
                      "issued_ms": (report.issued_s or float("nan")) * 1e3,
+                     "activated_ms": (report.activated_s or float("nan")) * 1e3,
                      "versions": report.records[-1].version,
                      "healthy_gbs": report.median_algbw("healthy"), "degraded_gbs": report.median_algbw("degraded"),
                      "recovered_gbs": report.median_algbw("recovered"),

@@ -115,17 +115,29 @@ class DemoReport:
         return None if issued is None else issued["time"] - self.degraded_at
 
     @property
+    def version_at_degradation(self) -> int:
+        return next((r.version for r in self.records if r.degraded), self.records[-1].version)
+
+    @property
     def first_new(self) -> CollectiveRecord | None:
-        return next((record for record in self.records if record.version > self.records[0].version), None)
+        """The first collective after the degradation on a newer version than the one it hit."""
+        hit = self.version_at_degradation
+        return next((r for r in self.records if r.degraded and r.version > hit), None)
+
+    @property
+    def activated_s(self) -> float | None:
+        """From the degradation to the start of the first collective on a new version (reaction time)."""
+        first = self.first_new
+        return None if first is None else first.start - self.degraded_at
 
     def median_algbw(self, phase: str) -> float | None:
-        """``healthy``, ``degraded`` (the first schedule on the slow cable) or ``recovered`` (the
-        last version the loop settled on, when newer than the first)."""
-        first, last = self.records[0].version, self.records[-1].version
+        """``healthy``, ``degraded`` (the schedule the degradation hit, on the slow link) or ``recovered``
+        (the last version the loop settled on, when newer than that one)."""
+        hit, last = self.version_at_degradation, self.records[-1].version
         chosen = [r.algbw_gbs for r in self.records
                   if (phase == "healthy" and not r.degraded)
-                  or (phase == "degraded" and r.degraded and r.version == first)
-                  or (phase == "recovered" and last > first and r.version == last)]
+                  or (phase == "degraded" and r.degraded and r.version == hit)
+                  or (phase == "recovered" and last > hit and r.degraded and r.version == last)]
         return statistics.median(chosen) if chosen else None
 
     @property
@@ -177,7 +189,7 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
     records = []
     degraded_at = 0.0
     first_version = int(schedule.meta.version)
-    changed_at, current = 0, first_version
+    changed_at, current, hit_version = 0, first_version, first_version
     try:
         for index in range(config.max_collectives):
             if index == config.healthy:  # the gray failure: rank 0's NIC transmits slower
@@ -197,7 +209,9 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
                             bool(torch.equal(output, expected))))
             if version != current:  # versions are agreed, so every rank stops after the same collective
                 changed_at, current = index, version
-            if current > first_version and index - changed_at + 1 >= config.after_swap:
+            if index == config.healthy:
+                hit_version = version
+            if index >= config.healthy and current > hit_version and index - changed_at + 1 >= config.after_swap:
                 break
         comm.transport.throttle(near + far, None)
         swaps = [(s.switch_after, dict(s.adopted).get("allgather", 0), s.oob_s, s.total_s)

@@ -86,7 +86,7 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.demo.DemoReport, impor
         return "-" if value is None else f"{value:.4f} GB/s"
 
     console.print(f"detection {_ms(report.detection_s)} after the degradation, first synthesis {_ms(report.synthesis_s)}, "
-                  f"first new version issued {_ms(report.issued_s)} after it")
+                  f"first new version issued {_ms(report.issued_s)} and running {_ms(report.activated_s)} after it")
     console.print(f"median algbw: healthy {show(healthy)}, degraded {show(degraded)}, recovered {show(recovered)}"
                   + (f" ({recovered / degraded:.2f}x the degraded)" if recovered and degraded else ""))
     stats = report.controller_stats
