@@ -153,7 +153,10 @@ def _controller_main(topology_spec: str, bind: str, alpha: float, gamma: float) 
     from mccl.topology import parse_topology
 
     logging.basicConfig(level=logging.WARNING)
-    manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(alpha=alpha, gamma=gamma))
+    # start-up (connections, caches) lasts a few collectives on a loaded machine: skip 4, then learn the
+    # healthy references over 4 samples per overlay link
+    manager = ScheduleManager(parse_topology(topology_spec),
+                              ControlConfig(alpha=alpha, gamma=gamma, warmup=4, settle_collectives=4))
     ControllerService(manager, bind).serve_forever()
 
 

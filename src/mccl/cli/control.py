@@ -45,7 +45,7 @@ def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
     from mccl.demo import DemoConfig, run_demo
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
-                        **({"healthy": 8, "after_swap": 5, "max_collectives": 40} if quick else {}))
+                        **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
     report = run_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
     _print_report(report)
 
