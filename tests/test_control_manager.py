@@ -121,3 +121,24 @@ def test_register_rules(hpn_schedule):
         ScheduleManager(topology, ControlConfig(gamma=0.0))
     assert manager.ingest(samples(16, 50, communicator="unknown")) == 0 and manager.samples_ignored > 0
     assert np.isfinite(manager.samples_taken)
+
+
+def test_a_degradation_that_clears_after_the_swap_brings_the_nominal_schedule_back(hpn_schedule):
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    manager.register("job", schedule)
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    manager.step()
+    assert manager.versions("job") == {"allgather": 2}
+    for seq in range(12, 30):  # the cable is repaired: every factor back to 1
+        manager.ingest(samples(16, seq))
+    kinds = [event.kind for event in manager.step()]
+    assert kinds == ["flagged", "synthesized", "issued"] and manager.versions("job") == {"allgather": 3}
+    from mccl.schedule import loads_schedule
+
+    back = loads_schedule(manager.latest("job", "allgather")[1])
+    healthy = steady_state_algbw(link_load(back, len(topology.links)), topology.capacities_gbps, 16)
+    assert healthy == pytest.approx(schedule.meta.achieved_gbs, rel=0.02)
