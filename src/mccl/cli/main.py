@@ -7,6 +7,7 @@ import sys
 import click
 
 from mccl import __version__
+from mccl.cli.control import controller_command, demo_command
 from mccl.cli.evaluate import eval_command
 from mccl.cli.sim import sim_command
 from mccl.cli.synth import synth_group
@@ -25,6 +26,8 @@ cli.add_command(topo_group)
 cli.add_command(synth_group)
 cli.add_command(eval_command)
 cli.add_command(sim_command)
+cli.add_command(controller_command)
+cli.add_command(demo_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,8 +246,8 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
         nonlocal remaining
         done[index] = True
         remaining -= 1
-        if ops[index].is_send and meters is not None:
-            meters.completed(ops[index].peer, nbytes[index])
+        if ops[index].is_send and meters is not None:  # a paced send knows when it really completed
+            meters.completed(ops[index].peer, nbytes[index], getattr(works[index], "completed_at", None))
         if index in temps:
             pending_apply.append(index)  # a partial sum counts once it is added in
         else:

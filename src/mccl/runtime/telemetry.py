@@ -135,7 +135,9 @@ class Meters:
             window.start = time.perf_counter()
             window.bytes = 0
 
-    def completed(self, peer: int, nbytes: int) -> None:
+    def completed(self, peer: int, nbytes: int, at: float | None = None) -> None:
+        """A send finished; ``at``: when it did (``time.perf_counter()``) if the transport knows,
+        else now — the time the executor noticed it."""
         key = self._key[peer]
         window = self._windows[key]
         window.inflight -= 1
@@ -143,7 +145,7 @@ class Meters:
             return
         window.bytes += nbytes
         if window.inflight < self._threshold[peer]:
-            seconds = time.perf_counter() - window.start
+            seconds = (time.perf_counter() if at is None else at) - window.start
             window.start = None
             self.buffer.offer(Sample("intra" if key == -1 else "inter", self.communicator, self.rank, key,
                                      window.bytes, seconds, time.time(), self.seq))

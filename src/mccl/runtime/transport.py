@@ -22,6 +22,9 @@ Everything that differs between gloo (CPU, tests) and NCCL (GPUs) is here, named
   (the executor checks tensor sizes before it issues anything, and receive sizes
   come from the same deterministic layout as send sizes).
 
+* **Emulated gray failures** (demos, tests): :meth:`Transport.throttle` paces the
+  sends to some peers through a :class:`~mccl.runtime.throttle.Pacer` (gloo only).
+
 Transport groups are long-lived (creating one costs 20–90 ms across 8 ranks): a hot
 swap replaces the schedule, never the group.
 """
@@ -36,6 +39,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
 
 from mccl.errors import MCCLError
+from mccl.runtime.throttle import Pacer
 
 __all__ = ["P2P", "Transport", "TAG_SPAN"]
 
@@ -61,6 +65,22 @@ class Transport:
         self.backend = name
         self.rank = int(group.rank())
         self.size = int(group.size())
+        self._pacers: dict[int, Pacer] = {}
+
+    def throttle(self, peers: Sequence[int], gbps: float | None) -> None:
+        """Pace every later send to ``peers`` at ``gbps`` through one shared pacer (an emulated
+        degraded link, see :mod:`mccl.runtime.throttle`); ``gbps=None`` lifts it. gloo only."""
+        if self.backend != "gloo":
+            raise MCCLError("throttling emulates a slow link on gloo; NCCL sends are not paced")
+        for peer in peers:
+            if not 0 <= peer < self.size or peer == self.rank:
+                raise MCCLError(f"cannot throttle sends to rank {peer}: ranks are 0..{self.size - 1}, not self")
+        old = {self._pacers.pop(peer) for peer in peers if peer in self._pacers}
+        if gbps is not None:
+            pacer = Pacer(gbps)
+            self._pacers.update(dict.fromkeys(peers, pacer))
+        for pacer in old - set(self._pacers.values()):
+            pacer.close()
 
     @property
     def dependency_driven(self) -> bool:
@@ -70,6 +90,10 @@ class Transport:
     def post(self, op: P2P) -> object:
         """Issue one operation now (gloo); returns its Work."""
         if op.is_send:
+            pacer = self._pacers.get(op.peer)
+            if pacer is not None:
+                return pacer.submit(lambda: self.group.send([op.tensor], op.peer, op.tag),
+                                    op.tensor.numel() * op.tensor.element_size())
             return self.group.send([op.tensor], op.peer, op.tag)
         return self.group.recv([op.tensor], op.peer, op.tag)
 

@@ -1,0 +1,99 @@
+"""``mccl controller`` (run the controller service) and ``mccl demo`` (the live closed loop).
+
+Both import their libraries lazily: ``mccl demo`` loads torch, nothing else here does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+from rich.table import Table
+
+from mccl.cli.common import console, format_size, load_topology_arg
+
+__all__ = ["controller_command", "demo_command"]
+
+
+@click.command("controller")
+@click.option("--topology", "topology_text", required=True, help="topology file or builder call, e.g. rail_optimized(1,2,8)")
+@click.option("--fault", "faults", multiple=True, help="fault applied to the nominal topology (rarely wanted)")
+@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="ZeroMQ endpoint to bind")
+@click.option("--alpha", default=0.3, show_default=True, type=float, help="EWMA smoothing factor α (§3.2)")
+@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ on max δ_a (Algorithm 1)")
+def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float) -> None:
+    """Run the controller service until interrupted (executors connect with mccl.control.ControllerClient)."""
+    from mccl.control import ControlConfig, ControllerService, ScheduleManager
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    topology = load_topology_arg(topology_text, faults)
+    service = ControllerService(ScheduleManager(topology, ControlConfig(alpha=alpha, gamma=gamma)), bind)
+    console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, Γ={gamma:g}); Ctrl-C stops")
+    try:
+        service.serve_forever()
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+@click.command("demo")
+@click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="gloo ranks (GPUs)")
+@click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
+@click.option("--alpha", default=0.5, show_default=True, type=float, help="EWMA smoothing factor α")
+@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
+def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
+    """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
+    from mccl.demo import DemoConfig, run_demo
+
+    config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
+                        **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
+    report = run_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+    _print_report(report)
+
+
+def _print_report(report) -> None:  # noqa: ANN001 - mccl.demo.DemoReport, imported lazily
+    config = report.config
+    versions = {swap.switch_after: swap for swap in report.swaps}
+    table = Table(title=f"AllGather {format_size(config.size_bytes)} per rank, {config.ranks} ranks on "
+                        f"{config.topology_spec} (emulated at 1/{config.fabric_scale:g} speed)")
+    for column in ("seq", "t (s)", "version", "time (ms)", "algbw (GB/s)", "vs torch", "note"):
+        table.add_column(column, justify="left" if column == "note" else "right")
+    start = report.records[0].start
+    previous = None
+    for record in report.records:
+        notes = []
+        if record.degraded and (previous is None or not previous.degraded):
+            notes.append(f"rank 0's NIC (gpu0 -> tor0.0) degraded to {config.degraded_gbps:g} Gbit/s")
+        if previous is not None and record.version != previous.version:
+            swap = versions.get(previous.seq)
+            notes.append(f"swapped to v{record.version} (K={previous.seq}"
+                         + (f", OOB {swap.oob_s * 1e3:.1f} ms)" if swap else ")"))
+        table.add_row(str(record.seq), f"{record.start - start:.2f}", f"v{record.version}", f"{record.seconds * 1e3:.1f}",
+                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else "[red]WRONG[/red]", "; ".join(notes))
+        previous = record
+    console.print(table)
+    for event in report.events:
+        if event["kind"] == "registered":
+            continue
+        when = event["time"] - report.degraded_at
+        console.print(f"  controller {when * 1e3:+8.1f} ms  {event['kind']:<11} v{event['version']}  "
+                      + (f"max δ {event['value']:.2f} ({event['text']})" if event["kind"] == "flagged" else
+                         f"{event['value'] * 1e3:.1f} ms" if event["kind"] in ("synthesized", "aborted") else
+                         f"{event['value']:.1f} GB/s on the measured topology" if event["kind"] == "issued" else
+                         event["text"]))
+    healthy, degraded, recovered = (report.median_algbw(phase) for phase in ("healthy", "degraded", "recovered"))
+
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f} GB/s"
+
+    console.print(f"detection {_ms(report.detection_s)} after the degradation, first synthesis {_ms(report.synthesis_s)}, "
+                  f"first new version issued {_ms(report.issued_s)} and running {_ms(report.activated_s)} after it")
+    console.print(f"median algbw: healthy {show(healthy)}, degraded {show(degraded)}, recovered {show(recovered)}"
+                  + (f" ({recovered / degraded:.2f}x the degraded)" if recovered and degraded else ""))
+    stats = report.controller_stats
+    console.print(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} messages, "
+                  f"{stats.get('telemetry_dropped', 0)} dropped; every result "
+                  + ("equal to torch's" if report.all_correct else "[red]NOT equal to torch's[/red]"))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f} ms"

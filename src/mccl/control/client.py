@@ -1,0 +1,157 @@
+"""The executor's client of the controller: the runtime's ``ScheduleSource`` and ``TelemetrySink``.
+
+:class:`ControllerClient` implements both protocols of ``mccl.runtime.sources``
+structurally (``poll()`` and ``submit(samples)``), so the runtime takes it as
+``mccl.init(controller=client, sink=client)`` without change, and this module
+imports neither torch nor the runtime. One client per rank and communicator.
+
+* ``submit`` never blocks: a batch that the telemetry socket cannot take at once
+  (queue full, controller not connected) is dropped and counted (``dropped``).
+* ``poll`` never blocks: it reads the reply to its previous request, and sends a
+  new request at most every ``interval_s``. A request unanswered for ``timeout_s``
+  raises :class:`~mccl.errors.ControllerError` — the runtime then keeps its last
+  schedule (fail-static), as it does for every later call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from mccl.control.protocol import decode, encode, telemetry_message
+from mccl.errors import ControllerError, MCCLError
+from mccl.schedule import Schedule, dumps_schedule, loads_schedule
+
+__all__ = ["ControllerClient"]
+
+
+class ControllerClient:
+    """See module docstring. ``installed``: the schedules the rank starts with (their versions are
+    not asked for again)."""
+
+    def __init__(self, endpoint: str, communicator: str, rank: int, *, installed: Sequence[Schedule] = (),
+                 timeout_s: float = 2.0, interval_s: float = 0.05, send_hwm: int = 16) -> None:
+        self.endpoint = endpoint
+        self.communicator = communicator
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.interval_s = interval_s
+        self.have = {schedule.collective.value: int(schedule.meta.version) for schedule in installed}
+        self.dropped = 0
+        self.sent_samples = 0
+        self.received = 0
+        self._context = zmq.Context()
+        self._requests = self._socket(send_hwm)
+        self._telemetry = self._socket(send_hwm)
+        self._telemetry_lock = threading.Lock()
+        self._request_lock = threading.Lock()
+        self._sent_at: float | None = None
+        self._lost: str | None = None
+        self._closed = False
+
+    def _socket(self, hwm: int) -> zmq.Socket:
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, hwm)
+        socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is not connected
+        socket.connect(self.endpoint)
+        return socket
+
+    # ---- TelemetrySink ---------------------------------------------------------------------
+    def submit(self, samples: Sequence[Any]) -> None:
+        if not samples:
+            return
+        payload = telemetry_message(samples)
+        with self._telemetry_lock:
+            if self._closed:
+                self.dropped += len(samples)
+                return
+            try:
+                self._telemetry.send(payload, zmq.NOBLOCK)
+                self.sent_samples += len(samples)
+            except zmq.Again:
+                self.dropped += len(samples)
+
+    # ---- ScheduleSource ----------------------------------------------------------------------
+    def poll(self) -> Schedule | None:
+        with self._request_lock:
+            if self._closed:
+                raise ControllerError("the controller client was closed")
+            if self._lost is not None:
+                raise ControllerError(self._lost)
+            found: Schedule | None = None
+            while found is None:
+                try:
+                    frame = self._requests.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._sent_at = None
+                found = self._take(decode(frame))
+            now = time.monotonic()
+            if self._sent_at is not None and now - self._sent_at > self.timeout_s:
+                self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s"
+                raise ControllerError(self._lost)
+            if self._sent_at is None and found is None:
+                with contextlib.suppress(zmq.Again):  # not connected (yet): counted as sent, the timeout applies
+                    self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank,
+                                               have=self.have), zmq.NOBLOCK)
+                self._sent_at = now
+            return found
+
+    def _take(self, reply: dict[str, Any]) -> Schedule | None:
+        if reply["op"] == "error":
+            raise ControllerError(f"the controller refused a poll: {reply.get('message')}")
+        if reply["op"] != "schedule":
+            return None
+        version = int(reply["version"])
+        if version <= self.have.get(str(reply["collective"]), 0):
+            return None
+        try:
+            schedule = loads_schedule(str(reply["schedule"]))
+        except MCCLError as error:
+            raise ControllerError(f"the controller sent an unreadable schedule: {error}") from None
+        self.have[str(reply["collective"])] = version
+        self.received += 1
+        return schedule
+
+    # ---- set-up and operators -------------------------------------------------------------------
+    def request(self, op: str, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """A blocking request/reply on a socket of its own (set-up, status): ControllerError on timeout."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(self.endpoint)
+            socket.send(encode(op, **fields))
+            if not socket.poll(int((timeout_s or self.timeout_s) * 1e3), zmq.POLLIN):
+                raise ControllerError(f"the controller at {self.endpoint} did not answer {op!r} "
+                                      f"within {timeout_s or self.timeout_s:g} s")
+            reply = decode(socket.recv())
+        finally:
+            socket.close(linger=0)
+        if reply["op"] == "error":
+            raise ControllerError(f"the controller refused {op!r}: {reply.get('message')}")
+        return reply
+
+    def register(self, schedule: Schedule) -> int:
+        """Tell the controller the schedule this communicator runs (startup); returns the active version."""
+        reply = self.request("register", communicator=self.communicator, schedule=dumps_schedule(schedule))
+        self.have[schedule.collective.value] = max(self.have.get(schedule.collective.value, 0),
+                                                   int(schedule.meta.version))
+        return int(reply["version"])
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")
+
+    def close(self) -> None:
+        with self._request_lock, self._telemetry_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._requests.close(linger=0)
+            self._telemetry.close(linger=0)
+            self._context.term()

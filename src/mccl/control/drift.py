@@ -1,0 +1,183 @@
+"""The bottleneck-cut drift test (mccl-paper §3.2, Algorithm 1) and the measured topology.
+
+Algorithm 1, per schedule s with chunks-per-link ``n_a``, bottleneck cut ``K_s`` and
+base slacks ``base_slack_{s,a}`` (from the synthesizer, :class:`~mccl.schedule.ScheduleMeta`),
+under the current capacities ``M``:
+
+1. ``x_min(s) = min_{a: n_a > 0} M_a / n_a`` — the per-chunk rate the most congested link allows;
+2. for each ``a ∈ K_s``: slack ``(M_a − n_a·x_min) / M_a`` and its deviation
+   ``δ_a = |slack_a − base_slack_{s,a}|``;
+3. flag s when ``max_{a ∈ K_s} δ_a > Γ``.
+
+Scaling every capacity by the same factor leaves every slack unchanged, and a link
+off the cut that stays faster than the cut leaves ``x_min`` unchanged: neither
+triggers re-synthesis — the schedule is still throughput-optimal (§6.1, Figure 9).
+Cost: O(|{a: n_a > 0}|) numpy work per schedule and check.
+
+``n_a`` is the paper's chunk count. Chunks of unequal size (a schedule whose chunk
+fractions differ) are weighted by their fraction instead, which is what the base
+slack in the metadata was computed with (:func:`mccl.schedule.link_load`); for
+equal chunks both give the same slacks.
+
+Measured topology (which capacities the synthesizer sees). Measurements are per
+overlay link (§3.3): a rank pair across hosts, or a rank's injection into its host
+fabric. Mapping onto physical links, the choice made here:
+
+* an inter-host pair i → j covers **every link on every route** its transfers took
+  (in the active schedule and the earlier versions its measurements came from,
+  :func:`merge_maps`); a rank's intra-host injection rate covers the links of
+  its intra-host routes that stay inside the host (its port into the host switch
+  and the switch's ports to its peers; a same-host route through the NIC is left
+  to the inter-host evidence);
+* a path's throughput is bounded by every link on its route (``r_o ≤ C_a`` for
+  ``a ∈ o``), so each measured path is a lower bound on each link it covers, and
+  the tightest estimate of a link is the best path through it:
+  ``factor_a = max_{o ∋ a} factor_o``. A single degraded link slows every path
+  through it and is found exactly; a link that some path still crosses at full
+  speed is exonerated (a slow pair is blamed on the links only it uses).
+
+Rates are compared with what the same overlay link delivered while healthy (the
+:class:`~mccl.control.ewma.OverlayEWMA` references, learned once at start-up), so
+the fabric's absolute speed does not matter (loopback in the demo, RDMA on GPUs):
+``factor_o = M_o / reference_o``, and a physical link's capacity is
+``nominal_a · min(1, factor_a)``. Links no measurement covers keep their nominal
+capacity. A degradation that clears brings the factors back to 1, the measured
+topology back to nominal, and the schedule made for the degraded fabric gets
+flagged in its turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.errors import ControllerError
+from mccl.schedule import Schedule, chunks_per_link, link_load
+from mccl.topology import Topology
+
+__all__ = ["CutProfile", "DriftResult", "OverlayMap", "profile", "drift_test", "overlay_map", "merge_maps",
+           "measured_capacities"]
+
+
+@dataclass(frozen=True)
+class CutProfile:
+    """What Algorithm 1 needs of one schedule, as arrays: the loaded links and their ``n_a``,
+    the cut links ``K_s`` (positions into ``links``) and their base slacks."""
+
+    links: np.ndarray  # link ids with n_a > 0, and the cut's
+    n: np.ndarray  # n_a (or fraction-weighted load) for those links
+    cut: np.ndarray  # positions into ``links`` of the cut links
+    base_slack: np.ndarray
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    x_min: float
+    slack: np.ndarray  # per cut link
+    deviation: np.ndarray  # δ_a per cut link
+    max_deviation: float
+    flagged: bool
+    worst_link: int  # link id with the largest δ (-1 without a cut)
+
+
+def profile(schedule: Schedule, n_links: int) -> CutProfile:
+    """The arrays of Algorithm 1 for ``schedule`` (on a topology with ``n_links`` links)."""
+    fractions = schedule.chunks.fraction
+    equal = len(fractions) == 0 or np.allclose(fractions, fractions[0])
+    weight = chunks_per_link(schedule, n_links).astype(float) if equal else link_load(schedule, n_links)
+    cut_ids = np.array([item.link for item in schedule.meta.bottleneck_cut], dtype=np.int64)
+    if np.any((cut_ids < 0) | (cut_ids >= n_links)):
+        raise ControllerError(f"the schedule's bottleneck cut names links outside the topology's {n_links}")
+    # a proven cut may include links the rounded schedule leaves empty: n_a = 0, slack 1 (Algorithm 1 phase 2)
+    links = np.union1d(np.flatnonzero(weight > 0), cut_ids)
+    position = {int(link): i for i, link in enumerate(links)}
+    return CutProfile(links, weight[links], np.array([position[int(link)] for link in cut_ids], dtype=np.int64),
+                      np.array([item.base_slack for item in schedule.meta.bottleneck_cut], dtype=float))
+
+
+def drift_test(cut: CutProfile, capacities_gbps: np.ndarray, gamma: float) -> DriftResult:
+    """Algorithm 1 under ``capacities_gbps`` (M, indexed by link id); see the module docstring."""
+    m = np.asarray(capacities_gbps, dtype=float)[cut.links]
+    if np.any(~(m > 0)):
+        raise ControllerError("measured capacities must be positive on every link the schedule uses")
+    loaded = cut.n > 0
+    x_min = float(np.min(m[loaded] / cut.n[loaded])) if np.any(loaded) else float("inf")  # phase 1
+    if len(cut.cut) == 0:
+        return DriftResult(x_min, np.zeros(0), np.zeros(0), 0.0, False, -1)
+    mk = m[cut.cut]
+    slack = (mk - cut.n[cut.cut] * x_min) / mk  # phase 2
+    deviation = np.abs(slack - cut.base_slack)
+    worst = int(np.argmax(deviation))
+    max_dev = float(deviation[worst])
+    return DriftResult(x_min, slack, deviation, max_dev, max_dev > gamma, int(cut.links[cut.cut[worst]]))  # phase 3
+
+
+@dataclass(frozen=True)
+class OverlayMap:
+    """Physical links bounded by each overlay link of a schedule, in CSR form (see module docstring).
+
+    Inter pair (i, j) is overlay ``i * n + j``; rank i's intra injection is overlay ``n * n + i``."""
+
+    n_ranks: int
+    offsets: np.ndarray
+    links: np.ndarray
+
+    def links_of(self, overlay: int) -> np.ndarray:
+        return self.links[self.offsets[overlay]:self.offsets[overlay + 1]]
+
+
+def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
+    """Which physical links each overlay link covers (module docstring); vectorized over transfers."""
+    n = schedule.n_ranks
+    host_names = [topology.node(gpu).host for gpu in schedule.ranks]
+    codes = {name: code for code, name in enumerate(sorted({h for h in host_names if h is not None}))}
+    rank_host = np.array([codes.get(h, -1) if h is not None else -1 for h in host_names], dtype=np.int64)
+    link_host = np.array([codes.get(topology.node(link.dst).host, -2) for link in topology.links], dtype=np.int64)
+    transfers = schedule.transfers
+    sender = transfers.sender.astype(np.int64)
+    receiver = transfers.receiver.astype(np.int64)
+    lengths = transfers.route_lengths
+    intra = (rank_host[sender] >= 0) & (rank_host[sender] == rank_host[receiver])
+    overlay = np.where(intra, n * n + sender, sender * n + receiver)
+    hop_overlay = np.repeat(overlay, lengths)
+    hop_transfer = np.repeat(np.arange(len(transfers)), lengths)
+    links = transfers.route_links.astype(np.int64)
+    outside = intra[hop_transfer] & (link_host[links] != rank_host[sender][hop_transfer])
+    leaves_host = np.bincount(hop_transfer[outside], minlength=len(transfers)) > 0  # same host, through the NIC
+    keep = ~leaves_host[hop_transfer]
+    n_links = len(topology.links)
+    keys = np.unique(hop_overlay[keep] * n_links + links[keep])
+    owners, covered = keys // n_links, keys % n_links
+    offsets = np.zeros(n * n + n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owners, minlength=n * n + n), out=offsets[1:])
+    return OverlayMap(n, offsets, covered)
+
+
+def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
+    """Per overlay link, the union of the links both maps say it covers (same communicator)."""
+    if first.n_ranks != second.n_ranks:
+        raise ControllerError(f"overlay maps of {first.n_ranks} and {second.n_ranks} ranks cannot be merged")
+    sets = [np.union1d(first.links_of(o), second.links_of(o)) for o in range(len(first.offsets) - 1)]
+    offsets = np.zeros(len(sets) + 1, dtype=np.int64)
+    np.cumsum([len(item) for item in sets], out=offsets[1:])
+    links = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, dtype=np.int64)
+    return OverlayMap(first.n_ranks, offsets, links)
+
+
+def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
+                        nominal_gbps: np.ndarray) -> np.ndarray:
+    """Per link, ``nominal · min(1, max factor)`` over the overlay links that cover it (module docstring).
+
+    Factors are NaN where an overlay link has no reference yet; those are skipped."""
+    n = mapping.n_ranks
+    factors = np.concatenate([np.asarray(inter_factor, dtype=float).reshape(n * n),
+                              np.asarray(intra_factor, dtype=float).reshape(n)])
+    per_entry = np.repeat(factors, np.diff(mapping.offsets))
+    known = ~np.isnan(per_entry) & (per_entry > 0)
+    best = np.full(len(nominal_gbps), -np.inf)
+    np.maximum.at(best, mapping.links[known], per_entry[known])
+    result = np.array(nominal_gbps, dtype=float)
+    touched = np.isfinite(best)
+    result[touched] *= np.minimum(best[touched], 1.0)
+    return result

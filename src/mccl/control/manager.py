@@ -1,0 +1,280 @@
+"""The Schedule Manager (mccl-paper §3.1–§3.2): which collectives to re-optimize, and when.
+
+It holds the active schedule of every (communicator, collective) with its version,
+folds telemetry into per-overlay-link EWMAs (:mod:`.ewma`), runs the drift test of
+Algorithm 1 (:mod:`.drift`) on the measured topology, and for a flagged schedule
+calls :func:`mccl.synth.optimize` with the measured capacities and the active
+schedule as ``previous`` (warm start). Every schedule it issues is validated
+against the nominal topology the executors hold (routes and correctness do not
+depend on capacities).
+
+Thrashing guard (§3.2): synthesis runs outside the manager's lock, so telemetry
+keeps arriving meanwhile; when it returns, the drift test is run again on the
+newest measurements, and if the degradation has cleared the new schedule is
+dropped ("aborted") and the current one kept. A synthesizer that is not available
+(``SynthesisError``) keeps the current schedule and is logged once.
+
+The EWMAs and their references persist across versions: the measured topology is
+always "nominal × what each overlay link delivers now relative to when healthy"
+(:mod:`.drift`), so a new schedule is judged on the same evidence, and a
+degradation that keeps deepening after a swap, or clears, flags it again — but only
+once samples of ``settle_collectives`` collectives past the one last reported when
+it was issued have arrived (the new version must have run before it is judged;
+this also damps thrashing). Samples of a communicator's first
+``settle_collectives`` collectives are ignored (start-up transients).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mccl.control.drift import (
+    CutProfile,
+    DriftResult,
+    OverlayMap,
+    drift_test,
+    measured_capacities,
+    merge_maps,
+    overlay_map,
+    profile,
+)
+from mccl.control.ewma import OverlayEWMA, RawSample
+from mccl.errors import ControllerError, MCCLError, SynthesisError
+from mccl.schedule import Collective, Schedule, dumps_schedule, validate
+from mccl.synth import optimize
+from mccl.topology import Topology
+
+__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision"]
+
+log = logging.getLogger("mccl.control")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlConfig:
+    """``alpha``: EWMA smoothing factor (§3.2; paper prototype 0.012 at one sample per chunk
+    on GPUs — here a sample is a whole saturated window, so larger values fit). ``gamma``: the
+    drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
+    fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
+    ``synth_options``: keyword options for :func:`mccl.synth.optimize`."""
+
+    alpha: float = 0.3
+    gamma: float = 0.2
+    warmup: int = 3
+    settle_collectives: int = 3
+    synth_options: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the manager did (wall-clock ``time``, s since the epoch). ``kind``: registered,
+    flagged, synthesized, issued, aborted, unavailable, failed. ``value``: max δ (flagged),
+    synthesis seconds (synthesized, aborted), achieved GB/s on the measured topology (issued)."""
+
+    time: float
+    kind: str
+    communicator: str
+    collective: str
+    version: int
+    value: float = 0.0
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The drift test of one active schedule under the current measurements."""
+
+    communicator: str
+    collective: Collective
+    version: int
+    result: DriftResult
+    capacities_gbps: np.ndarray
+
+
+@dataclass
+class _Active:
+    schedule: Schedule
+    version: int
+    text: str
+    cut: CutProfile
+    busy: bool = False
+    judge_after_seq: int = 0
+
+
+@dataclass
+class _Communicator:
+    ewma: OverlayEWMA
+    active: dict[Collective, _Active] = field(default_factory=dict)
+    coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
+    last_seq: int = 0
+    ignore_through: int = 0
+
+
+class ScheduleManager:
+    """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
+
+    def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
+                 synthesize: Callable[..., Schedule] = optimize) -> None:
+        self.topology = topology
+        self.config = config or ControlConfig()
+        if self.config.gamma <= 0:
+            raise ControllerError(f"the drift threshold gamma must be positive, got {self.config.gamma}")
+        OverlayEWMA(2, self.config.alpha)  # checks alpha
+        self._synthesize = synthesize
+        self._nominal = topology.capacities_gbps
+        self._lock = threading.Lock()
+        self._comms: dict[str, _Communicator] = {}
+        self._unavailable: set[tuple[str, Collective]] = set()
+        self.events: list[Event] = []
+        self.samples_taken = 0
+        self.samples_ignored = 0
+
+    # ---- state ------------------------------------------------------------------------
+    def _event(self, kind: str, comm: str, collective: Collective, version: int, value: float = 0.0,
+               text: str = "") -> None:
+        self.events.append(Event(time.time(), kind, comm, collective.value, version, value, text))
+
+    def _activate(self, comm: _Communicator, schedule: Schedule, version: int, on: Topology) -> _Active:
+        covered = overlay_map(schedule, on)
+        comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
+        return _Active(schedule, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
+
+    def register(self, communicator: str, schedule: Schedule) -> int:
+        """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
+
+        A version not newer than the active one is ignored (every rank may register)."""
+        validate(schedule, self.topology)
+        version = int(schedule.meta.version)
+        with self._lock:
+            comm = self._comms.get(communicator)
+            if comm is None:
+                comm = self._comms[communicator] = _Communicator(
+                    OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup))
+                comm.ignore_through = self.config.settle_collectives
+            elif comm.ewma.n_ranks != schedule.n_ranks:
+                raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
+                                      f"{schedule.n_ranks}")
+            current = comm.active.get(schedule.collective)
+            if current is not None and current.version >= version:
+                return current.version
+            comm.active[schedule.collective] = self._activate(comm, schedule, version, self.topology)
+            self._event("registered", communicator, schedule.collective, version)
+            return version
+
+    def latest(self, communicator: str, collective: Collective | str) -> tuple[int, str] | None:
+        """(version, schedule file text) of the active schedule, or None."""
+        with self._lock:
+            comm = self._comms.get(communicator)
+            active = comm.active.get(Collective(collective)) if comm else None
+            return (active.version, active.text) if active else None
+
+    def versions(self, communicator: str) -> dict[str, int]:
+        with self._lock:
+            comm = self._comms.get(communicator)
+            return {kind.value: item.version for kind, item in comm.active.items()} if comm else {}
+
+    # ---- telemetry --------------------------------------------------------------------
+    def ingest(self, samples: Iterable[RawSample]) -> int:
+        """Fold samples into the EWMAs of their communicators; returns how many were used."""
+        taken = ignored = 0
+        with self._lock:
+            for sample in samples:
+                comm = self._comms.get(sample.communicator)
+                if comm is None or sample.seq <= comm.ignore_through:
+                    ignored += 1
+                    continue
+                comm.last_seq = max(comm.last_seq, sample.seq)
+                before = comm.ewma.ignored
+                comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps)
+                if comm.ewma.ignored == before:
+                    taken += 1
+                else:
+                    ignored += 1
+            self.samples_taken += taken
+            self.samples_ignored += ignored
+        return taken
+
+    # ---- decisions --------------------------------------------------------------------
+    def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
+        inter, intra = comm.ewma.factors()
+        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal)
+        return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
+
+    def check(self) -> list[Decision]:
+        """The drift test of every active schedule whose overlay links have references."""
+        decisions = []
+        with self._lock:
+            for name, comm in self._comms.items():
+                if comm.ewma.learned == 0:
+                    continue
+                for kind, active in comm.active.items():
+                    if comm.last_seq > active.judge_after_seq:
+                        decisions.append(self._decide(name, comm, kind, active))
+        return decisions
+
+    def step(self) -> list[Event]:
+        """Check every schedule; re-synthesize the flagged ones (synchronously); the events of this step."""
+        first = len(self.events)
+        for decision in self.check():
+            if decision.result.flagged:
+                self.reoptimize(decision)
+        return self.events[first:]
+
+    def reoptimize(self, decision: Decision) -> Schedule | None:
+        """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
+        name, kind = decision.communicator, decision.collective
+        with self._lock:
+            comm = self._comms[name]
+            active = comm.active[kind]
+            if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+                return None
+            active.busy = True
+            self._event("flagged", name, kind, active.version, decision.result.max_deviation,
+                        f"link {decision.result.worst_link}")
+        try:
+            return self._reoptimize(name, comm, kind, active, decision)
+        finally:
+            with self._lock:
+                active.busy = False
+
+    def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
+                    decision: Decision) -> Schedule | None:
+        measured = self.topology.with_capacities(decision.capacities_gbps, name=f"{self.topology.name}+measured")
+        start = time.perf_counter()
+        try:
+            schedule = self._synthesize(measured, kind, active.schedule.ranks, previous=active.schedule,
+                                        **dict(self.config.synth_options))
+            validate(schedule, self.topology)
+        except SynthesisError as error:
+            with self._lock:
+                if "not available" in str(error):
+                    self._unavailable.add((name, kind))
+                    log.warning("mccl controller: %s synthesis is not available (%s); keeping the current "
+                                "schedules of that collective", kind.value, error)
+                    self._event("unavailable", name, kind, active.version, text=str(error))
+                else:
+                    self._event("failed", name, kind, active.version, text=str(error))
+            return None
+        except MCCLError as error:
+            with self._lock:
+                self._event("failed", name, kind, active.version, text=str(error))
+            return None
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._event("synthesized", name, kind, active.version, seconds)
+            again = self._decide(name, comm, kind, active)
+            if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
+                self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
+                return None
+            version = active.version + 1
+            schedule = schedule.with_meta(version=version)
+            comm.active[kind] = self._activate(comm, schedule, version, measured)
+            self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
+                        f"synthesized in {seconds * 1e3:.1f} ms")
+            return schedule

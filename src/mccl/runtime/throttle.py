@@ -1,0 +1,109 @@
+"""An emulated gray failure: sends to some peers paced at a lower rate (a real delay).
+
+For demos and tests on one machine, where every rank pair runs at loopback speed:
+``Transport.throttle(peers, gbps)`` makes every later send from this rank to any of
+``peers`` wait for its serialization time at ``gbps`` before it is posted, through
+one shared pacer — the peers share the slowed link, as the pairs behind one degraded
+NIC cable do. The data really arrives that much later, so the executor's passive
+telemetry (§5) sees the slow link exactly as it would see a real one.
+
+The pacer is a thread that idle-waits (no GIL-holding spin: that slows gloo 5–14×)
+and posts each send when its time comes, in order; a second thread is the only
+one that waits on the posted gloo Work (a gloo send must not be waited on twice)
+and stamps :attr:`PacedWork.completed_at` — the time the data really left, which
+the executor hands to the telemetry meters. The eager driver otherwise notices a
+completion only after its current wait returns, so one slow link would blur the
+measured rate of every other peer of the rank (head-of-line blocking). The
+executor waits on a :class:`PacedWork` as on any gloo Work. gloo only (NCCL sends
+are enqueued on a stream, which a CPU-side delay would not model).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from mccl.errors import MCCLError
+
+__all__ = ["Pacer", "PacedWork"]
+
+
+class PacedWork:
+    """A send that the pacer posts later; ``wait``/``is_completed`` like a torch Work."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.completed_at: float | None = None  # time.perf_counter() when the send completed
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self.completed_at = time.perf_counter()
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> bool:
+        self._done.wait()  # idle wait, the GIL is free
+        if self._error is not None:
+            raise MCCLError(f"a paced send failed: {self._error}") from self._error
+        return True
+
+
+class Pacer:
+    """One emulated link at ``gbps``: sends leave in order, each after ``bytes · 8 / gbps`` of link time."""
+
+    def __init__(self, gbps: float) -> None:
+        if not gbps > 0:
+            raise MCCLError(f"a throttle rate must be positive, got {gbps} Gbit/s")
+        self.gbps = float(gbps)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._free_at = 0.0
+        self._sleep = threading.Event()
+        self._posted: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mccl-pacer", daemon=True)
+        self._waiter = threading.Thread(target=self._wait_posted, name="mccl-pacer-wait", daemon=True)
+        self._thread.start()
+        self._waiter.start()
+
+    def submit(self, post: Callable[[], object], nbytes: int) -> PacedWork:
+        work = PacedWork()
+        self._queue.put((post, nbytes, work))
+        return work
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        self._waiter.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._posted.put(None)
+                return
+            post, nbytes, work = item
+            start = max(time.perf_counter(), self._free_at)
+            self._free_at = start + nbytes * 8 / (self.gbps * 1e9)
+            delay = self._free_at - time.perf_counter()
+            if delay > 0:
+                self._sleep.wait(delay)  # idle wait, the GIL is free
+            try:
+                self._posted.put((post(), work))
+            except BaseException as error:  # handed to the waiting executor
+                work._finish(error)
+
+    def _wait_posted(self) -> None:
+        while True:
+            item = self._posted.get()
+            if item is None:
+                return
+            posted, work = item
+            try:
+                posted.wait()  # no timeout: an expired wait breaks a gloo group for good
+                work._finish()
+            except BaseException as error:
+                work._finish(error)

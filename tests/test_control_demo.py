@@ -1,0 +1,20 @@
+"""``mccl demo --quick``: the closed loop end to end, as a user runs it (one bounded subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.timeout(180)
+def test_demo_quick_closes_the_loop():
+    result = subprocess.run([sys.executable, "-m", "mccl.cli.main", "demo", "--quick"], capture_output=True,
+                            text=True, timeout=170)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "rank 0's NIC (gpu0 -> tor0.0) degraded" in out
+    assert "flagged" in out and "issued" in out and "swapped to v2" in out
+    assert "WRONG" not in out and "every result equal to torch's" in out
+    assert "detection" in out and "recovered" in out

@@ -1,0 +1,55 @@
+"""EWMA smoothing of overlay links (mccl-paper §3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mccl.control.ewma import OverlayEWMA, RawSample
+from mccl.errors import ControllerError
+
+
+def test_ewma_by_hand():
+    ewma = OverlayEWMA(4, 0.25, warmup=2)
+    ewma.update("inter", 0, 2, 8.0)  # first sample initializes
+    assert ewma.inter[0, 2] == 8.0 and np.isnan(ewma.inter_reference[0, 2])
+    ewma.update("inter", 0, 2, 4.0)  # 0.25·4 + 0.75·8 = 7, the warm-up's last: reference 7
+    assert ewma.inter[0, 2] == pytest.approx(7.0) and ewma.inter_reference[0, 2] == pytest.approx(7.0)
+    ewma.update("inter", 0, 2, 0.0 + 3.5)  # 0.25·3.5 + 0.75·7 = 6.125
+    inter, intra = ewma.factors()
+    assert inter[0, 2] == pytest.approx(6.125 / 7.0) and np.isnan(inter[2, 0]) and np.all(np.isnan(intra))
+    ewma.update("intra", 3, -1, 10.0)
+    ewma.update("intra", 3, -1, 10.0)
+    assert ewma.factors()[1][3] == pytest.approx(1.0) and ewma.learned == 2
+
+
+def test_bad_samples_are_counted_not_used():
+    ewma = OverlayEWMA(2, 0.5)
+    for kind, rank, peer, gbps in (("inter", 5, 0, 1.0), ("inter", 0, 0, 1.0), ("inter", 0, 1, float("nan")),
+                                   ("inter", 0, 1, -1.0), ("bogus", 0, 1, 1.0)):
+        ewma.update(kind, rank, peer, gbps)
+    assert ewma.ignored == 5 and np.all(np.isnan(ewma.inter))
+    taken = ewma.update_many([RawSample("inter", "c", 0, 1, 1000, 1e-6, 0.0, 1),
+                              RawSample("inter", "c", 9, 1, 1000, 1e-6, 0.0, 1)])
+    assert taken == 1 and ewma.inter[0, 1] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5])
+def test_alpha_out_of_range_is_named(alpha):
+    with pytest.raises(ControllerError, match="alpha"):
+        OverlayEWMA(4, alpha)
+
+
+@given(alpha=st.floats(0.01, 1.0), level=st.floats(0.1, 100.0), step=st.floats(0.05, 0.95), k=st.integers(1, 50))
+def test_step_response_is_geometric(alpha, level, step, k):
+    """After a step from ``level`` to ``step·level``, k samples leave (1-α)^k of the gap: the
+    detection-latency law the benchmark measures."""
+    ewma = OverlayEWMA(2, alpha, warmup=1)
+    ewma.update("inter", 0, 1, level)
+    for _ in range(k):
+        ewma.update("inter", 0, 1, step * level)
+    expected = step * level + (1 - alpha) ** k * (1 - step) * level
+    assert ewma.inter[0, 1] == pytest.approx(expected, rel=1e-9)
+    assert ewma.factors()[0][0, 1] == pytest.approx(expected / level, rel=1e-9)

@@ -1,0 +1,144 @@
+"""The Schedule Manager end to end with the real tree-packing synthesizer (mccl-paper §3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mccl.control import ControlConfig, RawSample, ScheduleManager
+from mccl.errors import ControllerError
+from mccl.schedule import link_load, steady_state_algbw, validate
+from mccl.synth import direct_alltoall, optimize
+from mccl.topology import fail2, rail_optimized
+
+
+def samples(n: int, seq: int, slow_rank: int | None = None, factor: float = 50 / 400, communicator: str = "job"):
+    """One round of telemetry on a 2-host fabric of n ranks: every cross-host pair and every rank's
+    injection at 10 Gbit/s; pairs through ``slow_rank``'s NIC at ``factor`` of that (Fail2 = 50/400)."""
+    half = n // 2
+    out = []
+    for i in range(n):
+        out.append(RawSample("intra", communicator, i, -1, 10**9, 0.8, 0.0, seq))
+        for j in range(n):
+            if (i < half) != (j < half):
+                rate = 10.0 * (factor if slow_rank in (i, j) else 1.0)
+                out.append(RawSample("inter", communicator, i, j, int(rate * 1e9 / 8 * 0.01), 0.01, 0.0, seq))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hpn_schedule():
+    topology = rail_optimized(1, 2, 8)
+    return topology, optimize(topology, "allgather").with_meta(version=1)
+
+
+def test_fail2_is_detected_resynthesized_validated_and_versioned(hpn_schedule):
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    assert manager.register("job", schedule) == 1
+    for seq in range(1, 5):  # seq 1 is ignored (start-up), 2-3 learn references, 4 healthy
+        manager.ingest(samples(16, seq))
+    assert manager.step() == [] and manager.versions("job") == {"allgather": 1}
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    events = manager.step()
+    assert [event.kind for event in events] == ["flagged", "synthesized", "issued"]
+    version, text = manager.latest("job", "allgather")
+    assert version == 2
+    from mccl.schedule import loads_schedule
+
+    issued = loads_schedule(text)
+    validate(issued, topology)
+    assert issued.meta.version == 2 and issued.meta.stat("kept_fraction") is not None  # warm-started
+    # on the real Fail2 fabric the new schedule beats the old one by far, and matches a cold synthesis
+    real = fail2(topology)
+    old = steady_state_algbw(link_load(schedule, len(real.links)), real.capacities_gbps, 16)
+    new = steady_state_algbw(link_load(issued, len(real.links)), real.capacities_gbps, 16)
+    assert new > 5 * old
+    assert new == pytest.approx(optimize(real, "allgather").meta.achieved_gbs, rel=0.02)
+    # the same measurements keep flagging nothing: the new schedule fits them
+    for seq in range(12, 20):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert manager.step() == []
+
+
+def test_uniform_slowdown_does_not_resynthesize(hpn_schedule):
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    manager.register("job", schedule)
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    for seq in range(5, 12):  # every overlay link at 30%: a uniformly scaled fabric
+        manager.ingest([RawSample(s.kind, s.communicator, s.rank, s.peer, int(s.bytes * 0.3), s.seconds, 0.0, seq)
+                        for s in samples(16, seq)])
+    assert manager.step() == []
+    decision = manager.check()[0]
+    assert decision.result.max_deviation == pytest.approx(0.0, abs=1e-9)
+
+
+def test_degradation_that_clears_during_synthesis_is_aborted(hpn_schedule):
+    topology, schedule = hpn_schedule
+
+    def synthesize_while_it_clears(*args, **kwargs):
+        for seq in range(100, 110):  # the link recovers while the synthesizer runs
+            manager.ingest(samples(16, seq))
+        return optimize(*args, **kwargs)
+
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1),
+                              synthesize=synthesize_while_it_clears)
+    manager.register("job", schedule)
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    kinds = [event.kind for event in manager.step()]
+    assert kinds == ["flagged", "synthesized", "aborted"] and manager.versions("job") == {"allgather": 1}
+
+
+def test_unavailable_synthesizer_keeps_the_schedule_and_logs_once(caplog):
+    topology = rail_optimized(1, 2, 2)
+    schedule = direct_alltoall(topology).with_meta(version=1)
+    manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.05, warmup=1, settle_collectives=0))
+    manager.register("job", schedule)
+    manager.ingest(samples(4, 1))
+    for round_ in range(3):
+        manager.ingest(samples(4, 2 + round_, slow_rank=0, factor=0.05))
+        manager.step()
+    kinds = [event.kind for event in manager.events]
+    assert kinds.count("unavailable") == 1 and "issued" not in kinds
+    assert manager.versions("job") == {"alltoall": 1}
+    assert sum("not available" in record.message for record in caplog.records) == 1
+
+
+def test_register_rules(hpn_schedule):
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology)
+    assert manager.register("job", schedule) == 1
+    assert manager.register("job", schedule.with_meta(version=0)) == 1  # older: ignored
+    with pytest.raises(ControllerError, match="ranks"):
+        manager.register("job", optimize(topology, "allgather", topology.gpus[:8]))
+    with pytest.raises(ControllerError, match="gamma"):
+        ScheduleManager(topology, ControlConfig(gamma=0.0))
+    assert manager.ingest(samples(16, 50, communicator="unknown")) == 0 and manager.samples_ignored > 0
+    assert np.isfinite(manager.samples_taken)
+
+
+def test_a_degradation_that_clears_after_the_swap_brings_the_nominal_schedule_back(hpn_schedule):
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    manager.register("job", schedule)
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    manager.step()
+    assert manager.versions("job") == {"allgather": 2}
+    for seq in range(12, 30):  # the cable is repaired: every factor back to 1
+        manager.ingest(samples(16, seq))
+    kinds = [event.kind for event in manager.step()]
+    assert kinds == ["flagged", "synthesized", "issued"] and manager.versions("job") == {"allgather": 3}
+    from mccl.schedule import loads_schedule
+
+    back = loads_schedule(manager.latest("job", "allgather")[1])
+    healthy = steady_state_algbw(link_load(back, len(topology.links)), topology.capacities_gbps, 16)
+    assert healthy == pytest.approx(schedule.meta.achieved_gbs, rel=0.02)

@@ -1,0 +1,184 @@
+"""The controller service and client over real ZeroMQ sockets on loopback (no mocks)."""
+
+from __future__ import annotations
+
+import socket as socket_module
+import time
+
+import pytest
+import zmq
+
+from mccl.control import ControlConfig, ControllerClient, ControllerService, RawSample, ScheduleManager
+from mccl.control.protocol import decode, encode, telemetry_message
+from mccl.errors import ControllerError
+from mccl.schedule import validate
+from mccl.synth import optimize
+from mccl.topology import rail_optimized
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPOLOGY = rail_optimized(1, 2, 2)
+
+
+def round_of(seq: int, slow: bool) -> list[RawSample]:
+    """Telemetry of 4 ranks on 2 hosts; ``slow``: gpu0's NIC cable at 1/8."""
+    out = []
+    for i in range(4):
+        out.append(RawSample("intra", "job", i, -1, 10**7, 0.008, time.time(), seq))
+        for j in range(4):
+            if (i < 2) != (j < 2):
+                rate = 10.0 / 8 if slow and 0 in (i, j) else 10.0
+                out.append(RawSample("inter", "job", i, j, int(rate * 1e9 / 8 * 0.01), 0.01, time.time(), seq))
+    return out
+
+
+def poll_until(client: ControllerClient, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        schedule = client.poll()
+        if schedule is not None:
+            return schedule
+        time.sleep(0.01)
+    raise AssertionError("no schedule arrived")
+
+
+@pytest.fixture()
+def service():
+    manager = ScheduleManager(TOPOLOGY, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    server = ControllerService(manager, "tcp://127.0.0.1:*", check_interval_s=0.01).start()
+    yield server
+    server.stop()
+
+
+def test_round_trip_telemetry_in_new_schedule_out(service):
+    schedule = optimize(TOPOLOGY, "allgather").with_meta(version=1)
+    clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=0.01)
+               for rank in range(4)]
+    try:
+        assert clients[0].register(schedule) == 1
+        for client in clients:
+            assert client.poll() is None  # nothing newer than what it runs
+        for seq in range(1, 5):
+            clients[seq % 4].submit(round_of(seq, slow=False))
+        for seq in range(5, 12):
+            clients[seq % 4].submit(round_of(seq, slow=True))
+        received = [poll_until(client) for client in clients]
+        assert {item.meta.version for item in received} == {2}
+        validate(received[0], TOPOLOGY)
+        assert all(client.dropped == 0 for client in clients)
+        status = clients[1].status()
+        kinds = [event["kind"] for event in status["events"]]
+        assert kinds[:1] == ["registered"] and "issued" in kinds
+        assert status["stats"]["samples"] == sum(client.sent_samples for client in clients) > 0
+        assert clients[2].poll() is None  # already has v2
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_fail_static_when_the_service_dies():
+    manager = ScheduleManager(TOPOLOGY)
+    server = ControllerService(manager, "tcp://127.0.0.1:*").start()
+    client = ControllerClient(server.address, "job", 0, timeout_s=0.3, interval_s=0.01)
+    try:
+        client.poll()
+        time.sleep(0.05)
+        assert client.poll() is None  # answered: idle
+        server.stop()
+        deadline = time.monotonic() + 5
+        with pytest.raises(ControllerError, match="did not answer"):
+            while time.monotonic() < deadline:
+                client.poll()
+                time.sleep(0.02)
+        with pytest.raises(ControllerError):  # and stays lost: the runtime keeps its schedule
+            client.poll()
+        client.submit(round_of(1, slow=False))  # telemetry to a dead service is dropped, never blocks
+        assert client.dropped > 0
+    finally:
+        client.close()
+
+
+def test_telemetry_without_a_service_is_dropped_and_counted():
+    with socket_module.socket() as probe:  # a port nobody serves
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = ControllerClient(f"tcp://127.0.0.1:{port}", "job", 0)
+    try:
+        start = time.perf_counter()
+        for _ in range(100):
+            client.submit(round_of(1, slow=False))
+        assert time.perf_counter() - start < 1.0
+        assert client.dropped == 100 * len(round_of(1, slow=False)) and client.sent_samples == 0
+    finally:
+        client.close()
+
+
+def test_bad_messages_are_answered_and_counted(service):
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(service.address)
+    try:
+        socket.send(b"not json")
+        socket.send(encode("bogus"))
+        assert socket.poll(5000)
+        reply = decode(socket.recv())
+        assert reply["op"] == "error" and "unknown" in reply["message"]
+        socket.send(b'{"v": 99, "op": "status"}')
+        socket.send(telemetry_message([]).replace(b'"samples":[]', b'"samples":[["inter"]]'))
+        socket.send(encode("status"))
+        assert socket.poll(5000)
+        reply = decode(socket.recv())
+        while reply["op"] != "status":
+            assert socket.poll(5000)
+            reply = decode(socket.recv())
+        assert reply["stats"]["malformed"] >= 3
+    finally:
+        socket.close()
+    with pytest.raises(ControllerError, match="protocol version"):
+        decode(b'{"v": 2, "op": "poll"}')
+
+
+def test_register_of_an_invalid_schedule_is_refused(service):
+    client = ControllerClient(service.address, "job", 0)
+    try:
+        other = optimize(rail_optimized(1, 2, 4), "allgather")  # GPUs the service's fabric lacks
+        with pytest.raises(ControllerError, match="refused"):
+            client.register(other)
+    finally:
+        client.close()
+
+
+def test_bind_errors_are_named(service):
+    with pytest.raises(ControllerError, match="cannot bind"):
+        ControllerService(ScheduleManager(TOPOLOGY), service.address)
+
+
+def test_controller_command_serves_and_bad_input_is_one_line():
+    import subprocess
+    import sys
+
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "mccl.cli.main", "controller", "--topology",
+                                "rail_optimized(1,2,2)", "--bind", endpoint], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    client = ControllerClient(endpoint, "job", 0)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.request("status", timeout_s=1.0)["op"] == "status"
+                break
+            except ControllerError:
+                assert time.monotonic() < deadline and process.poll() is None
+        assert client.register(optimize(TOPOLOGY, "allgather").with_meta(version=3)) == 3
+    finally:
+        client.close()
+        process.terminate()
+        process.communicate(timeout=10)
+    bad = subprocess.run([sys.executable, "-m", "mccl.cli.main", "controller", "--topology", "nonsense(1)"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "mccl:" in bad.stderr
