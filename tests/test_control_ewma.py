@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mccl.control.ewma import OverlayEWMA, RawSample
+from mccl.control.ewma import OverlayEWMA
 from mccl.errors import ControllerError
+from mccl.telemetry import Sample
 
 
 def test_ewma_by_hand():
@@ -31,8 +32,8 @@ def test_bad_samples_are_counted_not_used():
                                    ("inter", 0, 1, -1.0), ("bogus", 0, 1, 1.0)):
         ewma.update(kind, rank, peer, gbps)
     assert ewma.ignored == 5 and np.all(np.isnan(ewma.inter))
-    taken = ewma.update_many([RawSample("inter", "c", 0, 1, 1000, 1e-6, 0.0, 1),
-                              RawSample("inter", "c", 9, 1, 1000, 1e-6, 0.0, 1)])
+    taken = ewma.update_many([Sample("inter", "c", 0, 1, 1000, 1e-6, 0.0, 1),
+                              Sample("inter", "c", 9, 1, 1000, 1e-6, 0.0, 1)])
     assert taken == 1 and ewma.inter[0, 1] == pytest.approx(8.0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mccl.control import ControlConfig, RawSample, ScheduleManager
+from mccl.control import ControlConfig, Sample, ScheduleManager
 from mccl.errors import ControllerError
 from mccl.schedule import link_load, steady_state_algbw, validate
 from mccl.synth import direct_alltoall, optimize
@@ -18,11 +18,11 @@ def samples(n: int, seq: int, slow_rank: int | None = None, factor: float = 50 /
     half = n // 2
     out = []
     for i in range(n):
-        out.append(RawSample("intra", communicator, i, -1, 10**9, 0.8, 0.0, seq))
+        out.append(Sample("intra", communicator, i, -1, 10**9, 0.8, 0.0, seq))
         for j in range(n):
             if (i < half) != (j < half):
                 rate = 10.0 * (factor if slow_rank in (i, j) else 1.0)
-                out.append(RawSample("inter", communicator, i, j, int(rate * 1e9 / 8 * 0.01), 0.01, 0.0, seq))
+                out.append(Sample("inter", communicator, i, j, int(rate * 1e9 / 8 * 0.01), 0.01, 0.0, seq))
     return out
 
 
@@ -69,7 +69,7 @@ def test_uniform_slowdown_does_not_resynthesize(hpn_schedule):
     for seq in range(1, 5):
         manager.ingest(samples(16, seq))
     for seq in range(5, 12):  # every overlay link at 30%: a uniformly scaled fabric
-        manager.ingest([RawSample(s.kind, s.communicator, s.rank, s.peer, int(s.bytes * 0.3), s.seconds, 0.0, seq)
+        manager.ingest([Sample(s.kind, s.communicator, s.rank, s.peer, int(s.bytes * 0.3), s.seconds, 0.0, seq)
                         for s in samples(16, seq)])
     assert manager.step() == []
     decision = manager.check()[0]

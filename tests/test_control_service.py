@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from mccl.control import ControlConfig, ControllerClient, ControllerService, RawSample, ScheduleManager
+from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
 from mccl.control.protocol import decode, encode, telemetry_message
 from mccl.errors import ControllerError
 from mccl.schedule import validate
@@ -20,15 +20,15 @@ pytestmark = pytest.mark.timeout(60)
 TOPOLOGY = rail_optimized(1, 2, 2)
 
 
-def round_of(seq: int, slow: bool) -> list[RawSample]:
+def round_of(seq: int, slow: bool) -> list[Sample]:
     """Telemetry of 4 ranks on 2 hosts; ``slow``: gpu0's NIC cable at 1/8."""
     out = []
     for i in range(4):
-        out.append(RawSample("intra", "job", i, -1, 10**7, 0.008, time.time(), seq))
+        out.append(Sample("intra", "job", i, -1, 10**7, 0.008, time.time(), seq))
         for j in range(4):
             if (i < 2) != (j < 2):
                 rate = 10.0 / 8 if slow and 0 in (i, j) else 10.0
-                out.append(RawSample("inter", "job", i, j, int(rate * 1e9 / 8 * 0.01), 0.01, time.time(), seq))
+                out.append(Sample("inter", "job", i, j, int(rate * 1e9 / 8 * 0.01), 0.01, time.time(), seq))
     return out
 
 

@@ -11,9 +11,10 @@ Imports neither torch nor ``mccl.runtime``: the client satisfies the runtime's
 
 from mccl.control.client import ControllerClient
 from mccl.control.drift import CutProfile, DriftResult, drift_test, measured_capacities, overlay_map, profile
-from mccl.control.ewma import OverlayEWMA, RawSample
+from mccl.control.ewma import OverlayEWMA
 from mccl.control.manager import ControlConfig, Decision, Event, ScheduleManager
 from mccl.control.service import ControllerService
+from mccl.telemetry import Sample
 
 __all__ = [
     "ControlConfig",
@@ -24,7 +25,7 @@ __all__ = [
     "DriftResult",
     "Event",
     "OverlayEWMA",
-    "RawSample",
+    "Sample",
     "ScheduleManager",
     "drift_test",
     "measured_capacities",

@@ -21,35 +21,13 @@ NVLink/RDMA on GPUs), only on relative change. The state is plain numpy arrays;
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from mccl.errors import ControllerError
+from mccl.telemetry import INTER, INTRA, Sample
 
-__all__ = ["INTER", "INTRA", "RawSample", "OverlayEWMA"]
-
-INTER = "inter"
-INTRA = "intra"
-
-
-@dataclass(frozen=True)
-class RawSample:
-    """One measurement window as the controller receives it (see ``mccl.runtime.sources.Sample``)."""
-
-    kind: str
-    communicator: str
-    rank: int
-    peer: int
-    bytes: int
-    seconds: float
-    end_time: float
-    seq: int
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes * 8 / self.seconds / 1e9 if self.seconds > 0 else float("inf")
-
+__all__ = ["INTER", "INTRA", "OverlayEWMA", "Sample"]
 
 class OverlayEWMA:
     """Smoothed throughput of every overlay link of one communicator (see module docstring)."""
@@ -101,7 +79,7 @@ class OverlayEWMA:
         else:
             self.ignored += 1
 
-    def update_many(self, samples: Iterable[RawSample]) -> int:
+    def update_many(self, samples: Iterable[Sample]) -> int:
         """Fold samples in arrival order (EWMA is order-dependent); returns how many were taken."""
         before = self.ignored
         count = 0

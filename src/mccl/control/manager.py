@@ -44,10 +44,11 @@ from mccl.control.drift import (
     overlay_map,
     profile,
 )
-from mccl.control.ewma import OverlayEWMA, RawSample
+from mccl.control.ewma import OverlayEWMA
 from mccl.errors import ControllerError, MCCLError, SynthesisError
 from mccl.schedule import Collective, Schedule, dumps_schedule, validate
 from mccl.synth import optimize
+from mccl.telemetry import Sample
 from mccl.topology import Topology
 
 __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision"]
@@ -180,7 +181,7 @@ class ScheduleManager:
             return {kind.value: item.version for kind, item in comm.active.items()} if comm else {}
 
     # ---- telemetry --------------------------------------------------------------------
-    def ingest(self, samples: Iterable[RawSample]) -> int:
+    def ingest(self, samples: Iterable[Sample]) -> int:
         """Fold samples into the EWMAs of their communicators; returns how many were used."""
         taken = ignored = 0
         with self._lock:

@@ -6,7 +6,7 @@ sockets to it, one for telemetry (send only) and one for requests (see
 (protocol version) and ``"op"``:
 
 * ``telemetry`` — ``samples``: rows ``[kind, communicator, rank, peer, bytes, seconds,
-  end_time, seq]`` (the fields of ``mccl.runtime.Sample``); no reply.
+  end_time, seq]`` (the fields of ``mccl.telemetry.Sample``); no reply.
 * ``poll`` — ``communicator``, ``rank``, ``have`` ({collective: version}); reply
   ``schedule`` (``collective``, ``version``, ``schedule``: a schedule file's JSON
   text, :func:`mccl.schedule.dumps_schedule`) when a newer version is active, else
@@ -23,8 +23,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from mccl.control.ewma import RawSample
 from mccl.errors import ControllerError
+from mccl.telemetry import Sample
 
 __all__ = ["PROTOCOL_VERSION", "encode", "decode", "telemetry_message", "samples_of"]
 
@@ -49,18 +49,18 @@ def decode(frame: bytes) -> dict[str, Any]:
 
 
 def telemetry_message(samples: Sequence[Any]) -> bytes:
-    """Encode samples (anything with the fields of ``mccl.runtime.Sample``)."""
+    """Encode samples (anything with the fields of ``mccl.telemetry.Sample``)."""
     rows = [[s.kind, s.communicator, int(s.rank), int(s.peer), int(s.bytes), float(s.seconds), float(s.end_time),
              int(s.seq)] for s in samples]
     return encode("telemetry", samples=rows)
 
 
-def samples_of(message: dict[str, Any]) -> list[RawSample]:
+def samples_of(message: dict[str, Any]) -> list[Sample]:
     rows = message.get("samples")
     if not isinstance(rows, list):
         raise ControllerError("a telemetry message needs a 'samples' list")
     try:
-        return [RawSample(str(kind), str(comm), int(rank), int(peer), int(nbytes), float(seconds), float(end), int(seq))
+        return [Sample(str(kind), str(comm), int(rank), int(peer), int(nbytes), float(seconds), float(end), int(seq))
                 for kind, comm, rank, peer, nbytes, seconds, end, seq in rows]
     except (TypeError, ValueError) as error:
         raise ControllerError(f"a telemetry row is malformed: {error}") from None

@@ -21,38 +21,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from mccl.errors import ControllerError
 from mccl.schedule import Schedule
+from mccl.telemetry import Sample
 
 __all__ = ["Sample", "ScheduleSource", "TelemetrySink", "LocalScheduleSource", "MemorySink"]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measurement window (mccl-paper §5): ``bytes`` moved in ``seconds`` while saturated.
-
-    ``kind``: ``"intra"`` — the rank's cumulative injection rate into its host fabric
-    (all peers on its host together, §3.3), ``peer`` is -1; ``"inter"`` — one rank
-    pair across hosts. ``end_time``: wall clock (s since the epoch) when the window
-    closed. ``seq``: the communicator's sequence number of the collective.
-    """
-
-    kind: str
-    communicator: str
-    rank: int
-    peer: int
-    bytes: int
-    seconds: float
-    end_time: float
-    seq: int
-
-    @property
-    def gbps(self) -> float:
-        """The measured rate in Gbit/s (topology units)."""
-        return self.bytes * 8 / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ channels ≥ threshold N" rule of §5.1, here: while at least N sends to that pe
 (inter-host) or to the rank's host (intra-host) are in flight — so start-up and tail
 transients do not bias the rate. The window opens when the N-th send is posted,
 counts the bytes of sends that complete while it is open, and closes (emitting one
-:class:`~mccl.runtime.sources.Sample`) when fewer than N remain in flight.
+:class:`~mccl.telemetry.Sample`) when fewer than N remain in flight.
 
 Intra-host samples are the rank's cumulative injection rate into its host fabric
 (all same-host peers together), inter-host samples are per rank pair (§3.3).
