@@ -6,6 +6,7 @@ filled in. Baselines today: rings (naive, NCCL-style, locality-aware) and direct
 AllToAll; bounds every schedule must respect live in :mod:`mccl.synth.bounds`.
 """
 
+from mccl.synth.alltoall import synthesize as synthesize_alltoall
 from mccl.synth.bounds import CutBound, allgather_cut_bound
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.direct import direct_alltoall
@@ -36,4 +37,5 @@ __all__ = [
     "nccl_ring_orders",
     "optimize",
     "ring_schedule",
+    "synthesize_alltoall",
 ]
