@@ -116,7 +116,7 @@ def synthesize(
     if time_limit_s is not None and not time_limit_s > 0:
         raise SynthesisError(f"time_limit_s must be positive, got {time_limit_s}")
     if previous is not None:
-        ranks = check_previous(previous, ranks)
+        ranks = check_previous(previous, ranks, topology)
     if max_steps == "auto":
         max_steps = minimal_steps(topology, ranks)
     elif max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):

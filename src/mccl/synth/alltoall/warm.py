@@ -14,6 +14,7 @@ solution. Column generation then prices from there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from mccl.schedule import Collective, Schedule
 from mccl.synth.alltoall.network import Network
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import PathBatch
+from mccl.topology import Topology
 
 __all__ = ["WarmStart", "seed_from_schedule", "check_previous"]
 
@@ -38,10 +40,22 @@ class WarmStart:
         return self.kept / self.routes if self.routes else 0.0
 
 
-def check_previous(previous: Schedule, ranks: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The ranks of a warm start: the previous schedule's, which ``ranks`` (if given) must equal."""
+def _base_name(name: str) -> str:
+    """A topology's name without the faults appended to it (``X+Fail2(gpu0)`` -> ``X``)."""
+    return name.split("+", 1)[0]
+
+
+def check_previous(previous: Schedule, ranks: Sequence[str] | None, topology: Topology) -> tuple[str, ...]:
+    """The ranks of a warm start: the previous schedule's, which ``ranks`` (if given) must equal.
+
+    A schedule made for another fabric (its topology's name, faults aside, differs) is refused.
+    """
     if not isinstance(previous, Schedule):
         raise SynthesisError(f"previous must be a Schedule, got {type(previous).__name__}")
+    made_for = previous.meta.topology
+    if made_for and _base_name(made_for) != _base_name(topology.name):
+        raise SynthesisError(f"the previous schedule was made for topology {made_for!r}, not {topology.name!r}; "
+                             "a warm start needs a schedule of the same fabric")
     if previous.collective is not Collective.ALLTOALL:
         raise SynthesisError(f"cannot warm-start an AllToAll from a {previous.collective.value} schedule")
     if ranks is not None and tuple(ranks) != previous.ranks:
