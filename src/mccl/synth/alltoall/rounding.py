@@ -9,7 +9,10 @@ distribution over paths (the trees' weights, normalised per tensor);
 the rounded schedule's rate is ``min_a cap_a / load_a`` with
 ``load_a = Σ m / K`` over the paths through a.
 
-Deep dive (diving heuristic, Huin et al. 2023): fix the integral parts of u;
+First the largest-remainder rounding of every block; when it is within 0.1% of
+the LP (large fabrics: thousands of blocks share each link and their errors
+cancel) it is kept. Otherwise, deep dive (diving heuristic, Huin et al. 2023):
+fix the integral parts of u;
 then repeatedly solve the LP "place each block's remaining units on its paths,
 minimising the maximum utilization" (HiGHS), fix every integral part of that
 solution, round up the most fractional placements (the largest fractional part
@@ -49,28 +52,49 @@ class Placement:
 
 
 def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links: np.ndarray,
-              capacity: np.ndarray, chunks: int, *, divisor: int = 4) -> Placement:
+              capacity: np.ndarray, chunks: int, *, divisor: int = 2, max_dives: int = 6,
+              good_enough: float = 1e-3, lp_rate: float | None = None, max_lp_entries: int = 20_000) -> Placement:
     """Round the (block, path, share) flow to ``chunks`` units per block.
 
     ``share`` sums to 1 per block; ``path_links`` is the pool's path table
-    (network link ids, -1 padded).
+    (network link ids, -1 padded). First the largest-remainder rounding of each
+    block (vectorized); if its gap to ``lp_rate`` is within ``good_enough`` the
+    dive is skipped (on large symmetric fabrics thousands of blocks share every
+    link and their rounding errors cancel). Otherwise the dive runs for at most
+    ``max_dives`` LP solves, then finishes with largest remainders of its last
+    LP, and the better of the two roundings is returned.
     """
     if chunks < 1:
         raise SynthesisError(f"chunks must be >= 1, got {chunks}")
     units = share * chunks
-    fixed = np.floor(units + _SNAP).astype(np.int64)
     blocks, block_of = np.unique(block, return_inverse=True)
+    n_links = len(capacity)
+    entry_links = path_links[path]  # (entries, H)
+    simple = _largest_remainder(block_of, units, chunks, len(blocks))
+    best = (_rate(entry_links, simple, chunks, capacity), simple, 0)
+    target = lp_rate if lp_rate is not None else _rate(entry_links, units.astype(float), chunks, capacity)
+    if best[0] >= target * (1 - good_enough):
+        return _placement(block, path, best, chunks)
+    fixed = np.floor(units + _SNAP).astype(np.int64)
     left = chunks - np.bincount(block_of, weights=fixed, minlength=len(blocks)).astype(np.int64)
     if np.any(left < 0):
         raise SynthesisError("the LP's path shares of a block exceed 1; the master solution is inconsistent")
-    n_links = len(capacity)
-    entry_links = path_links[path]  # (entries, H)
+    if np.count_nonzero(left[block_of] > 0) > max_lp_entries:
+        balanced = _balanced_greedy(block_of, units, fixed, left, entry_links, capacity, chunks)
+        candidate = (_rate(entry_links, balanced, chunks, capacity), balanced, 0)
+        return _placement(block, path, candidate if candidate[0] > best[0] else best, chunks)
     dives = 0
     while np.any(left > 0):
         open_entry = np.flatnonzero(left[block_of] > 0)
         load = _load(entry_links, fixed, chunks, n_links)
         placed = _balance_lp(block_of[open_entry], left, entry_links[open_entry], load, capacity, chunks)
         dives += 1
+        if dives >= max_dives:  # finish: largest remainders of this LP's placement
+            extra = np.zeros(len(fixed))
+            extra[open_entry] = placed
+            fixed = fixed + _largest_remainder(block_of, extra, None, len(blocks), total=left)
+            left[:] = 0
+            break
         whole = np.floor(placed + _SNAP).astype(np.int64)
         fixed[open_entry] += whole
         left -= np.bincount(block_of[open_entry], weights=whole, minlength=len(blocks)).astype(np.int64)
@@ -85,16 +109,73 @@ def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links
         order = candidates[np.lexsort((-fraction[candidates], block_of[open_entry[candidates]]))]
         first = np.ones(len(order), dtype=bool)
         first[1:] = block_of[open_entry[order]][1:] != block_of[open_entry[order]][:-1]
-        best = order[first]
-        take = max(1, -(-len(best) // divisor))
-        chosen = best[np.argsort(-fraction[best], kind="stable")[:take]]
+        top = order[first]
+        take = max(1, -(-len(top) // divisor))
+        chosen = top[np.argsort(-fraction[top], kind="stable")[:take]]
         fixed[open_entry[chosen]] += 1
         left -= np.bincount(block_of[open_entry[chosen]], minlength=len(blocks)).astype(np.int64)
-    keep = fixed > 0
-    load = _load(entry_links, fixed, chunks, n_links)
-    used = load > 0
-    rate = float(np.min(capacity[used] / load[used])) if np.any(used) else float("inf")
-    return Placement(block[keep], path[keep], fixed[keep], chunks, rate, dives)
+    dived = (_rate(entry_links, fixed, chunks, capacity), fixed, dives)
+    return _placement(block, path, dived if dived[0] > best[0] else (best[0], best[1], dives), chunks)
+
+
+def _balanced_greedy(block_of: np.ndarray, units: np.ndarray, fixed: np.ndarray, left: np.ndarray,
+                     entry_links: np.ndarray, capacity: np.ndarray, chunks: int, batches: int = 64) -> np.ndarray:
+    """Rounding for instances too large for LP dives: blocks in batches, each unit of a block to the
+    entries whose busiest link would be least utilised, starting from the LP's fractional load and
+    replacing each batch's fractional parts by its whole units before the next batch decides."""
+    n_links = len(capacity)
+    load = _load(entry_links, units, chunks, n_links)  # the LP's (fractional) load
+    result = fixed.copy()
+    open_blocks = np.flatnonzero(left > 0)
+    rng = np.random.default_rng(0)
+    for batch in np.array_split(rng.permutation(open_blocks), min(batches, max(len(open_blocks), 1))):
+        in_batch = np.zeros(len(left), dtype=bool)
+        in_batch[batch] = True
+        entries = np.flatnonzero(in_batch[block_of])
+        fraction = units[entries] - fixed[entries]
+        load -= _load(entry_links[entries], fraction, chunks, n_links)
+        links = entry_links[entries]
+        util = np.where(links >= 0, (load[np.maximum(links, 0)] + 1.0 / chunks) / capacity[np.maximum(links, 0)], 0.0)
+        score = util.max(axis=1) - 1e-9 * fraction  # ties: the larger LP share first
+        owner = block_of[entries]
+        order = np.lexsort((score, owner))
+        start = np.searchsorted(owner[order], owner[order], side="left")
+        rank = np.arange(len(order)) - start
+        bump = np.zeros(len(entries), dtype=np.int64)
+        bump[order] = rank < left[owner[order]]
+        result[entries] += bump
+        load += _load(entry_links[entries], bump.astype(float), chunks, n_links)
+    return result
+
+
+def _placement(block: np.ndarray, path: np.ndarray, best: tuple[float, np.ndarray, int], chunks: int) -> Placement:
+    rate, units, dives = best
+    keep = units > 0
+    return Placement(block[keep], path[keep], units[keep].astype(np.int64), chunks, rate, dives)
+
+
+def _rate(entry_links: np.ndarray, units: np.ndarray, chunks: int, capacity: np.ndarray) -> float:
+    """min_a cap_a / load_a (Gbit/s per block) of a placement."""
+    load = _load(entry_links, units, chunks, len(capacity))
+    used = load > 1e-15
+    return float(np.min(capacity[used] / load[used])) if np.any(used) else float("inf")
+
+
+def _largest_remainder(block_of: np.ndarray, units: np.ndarray, chunks: int | None, n_blocks: int,
+                       total: np.ndarray | None = None) -> np.ndarray:
+    """Integers per entry summing to ``chunks`` (or ``total[b]``) per block: floors, then +1 to the
+    entries with the largest fractional parts (Hamilton's method)."""
+    whole = np.floor(units + _SNAP)
+    target = np.full(n_blocks, chunks, dtype=np.int64) if total is None else np.asarray(total, dtype=np.int64)
+    short = target - np.bincount(block_of, weights=whole, minlength=n_blocks).astype(np.int64)
+    fraction = units - whole
+    order = np.lexsort((-fraction, block_of))
+    sorted_block = block_of[order]
+    start = np.searchsorted(sorted_block, sorted_block, side="left")
+    rank = np.arange(len(order)) - start
+    bump = np.zeros(len(units), dtype=np.int64)
+    bump[order] = rank < short[sorted_block]
+    return whole.astype(np.int64) + bump
 
 
 def _load(entry_links: np.ndarray, units: np.ndarray, chunks: int, n_links: int) -> np.ndarray:

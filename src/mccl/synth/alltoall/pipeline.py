@@ -128,7 +128,7 @@ def synthesize(
                                         seed_rounds=seed_rounds, options=options, deadline=deadline)
     solution = result.solution
     pair, path, share = path_flows(pool, solution.x)
-    placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks))
+    placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks), lp_rate=solution.z)
     n = network.n_ranks
     bound_gbs = n * result.bound / 8.0
     lp_gbs = n * solution.z / 8.0
