@@ -218,3 +218,18 @@ def optimize_ring_schedule():
     from mccl.synth import nccl_ring
 
     return nccl_ring(rail_optimized(1, 2, 8), "allgather")
+
+
+def test_warm_start_keeps_the_previous_schedule_when_the_fault_is_off_its_cut() -> None:
+    """On 64 GPUs, Fail1 slows an NVSwitch port the healthy schedule does not saturate: the LP optimum
+    is unchanged and the previous chunks and transfers are kept (no new rounding); Fail2 hits the cut."""
+    healthy = rail_optimized(1, 8, 8)
+    previous = synthesize(healthy)
+    off_cut = fail1(healthy)
+    kept = synthesize(off_cut, previous=previous)
+    validate(kept, off_cut)
+    assert kept.meta.stat("reused_previous") == 1.0
+    assert kept.transfers == previous.transfers
+    assert kept.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-6)
+    assert kept.meta.stat("gap") <= PAPER_WORST_GAP
+    assert synthesize(fail2(healthy), previous=previous).meta.stat("reused_previous") == 0.0

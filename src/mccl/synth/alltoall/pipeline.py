@@ -13,7 +13,9 @@ the best Lagrangian bound), the achieved algbw of the rounded schedule, the
 bottleneck cut (the links whose capacity rows have a positive dual in the final
 master, with the rounded schedule's base slack on each), and the stats
 ``solve_time_s, columns, iterations, rounds, lp_gap, rounding_gap, gap, optimal``
-(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction``.
+(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction`` and
+``reused_previous`` (the previous schedule is kept as it is when it is still as
+close to the new LP optimum as its rounding was to the old one: rounding skipped).
 
 Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
 on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mccl.errors import SynthesisError
-from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut
+from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
 from mccl.synth.alltoall.build import path_flows, schedule_from_placement
 from mccl.synth.alltoall.generation import CGOptions, CGResult, run_generation, seed_columns
 from mccl.synth.alltoall.master import Master
@@ -90,6 +92,23 @@ def minimal_steps(topology: Topology, ranks: Sequence[str] | None = None, *, tol
     return low
 
 
+def _reusable(previous: Schedule, warm: WarmStart | None, topology: Topology, lp_gbs: float, chunks: int,
+              max_steps: int | None) -> bool:
+    """Whether the previous schedule, unchanged, is as close to the new LP optimum as its own rounding
+    was to the old one (mccl-paper §6.1: a fault off the bottleneck cut leaves it optimal); then the
+    rounding is skipped and the previous chunks and transfers are kept."""
+    if warm is None or warm.kept_fraction < 1.0:
+        return False
+    if dict(previous.meta.inputs).get("chunks") != str(chunks):
+        return False
+    if max_steps is not None and previous.transfers.n_steps > max_steps:
+        return False
+    load = link_load(previous, len(topology.links))
+    achieved = steady_state_algbw(load, topology.capacities_gbps, previous.n_ranks)
+    tolerated = previous.meta.stat("rounding_gap", 0.01) or 0.0
+    return achieved >= lp_gbs * (1 - tolerated - 1e-9)
+
+
 def synthesize(
     topology: Topology,
     ranks: Sequence[str] | None = None,
@@ -127,8 +146,6 @@ def synthesize(
     pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
                                         seed_rounds=seed_rounds, options=options, deadline=deadline)
     solution = result.solution
-    pair, path, share = path_flows(pool, solution.x)
-    placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks), lp_rate=solution.z)
     n = network.n_ranks
     bound_gbs = n * result.bound / 8.0
     lp_gbs = n * solution.z / 8.0
@@ -136,10 +153,17 @@ def synthesize(
               ("max_steps", "none" if max_steps is None else str(max_steps))]
     if time_limit_s is not None:
         inputs.append(("time_limit_s", f"{time_limit_s:g}"))
-    schedule = schedule_from_placement(network, pool, placement,
-                                       ScheduleMeta("alltoall.cg", topology=topology.name, inputs=tuple(inputs),
-                                                    throughput_bound_gbs=bound_gbs))
-    schedule = describe_on(schedule, topology)
+    meta = ScheduleMeta("alltoall.cg", topology=topology.name, inputs=tuple(inputs), throughput_bound_gbs=bound_gbs)
+    reused = _reusable(previous, warm, topology, lp_gbs, int(chunks), max_steps) if previous is not None else False
+    dives = 0.0
+    if reused:
+        schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
+                                        previous.transfers, meta), topology)  # type: ignore[union-attr]
+    else:
+        pair, path, share = path_flows(pool, solution.x)
+        placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks), lp_rate=solution.z)
+        dives = float(placement.dives)
+        schedule = describe_on(schedule_from_placement(network, pool, placement, meta), topology)
     cut = network.link_ids[np.flatnonzero(solution.link_duals > 1e-9 * max(solution.link_duals.max(initial=0), 1e-300))]
     if cut.size:
         schedule = schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut))
@@ -154,8 +178,9 @@ def synthesize(
         ("rounding_gap", max(0.0, 1.0 - achieved / lp_gbs) if lp_gbs > 0 else 0.0),
         ("gap", max(0.0, 1.0 - achieved / bound_gbs) if bound_gbs > 0 else 0.0),
         ("optimal", 1.0 if result.optimal else 0.0),
-        ("dives", float(placement.dives)),
+        ("dives", dives),
     ]
     if warm is not None:
-        stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns))]
+        stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
+                  ("reused_previous", 1.0 if reused else 0.0)]
     return schedule.with_meta(stats=tuple(stats))
