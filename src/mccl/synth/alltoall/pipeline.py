@@ -48,7 +48,7 @@ MAX_CHUNKS = 64  # beyond this a block's chunks are too small to schedule sensib
 
 
 def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None, grouping: str,
-           seed_rounds: int, options: CGOptions, deadline: float | None
+           seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0
            ) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
     pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
@@ -57,6 +57,8 @@ def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None
     if previous is not None:
         fallback = pricer.trees(np.zeros(network.n_links), np.arange(network.n_ranks), epsilon=1e-12)
         warm = seed_from_schedule(previous, network, pool, fallback)
+        if warm_seed_rounds:
+            center = seed_columns(pricer, pool, network.capacity, rounds=warm_seed_rounds, seed=options.seed)
     else:
         center = seed_columns(pricer, pool, network.capacity, rounds=seed_rounds, seed=options.seed)
     master = Master(len(pool.blocks), network.capacity)
@@ -119,6 +121,7 @@ def synthesize(
     max_steps: int | str | None = None,
     grouping: str = "tensor",
     seed_rounds: int = 8,
+    warm_seed_rounds: int = 1,
     options: CGOptions | None = None,
 ) -> Schedule:
     """A throughput-optimized AllToAll schedule (see the module docstring).
@@ -128,6 +131,9 @@ def synthesize(
     ``time_limit_s``: budget for the column generation; the best schedule found
     by then is returned with its proven gap in ``meta.stats``.
     ``max_steps``: None (unbounded), an int m ≥ 1, or "auto" (App. D search).
+    ``seed_rounds`` / ``warm_seed_rounds``: multiplicative-weights rounds of first
+    columns, cold / on top of the previous routes when warm (they also give the
+    stabilization center its first finite bound).
     """
     started = time.perf_counter()
     if not 1 <= int(chunks) <= MAX_CHUNKS or int(chunks) != chunks:
@@ -144,7 +150,8 @@ def synthesize(
     network = build_network(topology, ranks)
     deadline = None if time_limit_s is None else started + float(time_limit_s)
     pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
-                                        seed_rounds=seed_rounds, options=options, deadline=deadline)
+                                        seed_rounds=seed_rounds, options=options, deadline=deadline,
+                                        warm_seed_rounds=warm_seed_rounds)
     solution = result.solution
     n = network.n_ranks
     bound_gbs = n * result.bound / 8.0
