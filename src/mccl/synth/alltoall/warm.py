@@ -77,7 +77,8 @@ def _chunk_paths(previous: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return np.arange(len(previous.chunks)), offsets, links
 
 
-def seed_from_schedule(previous: Schedule, network: Network, pool: ColumnPool, fallback: PathBatch) -> WarmStart:
+def seed_from_schedule(previous: Schedule, network: Network, pool: ColumnPool, fallback: PathBatch,
+                       max_trees: int = 10) -> WarmStart:
     """Add the previous schedule's still-valid routes to ``pool`` as trees (see module docstring).
 
     ``fallback`` holds one fresh path per (source, destination) for all sources.
@@ -119,7 +120,7 @@ def seed_from_schedule(previous: Schedule, network: Network, pool: ColumnPool, f
     blocks = pool.blocks
     block_pair = np.repeat(blocks.source, blocks.sizes) * n + blocks.dests
     # A block needs as many trees as its destination with the most kept paths has paths.
-    block_depth = np.maximum(np.maximum.reduceat(count[block_pair], blocks.offsets[:-1]), 1)
+    block_depth = np.minimum(np.maximum(np.maximum.reduceat(count[block_pair], blocks.offsets[:-1]), 1), max_trees)
     columns = 0
     for j in range(int(block_depth.max(initial=1))):
         chosen = np.flatnonzero(block_depth > j)
