@@ -10,7 +10,7 @@ import pytest
 
 from mccl.errors import InvalidSchedule
 from mccl.schedule import Collective, to_msccl_xml, validate
-from mccl.synth import direct_alltoall, nccl_ring
+from mccl.synth import direct_alltoall, nccl_ring, synthesize_alltoall
 from mccl.synth.treepack import synthesize
 from mccl.topology import degrade, fail2, rail_optimized, single_switch
 
@@ -167,6 +167,7 @@ def _schedules():
     yield "treepack-32-latency", synthesize(rail_optimized(1, 4, 8), latency_aware=True)
     yield "ring-8-chunks", nccl_ring(hpn, Collective.ALLGATHER, chunks=8)  # > 64 steps per connection
     yield "alltoall-pxn", direct_alltoall(hpn, chunks=2)  # relays keep chunks in scratch
+    yield "alltoall-cg-fail2", synthesize_alltoall(fail2(hpn))  # column generation: multi-hop relays, uneven chunks
 
 
 @pytest.mark.parametrize(("label", "schedule"), list(_schedules()), ids=lambda x: x if isinstance(x, str) else "")

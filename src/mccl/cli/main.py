@@ -12,6 +12,7 @@ from mccl.cli.evaluate import eval_command
 from mccl.cli.sim import sim_command
 from mccl.cli.synth import synth_group
 from mccl.cli.synth_allgather import allgather as _allgather  # noqa: F401 - registers `synth allgather`
+from mccl.cli.synth_alltoall import alltoall as _alltoall  # noqa: F401  (registers `synth alltoall`)
 from mccl.cli.topo import topo_group
 from mccl.errors import MCCLError
 

@@ -7,6 +7,7 @@ AllGather / ReduceScatter by optimal spanning-tree packing in :mod:`mccl.synth.t
 bounds every schedule must respect live in :mod:`mccl.synth.bounds`.
 """
 
+from mccl.synth.alltoall import synthesize as synthesize_alltoall
 from mccl.synth.bounds import CutBound, allgather_cut_bound
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.direct import direct_alltoall
@@ -39,6 +40,7 @@ __all__ = [
     "nccl_ring_orders",
     "optimize",
     "ring_schedule",
+    "synthesize_alltoall",
     "treepack_allgather",
     "treepack_reducescatter",
 ]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from mccl.errors import SynthesisError
 from mccl.schedule import Collective, Schedule
+from mccl.synth.alltoall import synthesize as synthesize_alltoall
 from mccl.topology import Topology
 
 __all__ = ["optimize"]
@@ -36,5 +37,5 @@ def optimize(
 
         return synthesize_reducescatter(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
     if collective is Collective.ALLTOALL:
-        raise SynthesisError("alltoall column generation is not available yet (issue 4)")
+        return synthesize_alltoall(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
     raise SynthesisError(f"{collective.value} synthesis is not available yet")

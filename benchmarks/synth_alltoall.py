@@ -1,0 +1,137 @@
+"""Benchmark: AllToAll column generation vs the compact LP, cold vs warm (issue 4).
+
+For rail-optimized HPN fabrics (8 GPUs per host, up to 32 hosts per segment) at
+the chosen sizes, healthy and under Fail1/Fail2/Fail3: the cold synthesis time,
+the warm re-synthesis time from the healthy schedule, the compact arc-based LP's
+time on the same instance (while it fits its limit), the LP bound and the
+rounded schedule's algbw with its gap. Times are medians of ``--repeats`` runs.
+Writes a CSV and a PNG next to each other and prints a table.
+
+    python benchmarks/synth_alltoall.py --quick            # 16 and 32 GPUs, 1 repeat
+    python benchmarks/synth_alltoall.py --sizes 16,32,64,128,256,512 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import resource
+import statistics
+import time
+from pathlib import Path
+
+from mccl.errors import SynthesisError
+from mccl.schedule import validate
+from mccl.synth.alltoall import compact_lp, synthesize
+from mccl.topology import Topology, apply_fault, rail_optimized
+
+FAULTS = ("healthy", "Fail1", "Fail2", "Fail3")
+
+
+def fabric(gpus: int) -> Topology:
+    hosts = gpus // 8
+    if hosts <= 32:
+        return rail_optimized(1, hosts, 8)
+    return rail_optimized(hosts // 32, 32, 8)
+
+
+def timed(function, repeats: int):  # type: ignore[no-untyped-def]
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="16,32,64,128,256,512")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats-large", type=int, default=1, help="repeats at 256 GPUs and more")
+    parser.add_argument("--compact-limit", type=float, default=600.0, help="seconds for one compact LP solve")
+    parser.add_argument("--quick", action="store_true", help="16 and 32 GPUs, one repeat")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/synth_alltoall.csv"))
+    args = parser.parse_args()
+    sizes = [16, 32] if args.quick else [int(s) for s in args.sizes.split(",")]
+    repeats = 1 if args.quick else args.repeats
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    compact_fits = True
+    header = (f"{'GPUs':>5} {'scenario':>8} {'cold s':>8} {'warm s':>8} {'cold/warm':>9} {'compact s':>9} "
+              f"{'compact/cold':>12} {'LP GB/s':>9} {'algbw':>8} {'gap %':>6} {'columns':>8} {'maxrss MiB':>10}")
+    print(header, flush=True)
+    for gpus in sizes:
+        reps = repeats if gpus < 256 else min(repeats, args.repeats_large)
+        healthy = fabric(gpus)
+        healthy_schedule = synthesize(healthy)
+        for scenario in FAULTS:
+            topo = healthy if scenario == "healthy" else apply_fault(healthy, scenario)
+            cold_s, cold = timed(lambda topo=topo: synthesize(topo), reps)
+            validate(cold, topo)
+            warm_s = None
+            if scenario != "healthy":
+                warm_s, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
+                validate(warm, topo)
+            compact_s = compact_gbs = None
+            if compact_fits:
+                try:
+                    compact_s, result = timed(lambda topo=topo: compact_lp(topo, time_limit_s=args.compact_limit), 1)
+                    compact_gbs = result.algbw_gbs
+                except (SynthesisError, MemoryError):
+                    compact_fits = False  # larger instances will not fit either
+            meta = cold.meta
+            row = {
+                "gpus": gpus, "scenario": scenario, "cold_s": cold_s, "warm_s": warm_s,
+                "cold_over_warm": cold_s / warm_s if warm_s else None,
+                "compact_s": compact_s, "compact_over_cold": compact_s / cold_s if compact_s else None,
+                "compact_gbs": compact_gbs, "lp_gbs": meta.throughput_bound_gbs, "algbw_gbs": meta.achieved_gbs,
+                "gap": meta.stat("gap"), "columns": meta.stat("columns"), "repeats": reps,
+                "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+            rows.append(row)
+
+            def fmt(value, spec):  # type: ignore[no-untyped-def]
+                return format(value, spec) if value is not None else "-"
+
+            print(f"{gpus:>5} {scenario:>8} {cold_s:>8.2f} {fmt(warm_s, '>8.2f')} {fmt(row['cold_over_warm'], '>9.1f')} "
+                  f"{fmt(compact_s, '>9.2f')} {fmt(row['compact_over_cold'], '>12.1f')} {meta.throughput_bound_gbs:>9.2f} "
+                  f"{meta.achieved_gbs:>8.2f} {100 * meta.stat('gap'):>6.2f} {meta.stat('columns'):>8.0f} "
+                  f"{row['maxrss_mib']:>10.0f}", flush=True)
+    with args.out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    _plot(rows, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for scenario in FAULTS:
+        mine = [row for row in rows if row["scenario"] == scenario]
+        axis.plot([r["gpus"] for r in mine], [r["cold_s"] for r in mine], marker="o", label=f"CG cold {scenario}")
+        warm = [r for r in mine if r["warm_s"]]
+        if warm:
+            axis.plot([r["gpus"] for r in warm], [r["warm_s"] for r in warm], marker="x", linestyle="--",
+                      label=f"CG warm {scenario}")
+    compact = [row for row in rows if row["compact_s"] and row["scenario"] == "healthy"]
+    if compact:
+        axis.plot([r["gpus"] for r in compact], [r["compact_s"] for r in compact], marker="s", color="k",
+                  label="compact LP healthy")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("GPUs (rail_optimized, 8 per host)")
+    axis.set_ylabel("solve time (s)")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

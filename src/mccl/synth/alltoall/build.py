@@ -1,0 +1,83 @@
+"""From the master's solution to path flows, and from rounded units to a Schedule.
+
+``path_flows`` reads the LP off the column pool: every column of block b with
+rate x_T sends x_T along its path to each of b's destinations; per (source,
+destination) pair the path rates are normalised to shares summing to 1.
+
+``schedule_from_placement`` turns whole units into the IR: one chunk per
+(pair, path) with fraction ``units / K``; its path is cut at every GPU it
+enters (a relay), each piece one transfer whose route runs through switches
+only; piece i happens at step i, so a relay forwards a chunk one step after it
+received it. Everything is vectorized over chunks (a 512-GPU AllToAll has
+~10⁵ chunks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, Transfers
+from mccl.synth.alltoall.network import Network
+from mccl.synth.alltoall.pool import ColumnPool
+from mccl.synth.alltoall.rounding import Placement
+
+__all__ = ["path_flows", "schedule_from_placement"]
+
+
+def path_flows(pool: ColumnPool, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(pair, path, share)`` of the LP solution; pair = s * n + d, shares sum to 1 per pair."""
+    n = pool.n_ranks
+    blocks = pool.blocks
+    offsets, flat = pool.column_paths()
+    count = len(x)
+    active = np.flatnonzero(x > 1e-12 * max(float(x.max(initial=0.0)), 1e-300))
+    block_of_col = pool.block[:count][active]
+    sizes = blocks.sizes[block_of_col]
+    starts = np.repeat(offsets[active], sizes)
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    entry_path = flat[starts + within].astype(np.int64)
+    entry_block = np.repeat(block_of_col, sizes)
+    entry_dest = blocks.dests[blocks.offsets[entry_block] + within]
+    entry_pair = blocks.source[entry_block] * n + entry_dest
+    entry_rate = np.repeat(x[active], sizes)
+    key = entry_pair * (pool.paths.shape[0] + 1) + entry_path
+    unique, inverse = np.unique(key, return_inverse=True)
+    rate = np.bincount(inverse, weights=entry_rate)
+    pair = unique // (pool.paths.shape[0] + 1)
+    path = unique % (pool.paths.shape[0] + 1)
+    pairs, pair_index = np.unique(pair, return_inverse=True)
+    total = np.bincount(pair_index, weights=rate)
+    return pair, path, rate / total[pair_index]
+
+
+def schedule_from_placement(network: Network, pool: ColumnPool, placement: Placement,
+                            meta: ScheduleMeta) -> Schedule:
+    """The AllToAll schedule that sends ``placement``'s units along their paths."""
+    n = network.n_ranks
+    links = pool.paths[placement.path]
+    valid = links >= 0
+    lengths = valid.sum(axis=1)
+    flat = links[valid].astype(np.int64)
+    chunk_of_link = np.repeat(np.arange(len(links)), lengths)
+    ends = network.is_gpu[network.head[flat]]  # the link enters a GPU: a transfer ends there
+    transfer_of_link = np.cumsum(ends) - ends
+    n_transfers = int(ends.sum())
+    links_per_transfer = np.bincount(transfer_of_link, minlength=n_transfers)
+    end_positions = np.flatnonzero(ends)
+    t_chunk = chunk_of_link[end_positions]
+    t_receiver = network.node_rank[network.head[flat[end_positions]]]
+    first_transfer = np.concatenate([[0], np.cumsum(np.bincount(t_chunk, minlength=len(links)))[:-1]])
+    t_step = np.arange(n_transfers) - first_transfer[t_chunk]
+    source = placement.block // n
+    t_sender = np.where(t_step == 0, source[t_chunk], np.roll(t_receiver, 1))
+    chunks = Chunks(source, placement.block % n, placement.units / placement.chunks)
+    transfers = Transfers(
+        chunk=t_chunk,
+        sender=t_sender,
+        receiver=t_receiver,
+        step=t_step,
+        op=np.zeros(n_transfers, dtype=np.int8),
+        route_offsets=np.concatenate([[0], np.cumsum(links_per_transfer)]),
+        route_links=network.link_ids[flat],
+    )
+    return Schedule(Collective.ALLTOALL, network.ranks, chunks, transfers, meta)

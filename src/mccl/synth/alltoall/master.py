@@ -1,0 +1,141 @@
+"""The restricted master LP of the AllToAll column generation (mccl-paper §4.2, App. G.4).
+
+Dantzig–Wolfe master over source-rooted trees::
+
+    max z
+    s.t. Σ_{T ∈ c} x_T − z ≥ 0              for every tensor c      (duals α_c ≥ 0)
+         Σ_c Σ_{T ∈ c} β_a(T) x_T ≤ cap_a    for every link a        (duals α_a ≥ 0)
+         x ≥ 0
+
+x_T is the rate (Gbit/s, scaled) at which tree T carries its tensor's blocks; z
+is the rate every block gets, so the AllToAll algbw is ``n · z / 8`` GB/s.
+Dual feasibility of a column is ``Σ_a β_a(T) α_a ≥ α_c``; ``Σ_c α_c = 1`` from
+the column of z.
+
+The model lives in one HiGHS instance for the whole run: columns are appended
+with ``addCols`` and the next solve starts from the previous basis (the new
+columns enter nonbasic at zero, so the old basis stays primal feasible and
+HiGHS's primal simplex, ``simplex_strategy=4``, continues from it; presolve is
+off so that the basis survives). Capacities are divided by their maximum so
+that the LP's numbers stay near 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+from mccl.errors import SynthesisError
+
+__all__ = ["Master", "MasterSolution", "new_highs"]
+
+_INF = highspy.kHighsInf
+
+
+def new_highs() -> highspy.Highs:
+    """A silent HiGHS instance.
+
+    ``highspy.Highs()`` (1.16) prints a banner on stdout when first built; its
+    compiled base class takes the same calls without it.
+    """
+    cls = getattr(getattr(highspy, "_core", None), "_Highs", highspy.Highs)
+    model = cls()
+    model.setOptionValue("output_flag", False)
+    return model
+
+
+@dataclass(frozen=True)
+class MasterSolution:
+    z: float  # the RMP optimum, in Gbit/s per block
+    x: np.ndarray  # rate of each column (Gbit/s)
+    tensor_duals: np.ndarray  # α_c ≥ 0, sum 1
+    link_duals: np.ndarray  # α_a ≥ 0 (scale-free): Σ_a cap_a α_a = z at optimality
+    link_activity: np.ndarray  # Σ β x per link, Gbit/s
+    iterations: int  # simplex iterations of this solve
+
+
+class Master:
+    """The restricted master problem; columns are only ever appended."""
+
+    def __init__(self, n_tensors: int, capacity: np.ndarray, *, threads: int = 1) -> None:
+        self.n_tensors = n_tensors
+        self.n_links = len(capacity)
+        self.scale = float(np.max(capacity))
+        self._capacity = np.asarray(capacity, dtype=float) / self.scale
+        self.column_tensor: list[np.ndarray] = []
+        self.n_columns = 0
+        self.iterations = 0
+        self.solves = 0
+        model = new_highs()
+        model.setOptionValue("presolve", "off")
+        model.setOptionValue("simplex_strategy", 4)  # primal: warm re-solves after adding columns
+        model.setOptionValue("threads", threads)
+        # Reduced costs below -1e-9 must make HiGHS pivot, or pricing and master disagree on optimality.
+        model.setOptionValue("dual_feasibility_tolerance", 1e-9)
+        model.setOptionValue("primal_feasibility_tolerance", 1e-9)
+        model.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        n, m = n_tensors, self.n_links
+        model.addRows(n, np.zeros(n), np.full(n, _INF), 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        model.addRows(m, np.full(m, -_INF), self._capacity, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        # z: objective 1, coefficient -1 in every tensor row.
+        model.addCols(1, np.ones(1), np.zeros(1), np.full(1, _INF), n, np.zeros(1, np.int32),
+                      np.arange(n, dtype=np.int32), np.full(n, -1.0))
+        self._model = model
+
+    def add_columns(self, tensor: np.ndarray, starts: np.ndarray, links: np.ndarray, counts: np.ndarray) -> None:
+        """Append trees: column k belongs to ``tensor[k]`` and has ``counts`` paths on ``links``
+        in ``starts[k]:starts[k+1]`` (CSC layout, network link ids)."""
+        k = len(tensor)
+        if k == 0:
+            return
+        nnz = int(starts[-1])
+        index = np.empty(nnz + k, dtype=np.int32)
+        value = np.empty(nnz + k, dtype=float)
+        col_of_entry = np.repeat(np.arange(k), np.diff(starts))
+        new_starts = starts[:-1] + np.arange(k)  # one extra entry (the tensor row) per column
+        index[new_starts] = tensor
+        value[new_starts] = 1.0
+        position = np.arange(nnz) + col_of_entry + 1
+        index[position] = self.n_tensors + links
+        value[position] = counts
+        self._model.addCols(k, np.zeros(k), np.zeros(k), np.full(k, _INF), nnz + k,
+                            new_starts.astype(np.int32), index, value)
+        self.column_tensor.append(np.asarray(tensor, dtype=np.int64))
+        self.n_columns += k
+
+    def tensors(self) -> np.ndarray:
+        return np.concatenate(self.column_tensor) if self.column_tensor else np.zeros(0, dtype=np.int64)
+
+    def solve(self, time_limit_s: float | None = None) -> MasterSolution | None:
+        """Re-solve from the last basis; None when ``time_limit_s`` ran out first."""
+        model = self._model
+        model.setOptionValue("time_limit", float(time_limit_s) if time_limit_s is not None else _INF)
+        model.run()
+        status = model.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            return None
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise SynthesisError(f"the master LP did not solve to optimality: {model.modelStatusToString(status)}")
+        info = model.getInfo()
+        iterations = int(info.simplex_iteration_count)
+        self.iterations += iterations
+        self.solves += 1
+        solution = model.getSolution()
+        col = np.asarray(solution.col_value)
+        dual = np.asarray(solution.row_dual)
+        activity = np.asarray(solution.row_value)
+        n = self.n_tensors
+        # HiGHS row duals are d(objective)/d(row bound): +α_a on the link rows (≤ cap), −α_c on the
+        # tensor rows (a larger lower bound on Σx − z costs objective). Clipped at 0 against round-off.
+        tensor_duals = np.maximum(-dual[:n], 0.0)
+        link_duals = np.maximum(dual[n:], 0.0)
+        return MasterSolution(
+            z=float(col[0]) * self.scale,
+            x=col[1:] * self.scale,
+            tensor_duals=tensor_duals,
+            link_duals=link_duals,
+            link_activity=activity[n:] * self.scale,
+            iterations=iterations,
+        )

@@ -1,0 +1,193 @@
+"""``synthesize``: the AllToAll schedule by column generation, rounded to whole chunks.
+
+Pipeline (mccl-paper §4.2): LP network (:mod:`.network`) → first columns, either
+multiplicative-weights trees (cold) or the previous schedule's routes (warm,
+:mod:`.warm`) → column generation over source-rooted trees (:mod:`.generation`,
+master in HiGHS, pricing by shortest-path trees) → deep-dive rounding to at most
+``chunks`` chunks per block (:mod:`.rounding`) → a Schedule (:mod:`.build`).
+
+Units: capacities Gbit/s; the LP's z is the rate every (source, destination)
+block gets, so algbw = n · z / 8 GB/s (a block is S/n bytes). The metadata
+carries the LP bound (at LP optimality the optimum itself; after a budgeted stop
+the best Lagrangian bound), the achieved algbw of the rounded schedule, the
+bottleneck cut (the links whose capacity rows have a positive dual in the final
+master, with the rounded schedule's base slack on each), and the stats
+``solve_time_s, columns, iterations, rounds, lp_gap, rounding_gap, gap, optimal``
+(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction`` and
+``reused_previous`` (the previous schedule is kept as it is when it is still as
+close to the new LP optimum as its rounding was to the old one: rounding skipped).
+
+Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
+on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m
+whose LP optimum equals the unbounded one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from mccl.errors import SynthesisError
+from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
+from mccl.synth.alltoall.build import path_flows, schedule_from_placement
+from mccl.synth.alltoall.generation import CGOptions, CGResult, run_generation, seed_columns
+from mccl.synth.alltoall.master import Master
+from mccl.synth.alltoall.network import Network, build_network
+from mccl.synth.alltoall.pool import ColumnPool, make_blocks
+from mccl.synth.alltoall.pricing import Pricer
+from mccl.synth.alltoall.rounding import deep_dive
+from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedule
+from mccl.synth.common import describe_on
+from mccl.topology import Topology
+
+__all__ = ["synthesize", "lp_optimum", "minimal_steps"]
+
+MAX_CHUNKS = 64  # beyond this a block's chunks are too small to schedule sensibly
+
+
+def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None, grouping: str,
+           seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0
+           ) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
+    pricer = Pricer(network, max_steps)
+    pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
+    warm = None
+    center = None
+    if previous is not None:
+        fallback = pricer.trees(np.zeros(network.n_links), np.arange(network.n_ranks), epsilon=1e-12)
+        warm = seed_from_schedule(previous, network, pool, fallback)
+        if warm_seed_rounds:
+            center = seed_columns(pricer, pool, network.capacity, rounds=warm_seed_rounds, seed=options.seed)
+    else:
+        center = seed_columns(pricer, pool, network.capacity, rounds=seed_rounds, seed=options.seed)
+    master = Master(len(pool.blocks), network.capacity)
+    result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline,
+                            center=center)
+    return pool, result, master, warm
+
+
+def lp_optimum(topology: Topology, ranks: Sequence[str] | None = None, *, max_steps: int | None = None,
+               grouping: str = "tensor") -> float:
+    """The AllToAll LP optimum as algbw in GB/s (column generation run to optimality)."""
+    network = build_network(topology, ranks)
+    _, result, _, _ = _solve(network, previous=None, max_steps=max_steps, grouping=grouping, seed_rounds=4,
+                             options=CGOptions(), deadline=None)
+    return network.n_ranks * result.solution.z / 8.0
+
+
+def minimal_steps(topology: Topology, ranks: Sequence[str] | None = None, *, tolerance: float = 1e-6) -> int:
+    """Appendix D: the fewest steps per path that keep the unbounded LP optimum (binary search).
+
+    The unbounded optimum is attained with paths of at most |V| − 1 transfers,
+    and never with fewer than 1, so the search runs over [1, |V| − 1].
+    """
+    network = build_network(topology, ranks)
+    target = lp_optimum(topology, ranks)
+    low, high = 1, max(network.n_nodes - 1, 1)
+    while low < high:
+        middle = (low + high) // 2
+        if lp_optimum(topology, ranks, max_steps=middle) >= target * (1 - tolerance):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _reusable(previous: Schedule, warm: WarmStart | None, topology: Topology, lp_gbs: float, chunks: int,
+              max_steps: int | None) -> bool:
+    """Whether the previous schedule, unchanged, is as close to the new LP optimum as its own rounding
+    was to the old one (mccl-paper §6.1: a fault off the bottleneck cut leaves it optimal); then the
+    rounding is skipped and the previous chunks and transfers are kept."""
+    if warm is None or warm.kept_fraction < 1.0:
+        return False
+    if dict(previous.meta.inputs).get("chunks") != str(chunks):
+        return False
+    if max_steps is not None and previous.transfers.n_steps > max_steps:
+        return False
+    load = link_load(previous, len(topology.links))
+    achieved = steady_state_algbw(load, topology.capacities_gbps, previous.n_ranks)
+    tolerated = previous.meta.stat("rounding_gap", 0.01) or 0.0
+    return achieved >= lp_gbs * (1 - tolerated - 1e-9)
+
+
+def synthesize(
+    topology: Topology,
+    ranks: Sequence[str] | None = None,
+    *,
+    previous: Schedule | None = None,
+    chunks: int = 10,
+    time_limit_s: float | None = None,
+    max_steps: int | str | None = None,
+    grouping: str = "tensor",
+    seed_rounds: int = 8,
+    warm_seed_rounds: int = 1,
+    options: CGOptions | None = None,
+) -> Schedule:
+    """A throughput-optimized AllToAll schedule (see the module docstring).
+
+    ``previous``: the schedule being replaced (warm start; its ranks are used).
+    ``chunks``: K, units per block (each block gets at most K chunks).
+    ``time_limit_s``: budget for the column generation; the best schedule found
+    by then is returned with its proven gap in ``meta.stats``.
+    ``max_steps``: None (unbounded), an int m ≥ 1, or "auto" (App. D search).
+    ``seed_rounds`` / ``warm_seed_rounds``: multiplicative-weights rounds of first
+    columns, cold / on top of the previous routes when warm (they also give the
+    stabilization center its first finite bound).
+    """
+    started = time.perf_counter()
+    if not 1 <= int(chunks) <= MAX_CHUNKS or int(chunks) != chunks:
+        raise SynthesisError(f"chunks must be an integer in 1..{MAX_CHUNKS}, got {chunks}")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise SynthesisError(f"time_limit_s must be positive, got {time_limit_s}")
+    if previous is not None:
+        ranks = check_previous(previous, ranks, topology)
+    if max_steps == "auto":
+        max_steps = minimal_steps(topology, ranks)
+    elif max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise SynthesisError(f"max_steps must be a positive integer, 'auto' or None, got {max_steps!r}")
+    options = CGOptions() if options is None else options
+    network = build_network(topology, ranks)
+    deadline = None if time_limit_s is None else started + float(time_limit_s)
+    pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
+                                        seed_rounds=seed_rounds, options=options, deadline=deadline,
+                                        warm_seed_rounds=warm_seed_rounds)
+    solution = result.solution
+    n = network.n_ranks
+    bound_gbs = n * result.bound / 8.0
+    lp_gbs = n * solution.z / 8.0
+    inputs = [("chunks", str(int(chunks))), ("grouping", grouping), ("warm", "true" if warm else "false"),
+              ("max_steps", "none" if max_steps is None else str(max_steps))]
+    if time_limit_s is not None:
+        inputs.append(("time_limit_s", f"{time_limit_s:g}"))
+    meta = ScheduleMeta("alltoall.cg", topology=topology.name, inputs=tuple(inputs), throughput_bound_gbs=bound_gbs)
+    reused = _reusable(previous, warm, topology, lp_gbs, int(chunks), max_steps) if previous is not None else False
+    dives = 0.0
+    if reused:
+        schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
+                                        previous.transfers, meta), topology)  # type: ignore[union-attr]
+    else:
+        pair, path, share = path_flows(pool, solution.x)
+        placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks), lp_rate=solution.z)
+        dives = float(placement.dives)
+        schedule = describe_on(schedule_from_placement(network, pool, placement, meta), topology)
+    cut = network.link_ids[np.flatnonzero(solution.link_duals > 1e-9 * max(solution.link_duals.max(initial=0), 1e-300))]
+    if cut.size:
+        schedule = schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut))
+    achieved = float(schedule.meta.achieved_gbs or 0.0)
+    stats = [
+        ("solve_time_s", time.perf_counter() - started),
+        ("columns", float(master.n_columns)),
+        ("iterations", float(master.iterations)),
+        ("rounds", float(result.rounds)),
+        ("lp_gbs", lp_gbs),
+        ("lp_gap", max(0.0, 1.0 - lp_gbs / bound_gbs) if bound_gbs > 0 else 0.0),
+        ("rounding_gap", max(0.0, 1.0 - achieved / lp_gbs) if lp_gbs > 0 else 0.0),
+        ("gap", max(0.0, 1.0 - achieved / bound_gbs) if bound_gbs > 0 else 0.0),
+        ("optimal", 1.0 if result.optimal else 0.0),
+        ("dives", dives),
+    ]
+    if warm is not None:
+        stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
+                  ("reused_previous", 1.0 if reused else 0.0)]
+    return schedule.with_meta(stats=tuple(stats))
