@@ -52,7 +52,8 @@ def service():
 
 def test_round_trip_telemetry_in_new_schedule_out(service):
     schedule = optimize(TOPOLOGY, "allgather").with_meta(version=1)
-    clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=0.01)
+    clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=0.01,
+                                 timeout_s=10.0)  # a loaded 2-core machine can starve the service thread
                for rank in range(4)]
     try:
         assert clients[0].register(schedule) == 1
