@@ -9,6 +9,9 @@ bound (:mod:`.maxrate`) still counts that excess in cuts that contain the switch
 so on a fabric degraded one direction at a time (the controller's *measured*
 topology caps a rank pair's links per direction) no packing may reach it, and
 splitting at the rounded rate can keep fewer than k, even zero, trees per rank.
+The careful mode of :mod:`.switch_removal` balances the switches first (drains
+excess in-units into s*, trims excess out-units while the cut condition holds),
+which recovers most of it; this module is the last resort for what is left.
 
 Lowering the rate raises every link's integer capacity ``floor(C_e · k / x)``
 (trees per time unit) while the demand stays k per rank, so the cut condition
