@@ -17,10 +17,11 @@ from mccl.synth import allgather_cut_bound, optimize
 from mccl.topology import Topology, rail_optimized, spine_leaf
 
 BASES = (rail_optimized(1, 2, 4), spine_leaf(2, 2, 2, 2, 100, 50))
-# Observed over 1,800 seeded degradations (30 % of links each scaled by U(0.05, 1) per direction):
-# median loss against the cut bound 0.4 %, p95 4-18 %, max 45 %; part of it is the cut bound itself,
-# which counts switch excess that no pass-through packing can use.
-MAX_LOSS = 0.6
+# Measured by benchmarks/treepack_unbalanced.py and 2,000 seeded draws (30 % of links each scaled by
+# U(0.05, 1) per direction): loss against the cut bound median 0.3 %, p95 3-13 %, max 36 %; most of the
+# tail is the cut bound itself counting switch excess no pass-through packing can use (against the exact
+# pass-through optimum, an LP: p95 <= 3.5 %, max 20 %).
+MAX_LOSS = 0.5
 # rail_optimized(1, 2, 4) link factors that made switch removal keep no tree per rank (fuzz seed 1, trial 8).
 REGRESSION = [0.1523, 1.0, 0.3742, 1.0, 1.0, 0.8157, 0.6256, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.74, 1.0, 1.0, 1.0,
               0.7684, 1.0, 1.0, 0.0825, 1.0, 1.0, 1.0, 0.1528, 1.0, 1.0, 0.3213, 1.0, 1.0, 1.0, 0.4021, 1.0, 1.0,

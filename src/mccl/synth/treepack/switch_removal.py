@@ -335,8 +335,7 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
     groups = np.append(groups, -1)  # s*, the target of drained excess
-    graph = _Graph(fabric, units)
-    graph.drain_excess()
+    graph = _Graph(fabric, units)  # the fast split is maximal: no drain, every out-unit gets used
     order = _farthest_first(fabric)
     for w in order:
         _fast_split(graph, w, groups)
