@@ -5,7 +5,9 @@ ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
 1. :mod:`.maxrate` — the fractional optimum x* and its saturated cut (parametric max-flow);
 2. :mod:`.rounding` — k ≤ ``chunks`` trees per rank and integer link capacities at the
    best rate x ≤ x* for them (the rounding loss ``1 - x/x*``);
-3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links;
+3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links; on unbalanced
+   switches (per-direction degradations) :mod:`.balance` splits at the best lower rate that
+   keeps trees, its loss in the stats as ``switch_balance_loss`` (part of ``rounding_gap``);
 4. :mod:`.arborescence` — k spanning out-trees per rank with integral multiplicities.
 
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
