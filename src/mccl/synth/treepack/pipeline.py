@@ -5,7 +5,9 @@ ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
 1. :mod:`.maxrate` — the fractional optimum x* and its saturated cut (parametric max-flow);
 2. :mod:`.rounding` — k ≤ ``chunks`` trees per rank and integer link capacities at the
    best rate x ≤ x* for them (the rounding loss ``1 - x/x*``);
-3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links;
+3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links; on unbalanced
+   switches (per-direction degradations) :mod:`.balance` splits at the best lower rate that
+   keeps trees, its loss in the stats as ``switch_balance_loss`` (part of ``rounding_gap``);
 4. :mod:`.arborescence` — k spanning out-trees per rank with integral multiplicities.
 
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
@@ -27,6 +29,7 @@ from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.treepack.arborescence import pack_arborescences
+from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import Fabric, fabric_of
 from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.rounding import best_integral_rate
@@ -92,12 +95,13 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     if previous is not None and hints is not None:
         reused = _reuse(previous, collective, fabric, integral.units, integral.k, len(topology.links), checker,
                         latency_aware, prefer)
+    split_rate, split_retries = integral.rate_gbps, 0
     if reused is not None:
         k, logical, trees, phase3_flows, kept = reused
         t_phase2 = t_rounding  # switch removal and packing of the dropped trees are timed as phase 3
     else:
-        logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
-        k = _trees_that_fit(logical, integral.k)
+        split = split_switches(fabric, integral)
+        logical, k, split_rate, split_retries = split.logical, split.k, split.rate_gbps, split.retries
         t_phase2 = time.perf_counter()
         trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
                                                  prefer=prefer, groups=fabric.groups)
@@ -116,9 +120,13 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         "trees_per_source": k,
         "tree_groups": len(trees),
         "max_depth": max(max(tree.depth.values()) for tree in trees),
-        "integral_rate_gbps": integral.rate_gbps * k / integral.k,
+        "integral_rate_gbps": split_rate * k / integral.k,
         "fractional_rate_gbps": optimum.rate_gbps,
         "switch_removal_careful": float(logical.careful),
+        # Unbalanced switches (more capacity in than out, per direction): splitting at the rounded
+        # rate kept no tree per rank, so it was retried at lower rates (see :mod:`.balance`).
+        "switch_balance_retries": float(split_retries),
+        "switch_balance_loss": max(0.0, 1.0 - split_rate * k / (integral.rate_gbps * integral.k)),
     }
     if previous is not None:
         stats["reused_trees_fraction"] = kept / (n * k)
@@ -168,22 +176,6 @@ def _reuse(previous: Schedule, collective: Collective, fabric: Fabric, units: np
     trees, flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware, prefer=prefer,
                                       groups=fabric.groups, demand=need)
     return k, logical, kept + trees, flows, sum(tree.multiplicity for tree in kept)
-
-
-def _trees_that_fit(logical: LogicalGraph, k: int) -> int:
-    """k, or fewer trees per rank when switch removal could not keep the cut condition (unbalanced switches)."""
-    if not logical.careful:
-        return k
-
-    keys = list(logical.units)
-    tail = np.array([u for u, _ in keys], dtype=np.int64)
-    head = np.array([v for _, v in keys], dtype=np.int64)
-    caps = np.array([logical.units[key] for key in keys], dtype=np.int64)
-    for fit in range(k, 0, -1):
-        if packing_ok(logical.n_ranks, logical.n_ranks, tail, head, caps, fit):
-            return fit
-    raise SynthesisError("switch removal left no spanning tree per rank; the fabric's switches are too "
-                         "unbalanced (far more capacity in than out) for tree packing")
 
 
 def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,

@@ -13,9 +13,15 @@ Per switch we split greedily but spread: first each in-arc's share proportional
 to the out-arcs' capacities (floors), then a small bipartite max-flow (no ``u → u``
 pairs) fills up what is left, so the split is maximal. After all switches we check
 the cut condition on the logical graph with n max-flows. If it fails (unbalanced
-switches, e.g. random one-way links), the careful mode re-splits switch by switch,
+switches, e.g. random one-way links or a measured topology degraded one direction
+at a time), the careful mode first balances the switches — excess in-units drain
+into the super-source s* by an extra arc (arcs into s* carry no flow, so the cut
+condition is unchanged and the theorem applies), excess out-units (a switch never
+forwards more than it takes in) are trimmed arc by arc by the largest amount that
+keeps the condition — then re-splits switch by switch, falling back per switch to
 pair by pair, each amount the largest that keeps the condition (binary search on
-max-flow checks); what still cannot be split is dropped and shows as loss.
+max-flow checks); what still cannot be split is dropped and shows as loss
+(:mod:`.balance` then tries lower rates).
 
 Units are integers: trees per time unit of :mod:`mccl.synth.treepack.rounding`.
 Complexity: fast path O(Σ_w deg(w)²) plus one round of n max-flows.
@@ -94,6 +100,74 @@ class _Graph:
         for u, v in self.pools:
             self.out[u].add(v)
             self.inn[v].add(u)
+
+    def drain_excess(self) -> None:
+        """Balance every switch with more units in than out by an arc to the super-source s* (node ``n_nodes``).
+
+        Arcs into s* carry no flow from s*, so the cut condition is unchanged; the switch is then
+        Eulerian and the splitting theorem applies to it. Splitting ``u → w → s*`` gives ``u → s*``:
+        the part of u's capacity that w could never forward, dropped at the end.
+        """
+        balance: dict[int, int] = defaultdict(int)
+        for (u, v), pool in self.pools.items():
+            units = sum(item[1] for item in pool)
+            balance[v] += units
+            balance[u] -= units
+        for w in range(self.n_ranks, self.n_nodes):
+            if balance[w] > 0:
+                self.add((w, self.n_nodes), [((), balance[w])])
+
+    def trim_out_excess(self, k: int | np.ndarray) -> None:
+        """Lower the out-arcs of switches that send out more units than they take in, keeping the cut condition.
+
+        A switch forwards at most what it takes in, so that excess is unusable; but the splitting
+        theorem needs the switch balanced, and which out-arcs lose it matters to the cut condition.
+        Per out-arc (largest first), the most units whose removal keeps ``packing_ok`` (binary search).
+        What cannot be trimmed stays; the split then may keep fewer trees (and shows as loss).
+        """
+        for _ in range(3):  # trimming into a switch lowers its in-side: a few passes settle it
+            changed = False
+            for w in range(self.n_ranks, self.n_nodes):
+                excess = sum(self.units((w, t)) for t in self.out[w]) - sum(self.units((u, w)) for u in self.inn[w])
+                for t in sorted(self.out[w], key=lambda t, w=w: (-self.units((w, t)), t)):
+                    if excess <= 0:
+                        break
+                    cut = self._largest_keeping(lambda amount, key=(w, t): self._without(key, amount),
+                                                min(excess, self.units((w, t))), k)
+                    if cut > 0:
+                        self.remove((w, t), cut)
+                        excess -= cut
+                        changed = True
+            if not changed:
+                break
+
+    def _without(self, key: tuple[int, int], amount: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tail, head, caps = self.arrays()
+        caps = caps.copy()
+        caps[(tail == key[0]) & (head == key[1])] -= amount
+        return tail, head, caps
+
+    def _largest_keeping(self, arrays_for, high: int, k: int | np.ndarray) -> int:
+        """The largest amount <= high whose ``arrays_for(amount)`` graph still passes ``packing_ok``."""
+        low = 0
+        while low < high:
+            mid = (low + high + 1) // 2
+            if packing_ok(self.n_nodes, self.n_ranks, *arrays_for(mid), k):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def remove(self, key: tuple[int, int], amount: int) -> None:
+        _take(self.pools[key], amount)
+        if not self.pools[key]:
+            del self.pools[key]
+            self.out[key[0]].discard(key[1])
+            self.inn[key[1]].discard(key[0])
+
+    def rank_pools(self) -> dict[tuple[int, int], Pool]:
+        """The arcs between nodes of the fabric (without the drained excess into s*)."""
+        return {key: pool for key, pool in self.pools.items() if key[1] < self.n_nodes}
 
     def units(self, key: tuple[int, int]) -> int:
         return sum(units for _, units in self.pools.get(key, ()))
@@ -260,15 +334,18 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     """
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
-    graph = _Graph(fabric, units)
+    groups = np.append(groups, -1)  # s*, the target of drained excess
+    graph = _Graph(fabric, units)  # the fast split is maximal: no drain, every out-unit gets used
     order = _farthest_first(fabric)
     for w in order:
         _fast_split(graph, w, groups)
     careful = False
     tail, head, caps = graph.arrays()
-    if not packing_ok(fabric.n_ranks, fabric.n_ranks, tail, head, caps, k):
+    if not packing_ok(fabric.n_nodes, fabric.n_ranks, tail, head, caps, k):
         careful = True
         graph = _Graph(fabric, units)
+        graph.drain_excess()
+        graph.trim_out_excess(k)
         for w in order:
             before = {key: [list(item) for item in pool] for key, pool in graph.pools.items()}
             _fast_split(graph, w, groups)
@@ -281,8 +358,9 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
                 graph.out[u].add(v)
                 graph.inn[v].add(u)
             _careful_split(graph, w, k)
-    units_out = {key: graph.units(key) for key in graph.pools}
-    routes = {key: [(path, units) for path, units in pool] for key, pool in graph.pools.items()}
+    pools = graph.rank_pools()
+    units_out = {key: graph.units(key) for key in pools}
+    routes = {key: [(path, units) for path, units in pool] for key, pool in pools.items()}
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
 
 
