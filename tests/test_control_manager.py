@@ -26,6 +26,24 @@ def samples(n: int, seq: int, slow_rank: int | None = None, factor: float = 50 /
     return out
 
 
+def warmed_up(topology, schedule):
+    """A manager that runs ``schedule`` and has seen four healthy rounds (seq 1 is start-up, 2-3 learn
+    the references, 4 is healthy)."""
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    assert manager.register("job", schedule) == schedule.meta.version
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    return manager
+
+
+def fail2_seen(topology, schedule):
+    """``warmed_up``, then seven rounds with rank 0's NIC at 50/400 (Fail2)."""
+    manager = warmed_up(topology, schedule)
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    return manager
+
+
 @pytest.fixture(scope="module")
 def hpn_schedule():
     topology = rail_optimized(1, 2, 8)
@@ -34,10 +52,7 @@ def hpn_schedule():
 
 def test_fail2_is_detected_resynthesized_validated_and_versioned(hpn_schedule):
     topology, schedule = hpn_schedule
-    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
-    assert manager.register("job", schedule) == 1
-    for seq in range(1, 5):  # seq 1 is ignored (start-up), 2-3 learn references, 4 healthy
-        manager.ingest(samples(16, seq))
+    manager = warmed_up(topology, schedule)
     assert manager.step() == [] and manager.versions("job") == {"allgather": 1}
     for seq in range(5, 12):
         manager.ingest(samples(16, seq, slow_rank=0))
@@ -64,10 +79,7 @@ def test_fail2_is_detected_resynthesized_validated_and_versioned(hpn_schedule):
 
 def test_uniform_slowdown_does_not_resynthesize(hpn_schedule):
     topology, schedule = hpn_schedule
-    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
-    manager.register("job", schedule)
-    for seq in range(1, 5):
-        manager.ingest(samples(16, seq))
+    manager = warmed_up(topology, schedule)
     for seq in range(5, 12):  # every overlay link at 30%: a uniformly scaled fabric
         manager.ingest([Sample(s.kind, s.communicator, s.rank, s.peer, int(s.bytes * 0.3), s.seconds, 0.0, seq)
                         for s in samples(16, seq)])
@@ -131,12 +143,7 @@ def test_register_rules(hpn_schedule):
 
 def test_a_degradation_that_clears_after_the_swap_brings_the_nominal_schedule_back(hpn_schedule):
     topology, schedule = hpn_schedule
-    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
-    manager.register("job", schedule)
-    for seq in range(1, 5):
-        manager.ingest(samples(16, seq))
-    for seq in range(5, 12):
-        manager.ingest(samples(16, seq, slow_rank=0))
+    manager = fail2_seen(topology, schedule)
     manager.step()
     assert manager.versions("job") == {"allgather": 2}
     for seq in range(12, 30):  # the cable is repaired: every factor back to 1
@@ -154,12 +161,7 @@ def test_alltoall_fail2_is_resynthesized_by_column_generation():
     """The same loop for AllToAll: NCCL-style direct sends paced by a degraded NIC get a CG schedule."""
     topology = rail_optimized(1, 2, 8)
     schedule = direct_alltoall(topology).with_meta(version=1)
-    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
-    manager.register("job", schedule)
-    for seq in range(1, 5):
-        manager.ingest(samples(16, seq))
-    for seq in range(5, 12):
-        manager.ingest(samples(16, seq, slow_rank=0))
+    manager = fail2_seen(topology, schedule)
     assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
     from mccl.schedule import loads_schedule
 
