@@ -65,7 +65,8 @@ def _bars(plt, report: ScenarioReport):  # type: ignore[no-untyped-def]
         axis.set_xticks(range(len(states)))
         axis.set_xticklabels(states, fontsize=8, rotation=15)
         axis.set_ylabel("algbw (GB/s)")
-        axis.set_title(f"{report.title} — {collective.value} (missing bars: not yet available)", fontsize=9)
+        missing = " (missing bars: not yet available)" if any(row.algbw_gbs is None for row in rows) else ""
+        axis.set_title(f"{report.title} — {collective.value}{missing}", fontsize=9)
         axis.legend(fontsize=7)
         axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
