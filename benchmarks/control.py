@@ -23,14 +23,14 @@ Writes ``benchmarks/results/control_*.csv`` and ``control_detection.png``.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
-from mccl.control import ControlConfig, ControllerClient, ControllerService, RawSample, ScheduleManager
+from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
 from mccl.control.drift import drift_test, measured_capacities, overlay_map, profile
 from mccl.synth import nccl_ring, optimize
 from mccl.topology import rail_optimized
@@ -40,16 +40,16 @@ ALPHAS = (0.012, 0.05, 0.1, 0.3, 0.5, 1.0)
 
 
 def telemetry_round(n: int, seq: int, rng: np.random.Generator, slow: bool, noise: float = 0.05,
-                    communicator: str = "job") -> list[RawSample]:
+                    communicator: str = "job") -> list[Sample]:
     half = n // 2
     out = []
     for i in range(n):
         rate = 10.0 * max(0.05, 1 + noise * rng.standard_normal())
-        out.append(RawSample("intra", communicator, i, -1, int(rate * 1.25e6), 1e-3, 0.0, seq))
+        out.append(Sample("intra", communicator, i, -1, int(rate * 1.25e6), 1e-3, 0.0, seq))
         for j in range(n):
             if (i < half) != (j < half):
                 rate = 10.0 * (0.125 if slow and 0 in (i, j) else 1.0) * max(0.05, 1 + noise * rng.standard_normal())
-                out.append(RawSample("inter", communicator, i, j, int(rate * 1.25e6), 1e-3, 0.0, seq))
+                out.append(Sample("inter", communicator, i, j, int(rate * 1.25e6), 1e-3, 0.0, seq))
     return out
 
 
@@ -183,11 +183,7 @@ def live(runs: int) -> list[dict]:
 
 
 def write(name: str, rows: list[dict]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"control_{name}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(RESULTS / f"control_{name}.csv", rows)
 
 
 def plot(rows: list[dict]) -> None:

@@ -20,12 +20,13 @@ Writes ``benchmarks/results/runtime.csv`` and prints tables.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.runtime.launch import run_ranks
 
@@ -308,11 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = [abs(m / accuracy["known_Bps"] - 1) for m in accuracy["measured_Bps"]]
     print(f"\ntelemetry accuracy vs a throttled peer ({accuracy['known_Bps'] / 1e6:.0f} MB/s known): "
           f"measured {[round(m / 1e6, 1) for m in accuracy['measured_Bps']]} MB/s, error max {max(errors) * 100:.2f}%")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    write_csv(args.csv, table)
     _plot(table, args.csv.with_suffix(".png"))
     print(f"wrote {args.csv} and {args.csv.with_suffix('.png')}")
     return 0

@@ -20,7 +20,6 @@ Fail2 (asymmetric, hence more events). Writes a CSV and a PNG next to ``--out``.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 from standin import hierarchical_allgather  # noqa: E402
 
 from mccl.errors import SynthesisError  # noqa: E402
@@ -154,12 +154,7 @@ def main() -> None:
 
 
 def write(rows: list[dict[str, object]], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key, "") for key in COLUMNS})
+    write_csv(out.with_suffix(".csv"), rows, COLUMNS)
     console.print(f"benchmarks/sim.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     console.print("| " + " | ".join(COLUMNS) + " |")
     console.print("|" + "---|" * len(COLUMNS))

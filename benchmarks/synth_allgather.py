@@ -16,7 +16,6 @@ machine may be shared; the warm/cold speed-up is a ratio of CPU times). Writes C
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import resource
 import statistics
@@ -24,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 SIZES = {16: (1, 2, 8), 32: (1, 4, 8), 64: (1, 8, 8), 128: (1, 16, 8), 256: (1, 32, 8), 512: (2, 32, 8)}
 SCENARIOS = ("healthy", "Fail1", "Fail2", "Fail3")
@@ -163,7 +164,7 @@ def main() -> None:
         print(f"{'library':45s} {'build ms':>9s} {'solve ms':>9s} {'flow':>8s}")
         for row in rows:
             print(f"{row['library']:45s} {row['build_ms']:9.2f} {row['solve_ms']:9.2f} {row['flow']:8d}")
-        _write_csv(out.with_name(out.name + "_maxflow.csv"), rows)
+        write_csv(out.with_name(out.name + "_maxflow.csv"), rows)
         return
     sizes = [16, 32, 64] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeat = 1 if args.quick else args.repeat
@@ -184,15 +185,8 @@ def main() -> None:
                   f"loss {100 * row['rounding_gap']:6.3f}%  k {row['chunks']:2d}  depth {row['max_depth']:3d}  "
                   f"flows {row['max_flows']:6d}  speedup {row['warm_speedup']:5.2f}  "
                   f"kept {row['kept_fraction']:.2f}  rss {row['peak_rss_mib']:7.1f} MiB", flush=True)
-    _write_csv(out.with_suffix(".csv"), rows)
+    write_csv(out.with_suffix(".csv"), rows)
     _plot(out.with_suffix(".png"), rows)
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _plot(path: Path, rows: list[dict]) -> None:

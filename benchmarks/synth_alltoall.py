@@ -14,11 +14,12 @@ Writes a CSV and a PNG next to each other and prints a table.
 from __future__ import annotations
 
 import argparse
-import csv
 import resource
 import statistics
 import time
 from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.errors import SynthesisError
 from mccl.schedule import validate
@@ -98,10 +99,7 @@ def main() -> None:
                   f"{fmt(compact_s, '>9.2f')} {fmt(row['compact_over_cold'], '>12.1f')} {meta.throughput_bound_gbs:>9.2f} "
                   f"{meta.achieved_gbs:>8.2f} {100 * meta.stat('gap'):>6.2f} {meta.stat('columns'):>8.0f} "
                   f"{row['maxrss_mib']:>10.0f}", flush=True)
-    with args.out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.out, rows)
     _plot(rows, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

@@ -64,15 +64,23 @@ def _flat(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor.reshape(-1)
 
 
+def _check_gathered(collective: str, *, whole: tuple[torch.Tensor, str], part: tuple[torch.Tensor, str],
+                    n: int) -> int:
+    """Same dtype, and ``whole`` holds n × ``part`` elements; returns the elements per rank."""
+    (big, big_name), (small, small_name) = whole, part
+    if big.dtype != small.dtype:
+        raise MCCLError(f"{collective}: {big_name} dtype {big.dtype} differs from {small_name} dtype {small.dtype}")
+    per_rank = small.numel()
+    if big.numel() != n * per_rank:
+        raise MCCLError(f"{collective}: the {big_name} has {big.numel()} elements; it must have {n} × {per_rank} "
+                        f"(world size × {small_name} elements)")
+    return per_rank
+
+
 def all_gather_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor) -> Buffers:
     n, rank = plan.n_ranks, plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
-    if out.dtype != inp.dtype:
-        raise MCCLError(f"all_gather: output dtype {out.dtype} differs from input dtype {inp.dtype}")
-    per_rank = inp.numel()
-    if out.numel() != n * per_rank:
-        raise MCCLError(f"all_gather: the output has {out.numel()} elements; it must have {n} × {per_rank} "
-                        f"(world size × input elements)")
+    per_rank = _check_gathered("all_gather", whole=(out, "output"), part=(inp, "input"), n=n)
     own = out[rank * per_rank:(rank + 1) * per_rank]
     if own.data_ptr() != inp.data_ptr():
         own.copy_(inp)
@@ -159,12 +167,7 @@ def _splits(splits: Sequence[int] | None, rows: int, n: int, name: str) -> np.nd
 def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor, op: object) -> Buffers:
     n, rank = plan.n_ranks, plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
-    if out.dtype != inp.dtype:
-        raise MCCLError(f"reduce_scatter: output dtype {out.dtype} differs from input dtype {inp.dtype}")
-    per_rank = out.numel()
-    if inp.numel() != n * per_rank:
-        raise MCCLError(f"reduce_scatter: the input has {inp.numel()} elements; it must have {n} × {per_rank} "
-                        f"(world size × output elements)")
+    per_rank = _check_gathered("reduce_scatter", whole=(inp, "input"), part=(out, "output"), n=n)
     work = inp.clone()
 
     def finish() -> None:
