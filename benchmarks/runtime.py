@@ -6,10 +6,13 @@
 For each world size one set of processes measures, interleaved repetition by
 repetition (so that load from other jobs hits every variant alike): torch's native
 gloo ``all_gather_into_tensor`` / ``all_to_all_single``, mccl through the direct API,
-mccl through the registered ``"mccl"`` backend (``dist.*`` on an mccl group), and
-mccl with telemetry on. A repetition's time is the slowest rank's; figures are
+mccl through the registered ``"mccl"`` backend (``dist.*`` on an mccl group),
+mccl with telemetry on, and a reference written in a few lines of plain Python over
+``dist.isend``/``dist.irecv`` (AllGather: the ring the issue quotes, "2.5× native gloo
+at 16 MiB"; AllToAll: every send and receive posted at once). A repetition's time is the slowest rank's; figures are
 medians; ratios are native time / mccl time from the same run. Sizes are nccl-tests'
-S: AllGather output bytes per rank, AllToAll send-buffer bytes per rank.
+S: AllGather output bytes per rank, AllToAll send-buffer bytes per rank; the
+"per rank" column is S / ranks (an AllGather's input, an AllToAll's block per peer).
 
 Then: the latency of a tiny collective (per-collective overhead), telemetry accuracy
 against a throttled peer (it accepts one message per interval: a known rate), and
@@ -33,7 +36,7 @@ from mccl.runtime.launch import run_ranks
 KIB, MIB = 1 << 10, 1 << 20
 FULL_SIZES = [64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 QUICK_SIZES = [64 * KIB, MIB, 16 * MIB]
-VARIANTS = ("native", "mccl_api", "mccl_backend", "mccl_telemetry")
+VARIANTS = ("native", "mccl_api", "mccl_backend", "mccl_telemetry", "p2p_reference")
 
 
 def _reps(size: int, quick: bool) -> int:
@@ -118,12 +121,41 @@ def _calls(collective, per_rank, n, world, api, group, telemetry):
         return {"native": partial(dist.all_gather_into_tensor, out, x, group=world),
                 "mccl_api": partial(mccl.all_gather_into_tensor, out, x, group=api),
                 "mccl_backend": partial(dist.all_gather_into_tensor, out, x, group=group),
-                "mccl_telemetry": partial(telemetry.all_gather_into_tensor, out, x)}
+                "mccl_telemetry": partial(telemetry.all_gather_into_tensor, out, x),
+                "p2p_reference": partial(_plain_ring_all_gather, out, x)}
     x, out = torch.ones(per_rank * n), torch.empty(per_rank * n)
     return {"native": partial(dist.all_to_all_single, out, x, group=world),
             "mccl_api": partial(mccl.all_to_all_single, out, x, group=api),
             "mccl_backend": partial(dist.all_to_all_single, out, x, group=group),
-            "mccl_telemetry": partial(telemetry.all_to_all_single, out, x)}
+            "mccl_telemetry": partial(telemetry.all_to_all_single, out, x),
+            "p2p_reference": partial(_plain_all_to_all, out, x)}
+
+
+def _plain_ring_all_gather(out, x) -> None:
+    """The reference: a textbook ring in plain Python point-to-point calls (one block per step)."""
+    import torch.distributed as dist
+
+    rank, n, per = dist.get_rank(), dist.get_world_size(), x.numel()
+    out[rank * per:(rank + 1) * per].copy_(x)
+    for step in range(n - 1):
+        send_block, recv_block = (rank - step) % n, (rank - step - 1) % n
+        receive = dist.irecv(out[recv_block * per:(recv_block + 1) * per], (rank - 1) % n, tag=step)
+        send = dist.isend(out[send_block * per:(send_block + 1) * per], (rank + 1) % n, tag=step)
+        receive.wait()
+        send.wait()
+
+
+def _plain_all_to_all(out, x) -> None:
+    """The reference: every block's send and receive posted at once, plain Python point-to-point calls."""
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    per = x.numel() // n
+    out[rank * per:(rank + 1) * per].copy_(x[rank * per:(rank + 1) * per])
+    works = [dist.irecv(out[p * per:(p + 1) * per], p, tag=1) for p in ((rank - d) % n for d in range(1, n))]
+    works += [dist.isend(x[p * per:(p + 1) * per], p, tag=1) for p in ((rank + d) % n for d in range(1, n))]
+    for work in works:
+        work.wait()
 
 
 def _swap_timings(rank, n, topology, count):
@@ -224,7 +256,7 @@ def _python_work_us(n: int = 8, calls: int = 2000) -> dict[str, float]:
         start = time.perf_counter()
         for _ in range(calls):
             if name.startswith("alltoall"):
-                buffers = executor.all_to_all_buffers(plan, out, inp, None, None)
+                buffers = executor.all_to_all_buffers(plan, out, inp, None, None, cache=cache)
             else:
                 buffers = executor.all_gather_buffers(plan, out, inp)
             executor.regions(plan, buffers, cache)
@@ -264,27 +296,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 sizes, fewer repetitions")
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--sizes", help="comma-separated sizes S with K or M suffix, e.g. 1M,16M,64M "
+                        "(default: 64K..64M, or 64K,1M,16M with --quick)")
     parser.add_argument("--csv", type=Path, default=Path(__file__).parent / "results" / "runtime.csv")
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes:
+        sizes = [int(text[:-1]) * {"K": KIB, "M": MIB}[text[-1].upper()] for text in args.sizes.split(",")]
     table = []
     for n in args.ranks:
         results = run_ranks(_bench_rank, n, sizes, args.quick, timeout_s=1500)
         print(f"\n== {n} ranks (gloo, loopback; medians of the slowest rank per repetition) ==")
-        print(f"{'collective':10s} {'size':>9s} {'native ms':>10s} {'api ms':>9s} {'backend ms':>10s} "
-              f"{'telem ms':>9s} {'api algbw GB/s':>14s} {'api/native':>10s} {'backend/nat':>11s} {'telem ovh':>9s}")
+        print(f"{'collective':10s} {'size S':>9s} {'per rank':>9s} {'native ms':>10s} {'api ms':>9s} {'backend ms':>10s} "
+              f"{'telem ms':>9s} {'p2p ref ms':>10s} {'api algbw GB/s':>14s} {'api/native':>10s} {'backend/nat':>11s} "
+              f"{'ref/native':>10s} {'telem ovh':>9s}")
         for index, row in enumerate(results[0]["rows"]):
             med = {v: _median_of_max([r["rows"][index]["times"][v] for r in results]) for v in VARIANTS}
             size = row["size"]
             ratio_api = med["native"] / med["mccl_api"]
             ratio_backend = med["native"] / med["mccl_backend"]
+            ratio_reference = med["native"] / med["p2p_reference"]
             overhead = med["mccl_telemetry"] / med["mccl_api"] - 1
-            print(f"{row['collective']:10s} {size // KIB:>6d}KiB {med['native'] * 1e3:10.2f} {med['mccl_api'] * 1e3:9.2f} "
-                  f"{med['mccl_backend'] * 1e3:10.2f} {med['mccl_telemetry'] * 1e3:9.2f} {size / med['mccl_api'] / 1e9:14.3f} "
-                  f"{ratio_api:10.2f} {ratio_backend:11.2f} {overhead * 100:8.1f}%")
+            print(f"{row['collective']:10s} {size // KIB:>6d}KiB {size // n // KIB:>6d}KiB {med['native'] * 1e3:10.2f} "
+                  f"{med['mccl_api'] * 1e3:9.2f} {med['mccl_backend'] * 1e3:10.2f} {med['mccl_telemetry'] * 1e3:9.2f} "
+                  f"{med['p2p_reference'] * 1e3:10.2f} {size / med['mccl_api'] / 1e9:14.3f} "
+                  f"{ratio_api:10.2f} {ratio_backend:11.2f} {ratio_reference:10.2f} {overhead * 100:8.1f}%")
             table.append({"ranks": n, "collective": row["collective"], "size_bytes": size,
                           **{f"{v}_ms": round(med[v] * 1e3, 4) for v in VARIANTS},
                           "api_vs_native": round(ratio_api, 3), "backend_vs_native": round(ratio_backend, 3),
+                          "reference_vs_native": round(ratio_reference, 3),
                           "telemetry_overhead": round(overhead, 4)})
         tiny = {v: statistics.median(r["tiny"][v] for r in results) for v in results[0]["tiny"]}
         print(f"tiny AllGather (64 B): native {tiny['native'] * 1e6:.0f} µs, mccl api {tiny['mccl_api'] * 1e6:.0f} µs, "

@@ -37,17 +37,25 @@ REDUCERS: dict[object, Reducer] = {
 class Buffers:
     """Where the chunks of one call live on this rank.
 
-    ``block_elems[b]``: elements of block b; ``region(chunk)``: (tensor, element offset
-    of the chunk's block in it). ``finish`` runs after the last operation (copy out).
+    ``tensors``: the call's tensors; an entry left None is a scratch tensor that the
+    executor allocates at the size the layout needs (relays). ``block_elems[b]``:
+    elements of block b; ``region(chunk, layout)``: (index into ``tensors``, element
+    offset of the chunk's block in it). Every region is a function of the plan, the
+    block sizes and ``kind`` only (not of the tensors' addresses), so the executor
+    computes them once per (kind, block sizes) and slices the tensors per call.
+    ``finish`` runs after the last operation (copy out).
     """
 
+    kind: str
+    tensors: list[torch.Tensor | None]
     block_elems: np.ndarray
-    region: Callable[[int, Layout], tuple[torch.Tensor, int]]
+    region: Callable[[int, Layout], tuple[int, int]]
     finish: Callable[[], None] | None = None
     reducer: Reducer | None = None
-    template: torch.Tensor | None = None  # an empty tensor of the call's dtype and device
-    # AllToAll: this rank's own block in the input and the output, (tensor, start, length)
-    self_segments: tuple[tuple[torch.Tensor, int, int], tuple[torch.Tensor, int, int]] | None = None
+    template: torch.Tensor | None = None  # a tensor of the call's dtype and device (new_empty, element_size)
+    # AllToAll: this rank's own block in the input and the output, (tensor index, start, length);
+    # the executor copies it across (or lets gloo's alltoallv do so, see executor._run_exchange)
+    self_segments: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
 
 
 def even_blocks(total: int, n: int) -> np.ndarray:
@@ -61,7 +69,7 @@ def _flat(tensor: torch.Tensor, name: str) -> torch.Tensor:
         raise MCCLError(f"{name} must be contiguous")
     if tensor.is_complex():
         tensor = torch.view_as_real(tensor)
-    return tensor.reshape(-1)
+    return tensor if tensor.dim() == 1 else tensor.reshape(-1)
 
 
 def _check_gathered(collective: str, *, whole: tuple[torch.Tensor, str], part: tuple[torch.Tensor, str],
@@ -85,37 +93,67 @@ def all_gather_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor
     if own.data_ptr() != inp.data_ptr():
         own.copy_(inp)
     source = plan.chunk_source
-    return Buffers(np.full(n, per_rank, dtype=np.int64),
-                   lambda chunk, _layout: (out, int(source[chunk]) * per_rank), template=out[:0])
+    return Buffers("all_gather", [out], np.full(n, per_rank, dtype=np.int64),
+                   lambda chunk, _layout: (0, int(source[chunk]) * per_rank), template=out)
 
 
 def all_to_all_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor,
                        output_splits: Sequence[int] | None, input_splits: Sequence[int] | None,
-                       split_matrix: Callable[[list[int]], np.ndarray] | None = None) -> Buffers:
+                       split_matrix: Callable[[list[int]], np.ndarray] | None = None,
+                       cache: dict | None = None) -> Buffers:
     """``output_splits``/``input_splits`` in rows of dim 0, as torch's ``all_to_all_single``.
 
     Uneven splits on a schedule with relays need every rank's splits (a relay must
     know the size of what it forwards): ``split_matrix(my_input_splits)`` returns the
-    n × n matrix of input splits in elements, gathered over the group.
+    n × n matrix of input splits in elements, gathered over the group. ``cache`` (kept
+    with the plan) holds the offsets of the shapes seen before, except in that case,
+    where they depend on the other ranks' splits of this very call.
     """
-    n, rank = plan.n_ranks, plan.rank
+    rank = plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
     if out.dtype != inp.dtype:
         raise MCCLError(f"all_to_all: output dtype {out.dtype} differs from input dtype {inp.dtype}")
-    rows_in, rows_out = (input.shape[0] if input.dim() else 1), (output.shape[0] if output.dim() else 1)
-    row_in = inp.numel() // max(rows_in, 1)
-    row_out = out.numel() // max(rows_out, 1)
+    shape_key = ("all_to_all", input.shape[0] if input.dim() else 1, output.shape[0] if output.dim() else 1,
+                 inp.numel(), out.numel(), None if input_splits is None else tuple(input_splits),
+                 None if output_splits is None else tuple(output_splits))
+    geometry = cache.get(shape_key) if cache is not None else None
+    if geometry is None:
+        geometry = _all_to_all_geometry(plan, shape_key, split_matrix)
+        if cache is not None and geometry.reusable:
+            cache[shape_key] = geometry
+    in_start, out_start, own = geometry.in_offset[rank], geometry.out_offset[rank], geometry.own
+    return Buffers("all_to_all", [inp, out, None], geometry.block_elems, geometry.region, template=out,
+                   self_segments=((_IN, in_start, own), (_OUT, out_start, own)))
+
+
+@dataclass(frozen=True, eq=False)
+class _AllToAllGeometry:
+    """Element offsets of one AllToAll call's blocks, a function of the call's shapes and splits."""
+
+    block_elems: np.ndarray
+    in_offset: list[int]
+    out_offset: list[int]
+    own: int
+    region: Callable[[int, Layout], tuple[int, int]]
+    reusable: bool
+
+
+def _all_to_all_geometry(plan: RankPlan, shape_key: tuple, split_matrix) -> _AllToAllGeometry:
+    n, rank = plan.n_ranks, plan.rank
+    _, rows_in, rows_out, numel_in, numel_out, input_splits, output_splits = shape_key
+    row_in = numel_in // max(rows_in, 1)
+    row_out = numel_out // max(rows_out, 1)
     in_split = _splits(input_splits, rows_in, n, "input") * row_in
     out_split = _splits(output_splits, rows_out, n, "output") * row_out
-    if row_in != row_out and inp.numel() and out.numel():
+    if row_in != row_out and numel_in and numel_out:
         raise MCCLError("all_to_all: input and output rows differ in size")
-    in_offset = np.concatenate([[0], np.cumsum(in_split)])
-    out_offset = np.concatenate([[0], np.cumsum(out_split)])
+    in_offset = [int(v) for v in np.concatenate([[0], np.cumsum(in_split)])]
+    out_offset = [int(v) for v in np.concatenate([[0], np.cumsum(out_split)])]
     if int(in_split[rank]) != int(out_split[rank]):
         raise MCCLError(f"all_to_all: rank {rank} sends itself {in_split[rank]} elements but expects {out_split[rank]}")
-    out[out_offset[rank]:out_offset[rank + 1]].copy_(inp[in_offset[rank]:in_offset[rank + 1]])
     even = (input_splits is None or len(set(input_splits)) <= 1) and (output_splits is None or len(set(output_splits)) <= 1)
-    if even or not plan.relayed_chunks and not plan.has_relays:
+    reusable = even or not plan.relayed_chunks and not plan.has_relays
+    if reusable:
         matrix = np.zeros((n, n), dtype=np.int64)
         matrix[rank, :] = in_split
         matrix[:, rank] = out_split
@@ -128,27 +166,26 @@ def all_to_all_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor
         if not np.array_equal(matrix[:, rank], out_split):
             raise MCCLError(f"all_to_all: rank {rank} expects {out_split.tolist()} elements from the ranks, "
                             f"they send {matrix[:, rank].tolist()}")
-    block_elems = matrix.reshape(-1).astype(np.int64)
     source, destination = plan.chunk_source, plan.chunk_destination
-    scratch_state: dict[str, object] = {}
+    scratch_offsets: dict[int, int] = {}
 
-    def region(chunk: int, layout: Layout) -> tuple[torch.Tensor, int]:
+    def region(chunk: int, layout: Layout) -> tuple[int, int]:
         s, d = int(source[chunk]), int(destination[chunk])
         if s == rank:
-            return inp, int(in_offset[d])
+            return _IN, in_offset[d]
         if d == rank:
-            return out, int(out_offset[s])
-        if "offsets" not in scratch_state:
+            return _OUT, out_offset[s]
+        if not scratch_offsets:  # relayed chunks lie back to back in the scratch tensor
             relayed = list(plan.relayed_chunks)
-            lengths = layout.length[relayed]
-            starts = np.concatenate([[0], np.cumsum(lengths)])
-            scratch_state["offsets"] = {c: int(starts[i]) - int(layout.offset[c]) for i, c in enumerate(relayed)}
-            scratch_state["tensor"] = torch.empty(int(starts[-1]), dtype=inp.dtype, device=inp.device)
-        return scratch_state["tensor"], scratch_state["offsets"][chunk]  # type: ignore[index,return-value]
+            starts = np.concatenate([[0], np.cumsum(layout.length[relayed])])
+            scratch_offsets.update({c: int(starts[i]) - int(layout.offset[c]) for i, c in enumerate(relayed)})
+        return _SCRATCH, scratch_offsets[chunk]
 
-    own = int(in_split[rank])
-    return Buffers(block_elems, region, template=out[:0],
-                   self_segments=((inp, int(in_offset[rank]), own), (out, int(out_offset[rank]), own)))
+    return _AllToAllGeometry(matrix.reshape(-1).astype(np.int64), in_offset, out_offset, int(in_split[rank]), region,
+                             reusable)
+
+
+_IN, _OUT, _SCRATCH = 0, 1, 2  # AllToAll's tensors
 
 
 def _splits(splits: Sequence[int] | None, rows: int, n: int, name: str) -> np.ndarray:
@@ -173,16 +210,16 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
     def finish() -> None:
         out.copy_(work[rank * per_rank:(rank + 1) * per_rank])
 
-    return Buffers(np.full(n, per_rank, dtype=np.int64), lambda chunk, _layout: (work, int(plan.chunk_block[chunk]) * per_rank),
-                   finish, _reducer(op), work[:0])
+    return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64),
+                   lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish, _reducer(op), work)
 
 
 def all_reduce_buffers(plan: RankPlan, tensor: torch.Tensor, op: object) -> Buffers:
     flat = _flat(tensor, "tensor")
     blocks = even_blocks(flat.numel(), plan.n_ranks)
     starts = np.concatenate([[0], np.cumsum(blocks)])
-    return Buffers(blocks, lambda chunk, _layout: (flat, int(starts[plan.chunk_block[chunk]])), None, _reducer(op),
-                   flat[:0])
+    return Buffers("all_reduce", [flat], blocks, lambda chunk, _layout: (0, int(starts[plan.chunk_block[chunk]])), None,
+                   _reducer(op), flat)
 
 
 def _reducer(op: object) -> Reducer:

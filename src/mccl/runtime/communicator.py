@@ -271,7 +271,7 @@ class Communicator:
                 work.wait()
                 return
             buffers = executor.all_to_all_buffers(installed.plan, output, input, output_split_sizes, input_split_sizes,
-                                                  self._split_matrix)
+                                                  self._split_matrix, installed.layouts)
             self._execute(installed, buffers, seq)
         return self._submit(Collective.ALLTOALL, body, [output], async_op)
 

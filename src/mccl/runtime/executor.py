@@ -15,6 +15,8 @@ several chunks of one path are in flight at once (pipelining across chunks).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch._C._distributed_c10d import AllToAllOptions
 
@@ -28,35 +30,75 @@ from mccl.runtime.buffers import (
     even_blocks,
     reduce_scatter_buffers,
 )
-from mccl.runtime.plan import RankPlan
+from mccl.runtime.plan import Layout, RankPlan
 from mccl.runtime.telemetry import Meters
 from mccl.runtime.transport import P2P, TAG_SPAN, Transport
 from mccl.schedule import Collective, TransferOp
 
-__all__ = ["Buffers", "execute", "default_driver", "all_gather_buffers", "all_to_all_buffers",
+__all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "execute", "default_driver", "all_gather_buffers", "all_to_all_buffers",
            "reduce_scatter_buffers", "all_reduce_buffers", "even_blocks", "REDUCERS"]
+
+@dataclass(eq=False)
+class Bound:
+    """What one call needs that depends only on the plan, the buffer kind and the block sizes.
+
+    Computed on the first call with given sizes and cached with the installed schedule:
+    a training step repeats the same sizes, so a call then only slices its tensors.
+    ``spans[i]``: operation i's (tensor index, start, length), None for an empty chunk;
+    ``extent``: elements every tensor must hold (the end of its last span);
+    ``scratch``: the same for the scratch tensors the call allocates.
+    """
+
+    layout: Layout
+    spans: list[tuple[int, int, int] | None]
+    extent: dict[int, int]
+    scratch: dict[int, int]
+    exchange: list[ExchangeStep] | None = None  # built by the exchange driver on first use
+
+
+@dataclass(frozen=True, eq=False)
+class ExchangeStep:
+    """One step of the exchange driver: one gloo alltoallv.
+
+    In place (``packed`` False): ``send_region``/``recv_region`` are (tensor index, start,
+    end) covering the step's chunks in peer order around this rank's own block. Packed:
+    the sends are concatenated, the receives unpacked, in (peer, operation) order.
+    """
+
+    sends: tuple[int, ...]
+    recvs: tuple[int, ...]
+    in_split: list[int]
+    out_split: list[int]
+    packed: bool
+    send_region: tuple[int, int, int] | None = None
+    recv_region: tuple[int, int, int] | None = None
+
 
 def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int = 0,
             meters: Meters | None = None, layout_cache: dict | None = None, driver: str | None = None) -> None:
     """Run ``plan`` once over ``buffers``; blocks until this rank's part is done.
 
     ``driver``: ``"eager"``, ``"exchange"`` (gloo only) or ``"stepwise"``; default:
-    :func:`default_driver`.
+    :func:`default_driver`. ``layout_cache``: a dict kept with the plan, where the
+    per-size work (:class:`Bound`) is cached.
     """
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
-    views, spans = regions(plan, buffers, layout_cache)
-    tag_base = (seq % 1024) * TAG_SPAN
-    temps: dict[int, torch.Tensor] = {}
     chosen = driver or default_driver(transport, plan)
     if chosen in ("eager", "exchange") and not transport.dependency_driven:
         raise MCCLError(f"the {chosen} driver needs a gloo transport")
+    bound = bind(plan, buffers, layout_cache)
+    tensors = _allocate(buffers, bound)
     if chosen == "exchange":
-        _run_exchange(transport, plan, views, spans, buffers, meters)
+        _run_exchange(transport, plan, bound, tensors, buffers, meters)
     elif chosen in ("eager", "stepwise"):
+        _copy_own_block(buffers, tensors)
+        views = _views(bound, tensors)
+        temps: dict[int, torch.Tensor] = {}
         for op in plan.ops:
             if views[op.index] is not None and not op.is_send and op.op is TransferOp.REDUCE:
                 temps[op.index] = torch.empty_like(views[op.index])
+        tag_base = (seq % 1024) * TAG_SPAN
         runner = _run_eager if chosen == "eager" else _run_stepwise
         runner(transport, plan, views, temps, buffers.reducer, tag_base, meters)
     else:
@@ -65,35 +107,63 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
         buffers.finish()
 
 
-def regions(plan: RankPlan, buffers: Buffers, layout_cache: dict | None = None) -> tuple[list, list]:
-    """Every operation's tensor view and (tensor, start, length) span; None for empty chunks.
+def bind(plan: RankPlan, buffers: Buffers, cache: dict | None = None) -> Bound:
+    """The call's :class:`Bound`, from ``cache`` when these block sizes ran before.
 
-    This, with building the :class:`Buffers`, is the executor's Python work per call
-    before the first operation is issued (benchmarks/runtime.py measures it)."""
-    key = buffers.block_elems.tobytes()
-    layout = layout_cache.get(key) if layout_cache is not None else None
-    if layout is None:
+    This, with building the :class:`Buffers` and slicing the tensors, is the executor's
+    Python work per call before the first operation is issued (benchmarks/runtime.py
+    measures it). Sizes are checked against the tensors on every call."""
+    key = (buffers.kind, buffers.block_elems.tobytes())
+    bound = cache.get(key) if cache is not None else None
+    if bound is None:
         layout = plan.layout(buffers.block_elems)
-        if layout_cache is not None:
-            if len(layout_cache) > 64:
-                layout_cache.clear()
-            layout_cache[key] = layout
-    views: list[torch.Tensor | None] = []
-    spans: list[tuple[torch.Tensor, int, int] | None] = []
-    for op in plan.ops:
-        length = int(layout.length[op.chunk])
-        if length == 0:
-            views.append(None)
-            spans.append(None)
-            continue
-        tensor, base = buffers.region(op.chunk, layout)
-        start = base + int(layout.offset[op.chunk])
-        if start + length > tensor.numel():
-            raise MCCLError(f"chunk {op.chunk} ends at element {start + length}, beyond the {tensor.numel()} "
-                            "elements of its buffer")
-        views.append(tensor[start:start + length])
-        spans.append((tensor, start, length))
-    return views, spans
+        spans: list[tuple[int, int, int] | None] = []
+        extent: dict[int, int] = {}
+        for op in plan.ops:
+            length = int(layout.length[op.chunk])
+            if length == 0:
+                spans.append(None)
+                continue
+            index, base = buffers.region(op.chunk, layout)
+            start = base + int(layout.offset[op.chunk])
+            spans.append((index, start, length))
+            extent[index] = max(extent.get(index, 0), start + length)
+        scratch = {index: end for index, end in extent.items() if buffers.tensors[index] is None}
+        bound = Bound(layout, spans, extent, scratch)
+        if cache is not None:
+            if len(cache) > 64:
+                cache.clear()
+            cache[key] = bound
+    for index, end in bound.extent.items():
+        tensor = buffers.tensors[index]
+        if tensor is not None and end > tensor.numel():
+            raise MCCLError(f"a chunk ends at element {end}, beyond the {tensor.numel()} elements of its buffer")
+    return bound
+
+
+def _copy_own_block(buffers: Buffers, tensors) -> None:
+    if buffers.self_segments is not None and buffers.self_segments[0][2]:
+        (in_index, in_start, length), (out_index, out_start, _) = buffers.self_segments
+        tensors[out_index][out_start:out_start + length].copy_(tensors[in_index][in_start:in_start + length])
+
+
+def _allocate(buffers: Buffers, bound: Bound) -> list[torch.Tensor]:
+    tensors = list(buffers.tensors)
+    for index, elems in bound.scratch.items():
+        tensors[index] = buffers.template.new_empty(elems)
+    return tensors
+
+
+def _views(bound: Bound, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    return [None if span is None else tensors[span[0]][span[1]:span[1] + span[2]] for span in bound.spans]
+
+
+def regions(plan: RankPlan, buffers: Buffers, layout_cache: dict | None = None) -> tuple[list, list]:
+    """Every operation's tensor view and (tensor, start, length) span; None for empty chunks."""
+    bound = bind(plan, buffers, layout_cache)
+    tensors = _allocate(buffers, bound)
+    spans = [None if span is None else (tensors[span[0]], span[1], span[2]) for span in bound.spans]
+    return _views(bound, tensors), spans
 
 
 def default_driver(transport: Transport, plan: RankPlan) -> str:
@@ -105,19 +175,20 @@ def default_driver(transport: Transport, plan: RankPlan) -> str:
     return "exchange" if plan.collective is Collective.ALLTOALL else "eager"
 
 
-def _run_exchange(transport, plan, views, spans, buffers: Buffers, meters) -> None:
-    """gloo only: every step of the schedule is one ``alltoall_base`` with split sizes (zero for peers
-    without transfers in that step); every rank takes part in every step. A step's data to a peer is
-    the concatenation of its chunks in the plan's per-pair order, so both ends agree. When a step's
-    chunks already lie back to back in one tensor in peer order around this rank's own block
-    (direct AllToAll), gloo reads and writes them in place; otherwise they are packed into and
-    unpacked from staging buffers."""
+def _exchange_program(plan: RankPlan, bound: Bound, buffers: Buffers) -> list[ExchangeStep]:
+    """The exchange driver's steps: every step of the schedule is one ``alltoall_base`` with split
+    sizes (zero for peers without transfers in that step); every rank takes part in every step. A
+    step's data to a peer is the concatenation of its chunks in the plan's per-pair order, so both
+    ends agree. When a step's chunks already lie back to back in one tensor in peer order around
+    this rank's own block (direct AllToAll), gloo reads and writes them in place; otherwise they
+    are packed into and unpacked from staging buffers."""
     n, rank = plan.n_ranks, plan.rank
+    spans = bound.spans
     by_step: dict[int, list] = {}
     for op in plan.ops:
-        if views[op.index] is not None:
+        if spans[op.index] is not None:
             by_step.setdefault(op.step, []).append(op)
-    template = buffers.template
+    program = []
     for step in range(plan.n_steps):
         ops = sorted(by_step.get(step, []), key=lambda o: (o.peer, o.index))
         sends = [o for o in ops if o.is_send]
@@ -127,49 +198,77 @@ def _run_exchange(transport, plan, views, spans, buffers: Buffers, meters) -> No
             in_split[o.peer] += spans[o.index][2]
         for o in recvs:
             out_split[o.peer] += spans[o.index][2]
-        inp = out = None
+        send_region = recv_region = None
         if buffers.self_segments is not None and sends and recvs:
-            inp = _in_place(sends, spans, rank, buffers.self_segments[0], in_split)
-            out = _in_place(recvs, spans, rank, buffers.self_segments[1], out_split)
-        packed = inp is None or out is None
-        if packed:
-            inp = torch.cat([views[o.index] for o in sends]) if sends else template.new_empty(0)
-            out = template.new_empty(sum(out_split))
-        else:
-            in_split[rank] = out_split[rank] = buffers.self_segments[0][2]
-        if meters is not None:
-            for o in sends:
-                meters.posted(o.peer, views[o.index].numel() * views[o.index].element_size())
-        transport.group.alltoall_base(out, inp, out_split, in_split, AllToAllOptions()).wait()
-        if meters is not None:
-            for o in sends:
-                meters.completed(o.peer, views[o.index].numel() * views[o.index].element_size())
+            send_region = _in_place(sends, spans, rank, buffers.self_segments[0], in_split)
+            recv_region = _in_place(recvs, spans, rank, buffers.self_segments[1], out_split)
+        packed = send_region is None or recv_region is None
         if not packed:
+            in_split[rank] = out_split[rank] = buffers.self_segments[0][2]
+        program.append(ExchangeStep(tuple(o.index for o in sends), tuple(o.index for o in recvs), in_split, out_split,
+                                    packed, send_region, recv_region))
+    return program
+
+
+def _run_exchange(transport, plan, bound: Bound, tensors, buffers: Buffers, meters) -> None:
+    """gloo only: runs :func:`_exchange_program` (built once per block sizes). An in-place step
+    also carries this rank's own block (gloo copies it), otherwise it is copied here."""
+    if bound.exchange is None:
+        bound.exchange = _exchange_program(plan, bound, buffers)
+    if all(step.packed for step in bound.exchange):
+        _copy_own_block(buffers, tensors)
+    spans, ops = bound.spans, plan.ops
+    itemsize = buffers.template.element_size()
+    options = AllToAllOptions()
+    for step in bound.exchange:
+        if step.packed:
+            inp = (torch.cat([_view(tensors, spans[i]) for i in step.sends]) if step.sends
+                   else buffers.template.new_empty(0))
+            out = buffers.template.new_empty(sum(step.out_split))
+        else:
+            inp, out = _whole_or_slice(tensors, step.send_region), _whole_or_slice(tensors, step.recv_region)
+        if meters is not None:
+            for i in step.sends:
+                meters.posted(ops[i].peer, spans[i][2] * itemsize)
+        transport.group.alltoall_base(out, inp, step.out_split, step.in_split, options).wait()
+        if meters is not None:
+            for i in step.sends:
+                meters.completed(ops[i].peer, spans[i][2] * itemsize)
+        if not step.packed:
             continue
         position = 0
-        for o in recvs:  # peers ascending, each peer's chunks in the plan's order: the sender's packing order
-            length = spans[o.index][2]
+        for i in step.recvs:  # peers ascending, each peer's chunks in the plan's order: the sender's packing order
+            length = spans[i][2]
             incoming = out[position:position + length]
-            if o.op is TransferOp.REDUCE:
-                buffers.reducer(views[o.index], incoming)
+            if ops[i].op is TransferOp.REDUCE:
+                buffers.reducer(_view(tensors, spans[i]), incoming)
             else:
-                views[o.index].copy_(incoming)
+                _view(tensors, spans[i]).copy_(incoming)
             position += length
 
 
-def _in_place(ops, spans, rank, own, split) -> torch.Tensor | None:
-    """One view covering the ops' regions in peer order with this rank's own block in its place, or None."""
+def _whole_or_slice(tensors, region: tuple[int, int, int]) -> torch.Tensor:
+    tensor = tensors[region[0]]
+    return tensor if region[1] == 0 and region[2] == tensor.numel() else tensor[region[1]:region[2]]
+
+
+def _view(tensors, span: tuple[int, int, int]) -> torch.Tensor:
+    return tensors[span[0]][span[1]:span[1] + span[2]]
+
+
+def _in_place(ops, spans, rank, own, split) -> tuple[int, int, int] | None:
+    """(tensor index, start, end) of one region covering the ops' spans in peer order with this rank's
+    own block in its place, or None."""
     if any(o.op is TransferOp.REDUCE for o in ops) or any(split[p] == 0 for p in range(len(split)) if p != rank):
         return None
-    own_tensor = own[0]
     segments = [spans[o.index] for o in ops if o.peer < rank] + [own] + [spans[o.index] for o in ops if o.peer > rank]
-    start = segments[0][1]
-    end = start
-    for tensor, segment_start, length in segments:
-        if tensor is not own_tensor or segment_start != end:
+    own_index = own[0]
+    start = end = segments[0][1]
+    for index, segment_start, length in segments:
+        if index != own_index or segment_start != end:
             return None
         end = segment_start + length
-    return own_tensor[start:end]
+    return own_index, start, end
 
 
 def _p2p(op, views, temps, tag_base: int) -> P2P:
