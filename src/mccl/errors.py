@@ -17,6 +17,7 @@ __all__ = [
     "SynthesisError",
     "Infeasible",
     "ControllerError",
+    "PeerLost",
 ]
 
 
@@ -50,3 +51,8 @@ class Infeasible(SynthesisError):
 
 class ControllerError(MCCLError):
     """The controller service failed or refused a request."""
+
+
+class PeerLost(MCCLError):
+    """A rank of the group stopped answering in the middle of a collective (its process died or its
+    connection broke); the transport group is broken and the communicator cannot run collectives again."""

@@ -24,13 +24,13 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from mccl.errors import InvalidSchedule, MCCLError
+from mccl.errors import InvalidSchedule, MCCLError, PeerLost
 from mccl.runtime import executor
 from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
 from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
-from mccl.runtime.transport import Transport
+from mccl.runtime.transport import Transport, wait
 from mccl.schedule import Collective, Schedule, loads_schedule, validate
 from mccl.topology import Topology
 
@@ -76,6 +76,7 @@ class Communicator:
         self.swaps: list[SwapRecord] = []
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         self.controller_lost = False
+        self.broken: str | None = None  # why the transport group broke (a peer lost), once it has
         self.history: collections.deque[tuple[int, str | None, int | None]] = collections.deque(maxlen=4096)
         for schedule in schedules:
             installed = self._prepare(schedule)
@@ -198,6 +199,9 @@ class Communicator:
     # ---- issuing and running ----------------------------------------------------------
     def _launch(self, kind: Collective | None) -> tuple[int, Installed | None]:
         with self._issue_lock:
+            if self.broken is not None:
+                raise PeerLost(f"communicator {self.name!r} cannot run collectives any more: {self.broken}; "
+                               "its process group is broken (create a new one)")
             self._seq += 1
             seq = self._seq
             while self._pending and seq > self._pending[0][0]:
@@ -221,12 +225,22 @@ class Communicator:
     def _submit(self, kind: Collective | None, body: Callable[[int, Installed | None], None],
                 result: list[torch.Tensor], async_op: bool) -> object | None:
         seq, installed = self._launch(kind)
+        name = f"{kind.value if kind is not None else 'barrier'} #{seq}"
+
+        def run() -> None:
+            try:
+                body(seq, installed)
+            except PeerLost as error:
+                self.broken = f"{name} failed on rank {self.rank}: {error}"
+                log.error("mccl: communicator %r: %s", self.name, self.broken)
+                raise PeerLost(f"communicator {self.name!r}: {self.broken}") from error
+
         if not async_op:
-            self._run_in_order(seq, lambda: body(seq, installed))
+            self._run_in_order(seq, run)
             return None
         future: torch.futures.Future = torch.futures.Future()
         self._ensure_worker()
-        self._worker_queue.put((seq, lambda: body(seq, installed), future, result))
+        self._worker_queue.put((seq, run, future, result))
         return _create_work_from_future(future)
 
     def _ensure_worker(self) -> None:
@@ -266,9 +280,8 @@ class Communicator:
                           input_split_sizes: Sequence[int] | None = None, *, async_op: bool = False):
         def body(seq: int, installed: Installed | None) -> None:
             if installed is None:
-                work = self.transport.group.alltoall_base(output, input, list(output_split_sizes or []),
-                                                          list(input_split_sizes or []), dist.AllToAllOptions())
-                work.wait()
+                wait(self.transport.group.alltoall_base(output, input, list(output_split_sizes or []),
+                                                        list(input_split_sizes or []), dist.AllToAllOptions()), None)
                 return
             buffers = executor.all_to_all_buffers(installed.plan, output, input, output_split_sizes, input_split_sizes,
                                                   self._split_matrix, installed.layouts)

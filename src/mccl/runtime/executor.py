@@ -32,7 +32,7 @@ from mccl.runtime.buffers import (
 )
 from mccl.runtime.plan import Layout, RankPlan
 from mccl.runtime.telemetry import Meters
-from mccl.runtime.transport import P2P, TAG_SPAN, Transport
+from mccl.runtime.transport import P2P, TAG_SPAN, Transport, wait
 from mccl.schedule import Collective, TransferOp
 
 __all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "execute", "default_driver", "all_gather_buffers", "all_to_all_buffers",
@@ -230,7 +230,7 @@ def _run_exchange(transport, plan, bound: Bound, tensors, buffers: Buffers, mete
         if meters is not None:
             for i in step.sends:
                 meters.posted(ops[i].peer, spans[i][2] * itemsize)
-        transport.group.alltoall_base(out, inp, step.out_split, step.in_split, options).wait()
+        wait(transport.group.alltoall_base(out, inp, step.out_split, step.in_split, options), None)
         if meters is not None:
             for i in step.sends:
                 meters.completed(ops[i].peer, spans[i][2] * itemsize)
@@ -287,8 +287,9 @@ def _run_stepwise(transport, plan, views, temps, reducer, tag_base, meters) -> N
                     meters.posted(op.peer, views[op.index].numel() * views[op.index].element_size())
         live.sort(key=lambda op: ((op.peer - plan.rank) % plan.n_ranks, op.index))  # stagger, keep per-peer order
         works = transport.post_group([_p2p(op, views, temps, tag_base) for op in live])
-        for work in works:
-            work.wait()
+        issued = [op for op in live if not op.is_send] + [op for op in live if op.is_send]  # post_group's order
+        for position, work in enumerate(works):
+            wait(work, issued[position].peer if len(works) == len(issued) else None)  # NCCL: one coalesced work
         if meters is not None:
             for op in live:
                 if op.is_send:
@@ -376,7 +377,7 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
         if not candidates:
             raise MCCLError("the executor stalled: operations wait on each other (a schedule this rank cannot run)")
         first = min(candidates, key=lambda i: (ops[i].step, ops[i].is_send, i))
-        works[first].wait()  # no timeout: an expired wait breaks a gloo group for good
+        wait(works[first], ops[first].peer)
         for index in candidates:
             if index == first or works[index].is_completed():
                 complete(index)

@@ -38,10 +38,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
 
-from mccl.errors import MCCLError
+from mccl.errors import MCCLError, PeerLost
 from mccl.runtime.throttle import Pacer
 
-__all__ = ["P2P", "Transport", "TAG_SPAN"]
+__all__ = ["P2P", "Transport", "TAG_SPAN", "wait"]
 
 TAG_SPAN = 1 << 20  # ordinals per peer pair and collective; collectives cycle through 1024 tag spaces
 
@@ -98,7 +98,8 @@ class Transport:
         return self.group.recv([op.tensor], op.peer, op.tag)
 
     def post_group(self, ops: Sequence[P2P]) -> list[object]:
-        """Issue ``ops`` together: one NCCL group (coalesced), or one by one, receives first, on gloo."""
+        """Issue ``ops`` together: one NCCL group (coalesced: one Work), or one by one, receives first,
+        on gloo (one Work per operation, receives' first)."""
         ordered = [op for op in ops if not op.is_send] + [op for op in ops if op.is_send]
         if self.backend != "nccl" or not ordered:
             return [self.post(op) for op in ordered]
@@ -115,15 +116,27 @@ class Transport:
         options.reduceOp = op
         work = (self.group.reduce_scatter_single(output, input, options) if hasattr(self.group, "reduce_scatter_single")
                 else self.group._reduce_scatter_base(output, input, options))
-        work.wait()
+        wait(work, None)
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         work = (self.group.all_gather_single(output, input, AllgatherOptions())
                 if hasattr(self.group, "all_gather_single") else self.group._allgather_base(output, input))
-        work.wait()
+        wait(work, None)
 
     def barrier(self) -> None:
-        self.group.barrier().wait()
+        wait(self.group.barrier(), None)
+
+
+def wait(work, peer: int | None) -> None:
+    """Wait for ``work`` without a timeout (an expired wait breaks a gloo group for good); a peer that
+    died or hung up surfaces as a RuntimeError of the backend, turned here into :class:`PeerLost`."""
+    try:
+        work.wait()
+    except RuntimeError as error:
+        text = str(error).strip()
+        detail = text.splitlines()[0][:240] if text else type(error).__name__
+        who = f"rank {peer}" if peer is not None else "a rank of the group"
+        raise PeerLost(f"{who} stopped answering ({detail})") from error
 
 
 def _backend_name(group: object) -> str:
