@@ -15,6 +15,7 @@ several chunks of one path are in flight at once (pipelining across chunks).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ class Bound:
     extent: dict[int, int]
     scratch: dict[int, int]
     exchange: list[ExchangeStep] | None = None  # built by the exchange driver on first use
+    eager: EagerTables | None = None  # built by the eager driver on first use
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,8 +101,10 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
             if views[op.index] is not None and not op.is_send and op.op is TransferOp.REDUCE:
                 temps[op.index] = torch.empty_like(views[op.index])
         tag_base = (seq % 1024) * TAG_SPAN
-        runner = _run_eager if chosen == "eager" else _run_stepwise
-        runner(transport, plan, views, temps, buffers.reducer, tag_base, meters)
+        if chosen == "eager":
+            _run_eager(transport, plan, views, temps, buffers.reducer, tag_base, meters, bound)
+        else:
+            _run_stepwise(transport, plan, views, temps, buffers.reducer, tag_base, meters)
     else:
         raise MCCLError(f"unknown driver {chosen!r}: eager, exchange (gloo) or stepwise")
     if buffers.finish is not None:
@@ -299,27 +303,61 @@ def _run_stepwise(transport, plan, views, temps, reducer, tag_base, meters) -> N
                 reducer(views[op.index], temps[op.index])
 
 
-def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None:
+@dataclass(frozen=True, eq=False)
+class EagerTables:
+    """The eager driver's bookkeeping that depends only on the plan and which chunks are empty
+    (cached in :class:`Bound`): who waits on whom, the per-peer issue queues, and which operations
+    must be polled after every wait because their completion lets another one start."""
+
+    dependents: tuple[tuple[int, ...], ...]
+    waiting: tuple[int, ...]  # not-yet-done dependencies of every operation at the start
+    queues: dict[tuple[bool, int], tuple[int, ...]]
+    queue_order: dict[tuple[bool, int], tuple[bool, int]]  # receives first, peers staggered by distance
+    unlocks: tuple[bool, ...]
+
+
+def _eager_tables(plan: RankPlan, empty: list[bool]) -> EagerTables:
     ops = plan.ops
-    count = len(ops)
-    done = [views[i] is None for i in range(count)]  # empty chunks are done before they start
-    applied = list(done)
-    posted = list(done)
-    works: dict[int, object] = {}
-    waiting_deps = [sum(1 for d in op.deps if not done[d]) for op in ops]
-    dependents: list[list[int]] = [[] for _ in range(count)]
+    dependents: list[list[int]] = [[] for _ in ops]
     for op in ops:
         for d in op.deps:
             dependents[d].append(op.index)
-    # a peer's operations are issued in the plan's order (NCCL's rule; gloo also matches tags)
+    in_apply = {d for op in ops for d in op.apply_deps}
     queues: dict[tuple[bool, int], list[int]] = {}
     for op in ops:
         queues.setdefault((op.is_send, op.peer), []).append(op.index)
+    return EagerTables(
+        dependents=tuple(tuple(items) for items in dependents),
+        waiting=tuple(sum(1 for d in op.deps if not empty[d]) for op in ops),
+        queues={key: tuple(items) for key, items in queues.items()},
+        queue_order={key: (key[0], (key[1] - plan.rank) % plan.n_ranks) for key in queues},
+        unlocks=tuple(bool(dependents[op.index]) or op.index in in_apply or
+                      (not op.is_send and op.op is TransferOp.REDUCE) for op in ops),
+    )
+
+
+def _run_eager(transport, plan, views, temps, reducer, tag_base, meters, bound: Bound) -> None:
+    """Post every operation as soon as its dependencies are done; wait on the earliest posted one
+    (by step), then poll the posted operations whose completion unlocks others (O(watched) per wait;
+    the rest are found done when their turn to be waited on comes, which then returns at once)."""
+    ops = plan.ops
+    count = len(ops)
+    done = [views[i] is None for i in range(count)]  # empty chunks are done before they start
+    if bound.eager is None:
+        bound.eager = _eager_tables(plan, done)
+    tables = bound.eager
+    applied = list(done)
+    posted = list(done)
+    works: list[object] = [None] * count
+    waiting_deps = list(tables.waiting)
+    dependents, queues, unlocks = tables.dependents, tables.queues, tables.unlocks
     heads = dict.fromkeys(queues, 0)
     nbytes = [0 if v is None else v.numel() * v.element_size() for v in views]
     remaining = count - sum(done)
     pending_apply: list[int] = []
     touched: set[tuple[bool, int]] = set(queues)
+    heap: list[tuple[int, bool, int]] = []  # posted operations by (step, receives first, index)
+    watched: set[int] = set()
 
     def post_ready(key: tuple[bool, int]) -> None:
         queue, position = queues[key], heads[key]
@@ -333,6 +371,9 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
                     meters.posted(op.peer, nbytes[index])
                 works[index] = transport.post(_p2p(op, views, temps, tag_base))
                 posted[index] = True
+                heapq.heappush(heap, (op.step, op.is_send, index))
+                if unlocks[index] or (op.is_send and meters is not None):
+                    watched.add(index)
             position += 1
         heads[key] = position
 
@@ -346,6 +387,7 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
         nonlocal remaining
         done[index] = True
         remaining -= 1
+        watched.discard(index)
         if ops[index].is_send and meters is not None:  # a paced send knows when it really completed
             meters.completed(ops[index].peer, nbytes[index], getattr(works[index], "completed_at", None))
         if index in temps:
@@ -366,21 +408,22 @@ def _run_eager(transport, plan, views, temps, reducer, tag_base, meters) -> None
                     release(index)
                     progress = True
 
+    order = tables.queue_order
     while True:
-        # receives before sends; peers staggered by distance so that ranks do not all start on rank 0
-        for key in sorted(touched, key=lambda k: (k[0], (k[1] - plan.rank) % plan.n_ranks)):
+        for key in sorted(touched, key=order.__getitem__):
             post_ready(key)
         touched.clear()
         if remaining == 0:
             break
-        candidates = [i for i in works if not done[i]]
-        if not candidates:
+        while heap and done[heap[0][2]]:
+            heapq.heappop(heap)
+        if not heap:
             raise MCCLError("the executor stalled: operations wait on each other (a schedule this rank cannot run)")
-        first = min(candidates, key=lambda i: (ops[i].step, ops[i].is_send, i))
+        first = heapq.heappop(heap)[2]
         wait(works[first], ops[first].peer)
-        for index in candidates:
-            if index == first or works[index].is_completed():
-                complete(index)
+        complete(first)
+        for index in [i for i in watched if works[i].is_completed()]:
+            complete(index)
         apply_ready()
     apply_ready()
     if pending_apply:
