@@ -10,6 +10,13 @@ ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
    keeps trees, its loss in the stats as ``switch_balance_loss`` (part of ``rounding_gap``);
 4. :mod:`.arborescence` — k spanning out-trees per rank with integral multiplicities.
 
+Warm start (``previous``, mccl-paper §4.3): Phases 1 and the rounding run as cold (the
+previous bottleneck cut and k only seed them, so the optimum is cold's), then
+:mod:`.repair` replaces Phases 2–3: the previous trees (:mod:`.forest`) that fit the new
+integer capacities are kept on their physical routes and the others repaired
+(:mod:`.keep`, :mod:`.regrow`), lowered with numpy gathers. If a tree cannot be repaired,
+Phases 2–3 run cold, trying each source's previous arcs first.
+
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
 depth(u), along the physical route of the logical link. ReduceScatter runs the same
 synthesis on the reversed fabric (every link turned around, same ids) and reverses
