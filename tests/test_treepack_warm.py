@@ -18,7 +18,7 @@ from mccl.schedule import Collective, link_load, validate
 from mccl.synth import nccl_ring
 from mccl.synth.treepack import synthesize, synthesize_reducescatter
 from mccl.synth.treepack.forest import forest_of, lower_rows, tree_depths
-from mccl.topology import Topology, degrade, fail1, fail2, fail3, rail_optimized
+from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 FAULTS = [fail1, fail2, fail3]
 
@@ -106,6 +106,33 @@ def test_warm_equals_cold_on_random_degradations(topology: Topology, data: st.Da
         previous = synth(topology, chunks=data.draw(st.integers(1, 10)))
         cold = synth(degraded, chunks=chunks)
         _check_warm(synth(degraded, previous=previous, chunks=chunks), cold, degraded, repaired=False)
+
+
+def _one_way_fabric() -> Topology:
+    """4 GPUs on 3 hosts, 3 switches, cables plus one-way links (found by the random-degradation search)."""
+    nodes = [Node("g0", NodeKind.GPU, host="h2"), Node("g1", NodeKind.GPU, host="h2"), Node("g2", NodeKind.GPU, host="h0"),
+             Node("g3", NodeKind.GPU, host="h1")] + [Node(f"s{i}", NodeKind.SWITCH) for i in range(3)]
+    cables = [("g1", "g3", 313.0), ("g3", "g2", 560.0), ("g2", "s0", 100.0), ("s0", "s2", 64.6), ("s2", "g0", 740.0),
+              ("g0", "s1", 779.0), ("s1", "g1", 776.0)]
+    edges = [edge for a, b, gbps in cables for edge in ((a, b, gbps, 0.0), (b, a, gbps, 0.0))]
+    edges += [("g3", "s1", 53.0, 0.0), ("s1", "g1", 999.0, 0.0), ("s2", "g1", 252.0, 0.0), ("g0", "s1", 333.0, 0.0),
+              ("s2", "s0", 1.5, 0.0), ("s1", "g2", 21.9, 0.0), ("s2", "s1", 693.0, 0.0)]
+    return Topology.from_edges("one-way", nodes, edges)
+
+
+def test_stuck_repair_falls_back_to_cold_packing() -> None:
+    """Here the greedy re-attachment spends a tight cut and gets stuck: the cold packer (previous arcs first)
+    takes over, and the result is still valid and exactly as good as cold."""
+    fabric = _one_way_fabric()
+    factors = [2.0, 0.1, 2.0, 2.0, 1.0, 2.0, 0.25, 2.0, 2.0, 2.0, 1.0, 1.0, 2.0, 0.1, 0.5, 0.9, 0.25, 1.0, 0.1, 0.5, 0.5]
+    degraded = fabric.with_capacities(fabric.capacities_gbps * np.array(factors))
+    previous = synthesize(fabric, chunks=7)
+    cold = synthesize(degraded)
+    warm = synthesize(degraded, previous=previous)
+    _check_warm(warm, cold, degraded, repaired=False)
+    assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("reused_trees_fraction") == 0.0
+    assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
+    assert 0.5 <= warm.meta.stat("kept_fraction") <= 1.0
 
 
 def test_tree_depths_flags_non_trees() -> None:
