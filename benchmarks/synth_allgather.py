@@ -57,6 +57,8 @@ def run_size(gpus: int, repeat: int) -> list[dict]:
                 "rounding_gap": meta.stat("rounding_gap"), "chunks": int(meta.stat("trees_per_source")),
                 "max_depth": int(meta.stat("max_depth")), "max_flows": int(meta.stat("max_flows")),
                 "kept_fraction": meta.stat("kept_fraction", float("nan")),
+                "reused_trees": meta.stat("reused_trees_fraction", float("nan")),
+                "warm_repair": meta.stat("warm_repair", float("nan")),  # 1: kept + repaired, 0: fell back to cold packing
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             })
     return rows
@@ -184,7 +186,8 @@ def main() -> None:
                   f"opt {row['optimum_gbs']:8.2f} GB/s  achieved {row['achieved_gbs']:8.2f}  "
                   f"loss {100 * row['rounding_gap']:6.3f}%  k {row['chunks']:2d}  depth {row['max_depth']:3d}  "
                   f"flows {row['max_flows']:6d}  speedup {row['warm_speedup']:5.2f}  "
-                  f"kept {row['kept_fraction']:.2f}  rss {row['peak_rss_mib']:7.1f} MiB", flush=True)
+                  f"kept {row['kept_fraction']:.2f}  whole {row['reused_trees']:.2f}  repair {row['warm_repair']:.0f}  "
+                  f"rss {row['peak_rss_mib']:7.1f} MiB", flush=True)
     write_csv(out.with_suffix(".csv"), rows)
     _plot(out.with_suffix(".png"), rows)
 

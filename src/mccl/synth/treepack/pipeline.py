@@ -10,6 +10,13 @@ ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
    keeps trees, its loss in the stats as ``switch_balance_loss`` (part of ``rounding_gap``);
 4. :mod:`.arborescence` — k spanning out-trees per rank with integral multiplicities.
 
+Warm start (``previous``, mccl-paper §4.3): Phases 1 and the rounding run as cold (the
+previous bottleneck cut and k only seed them, so the optimum is cold's), then
+:mod:`.repair` replaces Phases 2–3: the previous trees (:mod:`.forest`) that fit the new
+integer capacities are kept on their physical routes and the others repaired
+(:mod:`.keep`, :mod:`.regrow`), lowered with numpy gathers. If a tree cannot be repaired,
+Phases 2–3 run cold, trying each source's previous arcs first.
+
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
 depth(u), along the physical route of the logical link. ReduceScatter runs the same
 synthesis on the reversed fabric (every link turned around, same ids) and reverses
@@ -20,7 +27,7 @@ its partial sum after all its children have.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -30,19 +37,14 @@ from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
-from mccl.synth.treepack.fabric import Fabric, fabric_of
+from mccl.synth.treepack.fabric import fabric_of
+from mccl.synth.treepack.forest import Forest, forest_of, lower_rows
 from mccl.synth.treepack.maxrate import CutChecker, max_rate
+from mccl.synth.treepack.repair import warm_pack
 from mccl.synth.treepack.rounding import best_integral_rate
-from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
+from mccl.synth.treepack.switch_removal import LogicalGraph
 from mccl.synth.treepack.tree import Tree
-from mccl.synth.treepack.warm import (
-    WarmHints,
-    drop_crossing,
-    keep_previous_trees,
-    kept_fraction,
-    previous_trees,
-    warm_hints,
-)
+from mccl.synth.treepack.warm import WarmHints, kept_fraction, kept_fraction_of_rows, preferred_arcs, warm_hints
 from mccl.topology import Link, Topology
 
 __all__ = ["synthesize", "synthesize_reducescatter", "reversed_topology"]
@@ -83,33 +85,55 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     fabric_topology = topology if collective is Collective.ALLGATHER else reversed_topology(topology)
     fabric = fabric_of(fabric_topology, ranks)
     hints: WarmHints | None = None
+    forest: Forest | None = None
     if previous is not None:
         hints = warm_hints(previous, topology, ranks, collective, fabric)
+        forest = forest_of(previous, collective)
     checker = CutChecker(fabric)
     optimum = max_rate(fabric, hint_sides=hints.cut_sides if hints else (), checker=checker)
     t_phase1 = time.perf_counter()
     integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=hints.k if hints else None)
     t_rounding = time.perf_counter()
-    prefer = (lambda root: hints.arcs[root]) if hints else None
-    reused = None
-    if previous is not None and hints is not None:
-        reused = _reuse(previous, collective, fabric, integral.units, integral.k, len(topology.links), checker,
-                        latency_aware, prefer)
-    split_rate, split_retries = integral.rate_gbps, 0
-    if reused is not None:
-        k, logical, trees, phase3_flows, kept = reused
-        t_phase2 = t_rounding  # switch removal and packing of the dropped trees are timed as phase 3
+    n = len(ranks)
+    stats: dict[str, float] = {}
+    warm = None
+    if forest is not None:
+        warm = warm_pack(forest, fabric, integral.units, integral.k, len(topology.links), checker,
+                         latency_aware=latency_aware)
+    if warm is not None:
+        # Warm Phases 2+3 (:mod:`.repair`): previous trees kept or repaired on their physical routes.
+        k, split_rate = warm.k, integral.rate_gbps
+        t_phase2 = t_phase3 = time.perf_counter()
+        schedule = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
+                              warm.new_chunk, warm.new_routes, warm.depth)
+        new_root = warm.new_chunk // k
+        stats.update({
+            "tree_groups": float(n * k), "max_depth": float(warm.depth.max()), "switch_removal_careful": 0.0,
+            "switch_balance_retries": 0.0, "warm_repair": 1.0, "repaired_trees": float(warm.repaired_chunks),
+            "reused_trees_fraction": warm.kept_chunks / (n * k),
+            "kept_fraction": kept_fraction_of_rows(forest, len(warm.rows), new_root, warm.new_tail, warm.new_head),
+        })
+        phase3_flows = 0
     else:
+        arcs = preferred_arcs(forest) if forest is not None else None
+        prefer = (lambda root: arcs[root]) if arcs is not None else None
         split = split_switches(fabric, integral)
-        logical, k, split_rate, split_retries = split.logical, split.k, split.rate_gbps, split.retries
+        logical, k, split_rate = split.logical, split.k, split.rate_gbps
         t_phase2 = time.perf_counter()
         trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
                                                  prefer=prefer, groups=fabric.groups)
-        kept = 0
-    t_phase3 = time.perf_counter()
-    schedule = _lower(topology, ranks, collective, trees, k, logical)
-    n = len(ranks)
-    stats = {
+        t_phase3 = time.perf_counter()
+        schedule = _lower(topology, ranks, collective, trees, k, logical)
+        stats.update({
+            "tree_groups": float(len(trees)), "max_depth": float(max(max(tree.depth.values()) for tree in trees)),
+            "switch_removal_careful": float(logical.careful),
+            # Unbalanced switches (more capacity in than out, per direction): splitting at the rounded
+            # rate kept no tree per rank, so it was retried at lower rates (see :mod:`.balance`).
+            "switch_balance_retries": float(split.retries),
+        })
+        if arcs is not None:
+            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": kept_fraction(arcs, trees)})
+    stats.update({
         "solve_time_s": time.perf_counter() - start,
         "phase1_s": t_phase1 - start,
         "rounding_s": t_rounding - t_phase1,
@@ -118,20 +142,10 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         "max_flows": checker.net.solves + phase3_flows,
         "phase1_rounds": optimum.rounds,
         "trees_per_source": k,
-        "tree_groups": len(trees),
-        "max_depth": max(max(tree.depth.values()) for tree in trees),
         "integral_rate_gbps": split_rate * k / integral.k,
         "fractional_rate_gbps": optimum.rate_gbps,
-        "switch_removal_careful": float(logical.careful),
-        # Unbalanced switches (more capacity in than out, per direction): splitting at the rounded
-        # rate kept no tree per rank, so it was retried at lower rates (see :mod:`.balance`).
-        "switch_balance_retries": float(split_retries),
         "switch_balance_loss": max(0.0, 1.0 - split_rate * k / (integral.rate_gbps * integral.k)),
-    }
-    if previous is not None:
-        stats["reused_trees_fraction"] = kept / (n * k)
-    if hints is not None:
-        stats["kept_fraction"] = kept_fraction(hints, trees)
+    })
     schedule = Schedule(collective, ranks, schedule.chunks, schedule.transfers, ScheduleMeta(
         f"{collective.value}.treepack", topology=topology.name,
         inputs=(("chunks", str(chunks)), ("latency_aware", str(latency_aware).lower()),
@@ -144,38 +158,6 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     meta = replace(schedule.meta, bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut_links),
                    stats=tuple(sorted(stats.items())))
     return replace(schedule, meta=meta)
-
-
-def _reuse(previous: Schedule, collective: Collective, fabric: Fabric, units: np.ndarray, k: int, n_links: int,
-           checker: CutChecker, latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None,
-           ) -> tuple[int, LogicalGraph, list[Tree], int, int] | None:
-    """Warm start that keeps the previous trees which still fit the new integer capacities and packs only
-    the rest (mccl-paper §4.3: Fail1/Fail2 leave most of the structure reusable). None when the rest
-    cannot be packed around the kept trees; the caller then packs everything (warm-ordered)."""
-    kept, residual, need = keep_previous_trees(previous_trees(previous, collective), fabric, units, k, n_links)
-    if not kept:
-        return None
-    for _ in range(4):  # give back kept trees across each blocking cut, a few times
-        checker.set_arc_capacities(residual)
-        side = checker.violated_cut(need, int(need.sum())) if int(need.sum()) else None
-        if side is None:
-            break
-        kept = drop_crossing(kept, residual, need, fabric, side, n_links)
-    else:
-        return None
-    if not kept:
-        return None
-    logical = remove_switches(fabric, residual, need, fabric.groups)
-    if logical.careful:
-        keys = list(logical.units)
-        tails = np.array([u for u, _ in keys], dtype=np.int64)
-        heads = np.array([v for _, v in keys], dtype=np.int64)
-        caps = np.array([logical.units[key] for key in keys], dtype=np.int64)
-        if not packing_ok(fabric.n_ranks, fabric.n_ranks, tails, heads, caps, need):
-            return None
-    trees, flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware, prefer=prefer,
-                                      groups=fabric.groups, demand=need)
-    return k, logical, kept + trees, flows, sum(tree.multiplicity for tree in kept)
 
 
 def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,
@@ -200,8 +182,8 @@ def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, t
         first = tree.root * k + next_chunk[tree.root]
         next_chunk[tree.root] += tree.multiplicity
         m = tree.multiplicity
-        for position, (u, v) in enumerate(tree.edges):
-            pieces = [(tree.routes[position], m)] if tree.routes is not None else _take_routes(pools[(u, v)], m)
+        for u, v in tree.edges:
+            pieces = _take_routes(pools[(u, v)], m)
             sender, receiver = (v, u) if reduce else (u, v)
             step = deepest - tree.depth[v] if reduce else tree.depth[u]
             chunk = first

@@ -16,4 +16,3 @@ class Tree:
     edges: list[tuple[int, int]] = field(default_factory=list)
     depth: dict[int, int] = field(default_factory=dict)
     preferred: int = 0  # edges that came from the previous tree (warm start)
-    routes: list[tuple[int, ...]] | None = None  # physical route per edge, for trees kept from a previous schedule

@@ -1,0 +1,168 @@
+"""A schedule's trees as flat numpy rows: what the warm start reads and writes (mccl-paper §4.3).
+
+The warm start works chunk by chunk on the previous schedule's transfers without
+turning them into Python objects: a 512-GPU schedule has 5,120 chunks and 2.6
+million transfers. Every chunk of a tree-packing AllGather is one spanning
+out-tree of its source (ReduceScatter: the reversed tree of its owner, read on the
+reversed fabric), so a :class:`Forest` keeps, per row, the tree edge
+``tail → head`` in AllGather direction and its physical route (link ids in that
+direction), rows grouped by chunk; and per chunk the depth of every rank in its
+tree (pointer doubling on a chunks × ranks parent table, ``log2 n`` vectorized
+steps), or ``valid = False`` when the chunk is not a spanning arborescence of its
+root (a previous schedule from another synthesizer may hold anything).
+
+:func:`lower_rows` is the inverse: chosen rows of a forest plus new rows become the
+transfers of a new schedule, with steps from the depths (AllGather: a rank sends at
+its depth; ReduceScatter: at ``D - depth`` of the sender, so that a rank forwards its
+partial sum after all its children have), all with numpy gathers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.schedule import Chunks, Collective, Schedule, TransferOp, Transfers
+
+__all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths"]
+
+
+@dataclass(frozen=True, eq=False)
+class Forest:
+    """Rows (tree edges in AllGather direction) grouped by chunk; routes as CSR over link ids."""
+
+    n: int
+    root: np.ndarray  # int64 per chunk
+    row_start: np.ndarray  # int64, chunks + 1: the rows of chunk c are row_start[c]:row_start[c + 1]
+    tail: np.ndarray  # int64 per row
+    head: np.ndarray  # int64 per row
+    route_offsets: np.ndarray  # int64, rows + 1
+    route_links: np.ndarray  # int64 link ids, AllGather direction
+    depth: np.ndarray  # int32, chunks × n: depth of each rank in the chunk's tree (valid chunks)
+    valid: np.ndarray  # bool per chunk: a spanning out-tree of its root
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.root)
+
+    @property
+    def row_chunk(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n_chunks), np.diff(self.row_start))
+
+    @property
+    def route_lengths(self) -> np.ndarray:
+        return np.diff(self.route_offsets)
+
+
+def segments(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *, reverse: bool = False) -> np.ndarray:
+    """``values[starts[i]:starts[i] + lengths[i]]`` for every i, concatenated (each reversed if asked)."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=values.dtype)
+    ends = np.cumsum(lengths)
+    if reverse:  # position p of segment i reads starts[i] + (ends[i] - 1 - p)
+        return values[np.repeat(starts + ends - 1, lengths) - np.arange(total)]
+    return values[np.repeat(starts - (ends - lengths), lengths) + np.arange(total)]
+
+
+def forest_of(previous: Schedule, collective: Collective) -> Forest:
+    """The previous schedule's chunks as trees in AllGather direction (ReduceScatter: reversed)."""
+    transfers = previous.transfers
+    grouped = len(transfers.chunk) < 2 or bool(np.all(transfers.chunk[1:] >= transfers.chunk[:-1]))
+    order = np.arange(len(transfers.chunk)) if grouped else np.argsort(transfers.chunk, kind="stable")
+    chunk = transfers.chunk[order].astype(np.int64)
+    reduce = collective is Collective.REDUCESCATTER
+    senders = transfers.sender[order].astype(np.int64)
+    receivers = transfers.receiver[order].astype(np.int64)
+    tail, head = (receivers, senders) if reduce else (senders, receivers)
+    lengths = transfers.route_lengths[order].astype(np.int64)
+    links = segments(transfers.route_links.astype(np.int64), transfers.route_offsets[:-1][order], lengths,
+                     reverse=reduce)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    n_chunks = len(previous.chunks)
+    row_start = np.searchsorted(chunk, np.arange(n_chunks + 1)).astype(np.int64)
+    root = (previous.chunks.destination if reduce else previous.chunks.source).astype(np.int64)
+    n = previous.n_ranks
+    depth, valid = tree_depths(n, root, chunk, tail, head)
+    return Forest(n, root, row_start, tail, head, offsets, links, depth, valid)
+
+
+def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
+                head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth of every rank in every chunk's tree (chunks × n, int32) and which chunks are spanning out-trees.
+
+    A chunk is a spanning out-tree of its root iff every other rank has exactly one in-edge, the
+    root none, and following parents from every rank reaches the root (no cycle): pointer doubling,
+    ``ceil(log2 n) + 1`` steps over the whole table at once.
+    """
+    n_chunks = len(root)
+    if n_chunks == 0:
+        return np.zeros((0, n), dtype=np.int32), np.zeros(0, dtype=bool)
+    bad_root = (root < 0) | (root >= n)
+    safe_root = np.where(bad_root, 0, root)
+    # Transfer columns are ranks and chunk ids (the IR's invariants); a self-loop is no tree edge.
+    key = chunk * n + head
+    counts = np.bincount(key, minlength=n_chunks * n).reshape(n_chunks, n)
+    expected = np.ones((n_chunks, n), dtype=np.int64)
+    expected[np.arange(n_chunks), safe_root] = 0
+    valid = np.all(counts == expected, axis=1) & ~bad_root
+    valid &= np.bincount(chunk[tail == head], minlength=n_chunks) == 0
+    parent = np.tile(np.arange(n, dtype=np.int64), (n_chunks, 1))
+    parent.reshape(-1)[key] = tail
+    parent[np.arange(n_chunks), safe_root] = safe_root
+    base = (np.arange(n_chunks, dtype=np.int64) * n)[:, None]
+    anc = (parent + base).reshape(-1)
+    dist = (np.arange(n)[None, :] != safe_root[:, None]).astype(np.int32).reshape(-1)
+    for _ in range(int(np.ceil(np.log2(max(n, 2)))) + 1):
+        dist = dist + dist[anc]
+        anc = anc[anc]
+    reached = (anc.reshape(n_chunks, n) - base) == safe_root[:, None]
+    valid &= np.all(reached, axis=1)
+    depth = np.where(valid[:, None], dist.reshape(n_chunks, n), -1).astype(np.int32)
+    return depth, valid
+
+
+def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
+               row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
+               new_routes: list[list[int]], depth: np.ndarray) -> Schedule:
+    """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows.
+
+    ``rows``/``row_chunk``: forest rows kept and the new chunk each belongs to; ``new_*``: tree edges
+    added by the warm start (AllGather direction) with routes; ``depth``: (n·k) × n tree depths.
+    """
+    n = forest.n
+    tail = np.concatenate([forest.tail[rows], new_tail]).astype(np.int64)
+    head = np.concatenate([forest.head[rows], new_head]).astype(np.int64)
+    chunk = np.concatenate([row_chunk, new_chunk]).astype(np.int64)
+    new_lengths = np.fromiter((len(route) for route in new_routes), dtype=np.int64, count=len(new_routes))
+    flat_new = np.fromiter((link for route in new_routes for link in route), dtype=np.int64,
+                           count=int(new_lengths.sum()))
+    # One gather from [forest links | new links]: rows by chunk, parents first; each route reversed
+    # for ReduceScatter (the forest holds AllGather direction).
+    pool = np.concatenate([forest.route_links, flat_new])
+    starts = np.concatenate([forest.route_offsets[:-1][rows],
+                             len(forest.route_links) + np.cumsum(new_lengths) - new_lengths])
+    lengths = np.concatenate([forest.route_lengths[rows], new_lengths])
+    reduce = collective is Collective.REDUCESCATTER
+    flat_depth = depth.reshape(-1)
+    order = np.lexsort((flat_depth[chunk * n + head], chunk))
+    tail, head, chunk, lengths = tail[order], head[order], chunk[order], lengths[order]
+    links = segments(pool, starts[order], lengths, reverse=reduce)
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if reduce:
+        deepest = int(depth.max())
+        step = deepest - flat_depth[chunk * n + head]
+        sender, receiver = head, tail
+    else:
+        step = flat_depth[chunk * n + tail]
+        sender, receiver = tail, head
+    op = TransferOp.REDUCE if reduce else TransferOp.COPY
+    transfers = Transfers(chunk, sender, receiver, step, np.full(len(chunk), int(op)), offsets, links)
+    sources = np.repeat(np.arange(n), k)
+    fractions = np.full(n * k, 1.0 / k)
+    none = np.full(n * k, -1)
+    table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
+    return Schedule(collective, ranks, table, transfers)

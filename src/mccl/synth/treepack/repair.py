@@ -1,0 +1,121 @@
+"""Warm Phases 2 and 3 (ForestColl-warm, mccl-paper §4.3): keep the previous trees that fit, repair the rest.
+
+A schedule is valid at rate x with k trees per rank when every fabric arc carries at
+most its integer capacity ``floor(C_e · k / x)`` of tree edges' routes (units, from
+:mod:`.rounding`). The cold path gets there through switch removal and packing on
+the logical graph; a warm start already holds trees that did that on a fabric that
+differs in a few links, so it works on their physical routes directly:
+
+1. :mod:`.keep` keeps, per root, up to k previous trees that still fit, and gives back
+   those that waste a cut the missing trees need (checked by max-flow);
+2. :mod:`.regrow` repairs each missing tree from a previous one of the same root:
+   edges that fit stay, the others are cut and their subtrees re-attached by new
+   routes through switches. Roots with the least egress left go first.
+
+Every edge kept or added fits the residual capacity when it is placed, so the result
+is a valid packing of k trees per rank at the rounded rate x: the same throughput as a
+cold synthesis at that k (cold may lose more on unbalanced switches, see
+:mod:`.balance`; never less). When a tree cannot be repaired the caller packs cold.
+Cost: O(routes) numpy, n max-flows per settling round, and per repaired tree O(n)
+numpy plus one small route search per cut edge — no switch removal, no tree packing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.forest import Forest, segments
+from mccl.synth.treepack.keep import Keeper
+from mccl.synth.treepack.maxrate import CutChecker
+from mccl.synth.treepack.regrow import Regrower
+
+__all__ = ["WarmPacking", "warm_pack"]
+
+
+@dataclass(frozen=True)
+class WarmPacking:
+    """k trees per rank: forest rows kept (with their new chunk) plus new edges; depths per new chunk."""
+
+    k: int
+    rows: np.ndarray  # forest rows kept
+    row_chunk: np.ndarray  # new chunk id of each kept row
+    new_tail: np.ndarray
+    new_head: np.ndarray
+    new_chunk: np.ndarray
+    new_routes: list[list[int]]  # physical link ids, AllGather direction
+    depth: np.ndarray  # (n·k) × n
+    kept_chunks: int  # previous chunks kept whole
+    repaired_chunks: int
+
+
+def warm_pack(forest: Forest, fabric: Fabric, units: np.ndarray, k: int, n_links: int, checker: CutChecker, *,
+              latency_aware: bool = False) -> WarmPacking | None:
+    """k trees per rank within ``units`` (per fabric arc) from the previous forest; None if repair gets stuck.
+
+    ``checker``: the Phase 1 flow network of ``fabric`` (its arc capacities are overwritten).
+    """
+    n = fabric.n_ranks
+    keeper = Keeper(forest, fabric, units.astype(np.int64).copy(), k, n_links)
+    kept, tried = keeper.keep()
+    keeper.settle(kept, tried, checker)
+    kept_ids = np.flatnonzero(kept)
+    depth = np.zeros((n * k, n), dtype=np.int32)
+    slot = np.zeros(n, dtype=np.int64)  # trees placed per root
+    chunk_of = np.empty(len(kept_ids), dtype=np.int64)
+    by_root: list[list[int]] = [[] for _ in range(n)]
+    for position, (chunk, root) in enumerate(zip(kept_ids.tolist(), forest.root[kept_ids].tolist(), strict=True)):
+        chunk_of[position] = root * k + slot[root]  # kept chunks first, per root
+        slot[root] += 1
+        by_root[root].append(chunk)
+    depth[chunk_of] = forest.depth[kept_ids]
+    counts = forest.row_start[kept_ids + 1] - forest.row_start[kept_ids]
+    row_parts = [segments(np.arange(len(forest.tail)), forest.row_start[kept_ids], counts)]
+    chunk_parts = [np.repeat(chunk_of, counts)]
+    new_tail: list[int] = []
+    new_head: list[int] = []
+    new_chunk: list[int] = []
+    new_routes: list[list[int]] = []
+    regrower = Regrower(keeper, latency_aware)
+    regrower.need_left = (k - slot).astype(np.int64)
+    repaired = 0
+    for root in _scarce_first(keeper, k - slot):
+        seeds: list[int | None] = [*tried[root], *by_root[root]] or [None]
+        for j in range(k - int(slot[root])):
+            regrower.need_left[root] -= 1
+            seed = seeds[j % len(seeds)]
+            fixed = regrower.repair(seed, root)
+            if fixed is None and seed is not None:
+                fixed = regrower.repair(None, root)  # the previous tree misleads: grow this one from the root
+            if fixed is None:
+                return None
+            rows, added, tree_depth = fixed
+            chunk = root * k + int(slot[root])
+            slot[root] += 1
+            repaired += 1
+            row_parts.append(rows)
+            chunk_parts.append(np.full(len(rows), chunk))
+            depth[chunk] = tree_depth
+            for u, v, arcs in added:
+                new_tail.append(u)
+                new_head.append(v)
+                new_chunk.append(chunk)
+                new_routes.append(fabric.link[arcs].tolist())
+    return WarmPacking(k, np.concatenate(row_parts), np.concatenate(chunk_parts), np.array(new_tail, dtype=np.int64),
+                       np.array(new_head, dtype=np.int64), np.array(new_chunk, dtype=np.int64), new_routes, depth,
+                       len(kept_ids), repaired)
+
+
+def _scarce_first(keeper: Keeper, need: np.ndarray) -> list[int]:
+    """Roots with trees to repair, least residual egress per missing tree first.
+
+    A root's own trees must leave it through its out-arcs, while every other tree may also
+    relay through them: repaired late, a root with little egress left (a degraded NIC, a
+    one-way link) finds it spent on relays. Its trees go first, then the rest route around.
+    """
+    fabric = keeper.fabric
+    egress = np.bincount(fabric.tail, weights=keeper.residual, minlength=fabric.n_nodes)[:fabric.n_ranks]
+    roots = np.flatnonzero(need > 0)
+    return roots[np.argsort(egress[roots] / need[roots], kind="stable")].tolist()
