@@ -38,6 +38,7 @@ from mccl.synth.alltoall.network import Network, build_network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.rounding import deep_dive
+from mccl.synth.alltoall.state import SolverState, recall, remember
 from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedule
 from mccl.synth.common import describe_on
 from mccl.topology import Topology
@@ -51,6 +52,14 @@ def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None
            seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0
            ) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
+    state = recall(previous) if previous is not None else None
+    if state is not None and state.fits(network, max_steps, grouping):
+        # The previous run's columns and basis (:mod:`.state`): every previous route is among them.
+        pool, master, _ = state.restart(network.capacity)
+        routes = len(previous.chunks)  # type: ignore[union-attr]
+        warm = WarmStart(routes=routes, kept=routes, columns=master.n_columns, restarted=True)
+        result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline)
+        return pool, result, master, warm
     pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
     warm = None
     center = None
@@ -189,5 +198,7 @@ def synthesize(
     ]
     if warm is not None:
         stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
-                  ("reused_previous", 1.0 if reused else 0.0)]
-    return schedule.with_meta(stats=tuple(stats))
+                  ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0)]
+    final = schedule.with_meta(stats=tuple(stats))
+    remember(final, SolverState.take(network, max_steps, grouping, pool, master))
+    return final
