@@ -1,8 +1,10 @@
 """``synthesize``: the AllToAll schedule by column generation, rounded to whole chunks.
 
 Pipeline (mccl-paper §4.2): LP network (:mod:`.network`) → first columns, either
-multiplicative-weights trees (cold) or the previous schedule's routes (warm,
-:mod:`.warm`) → column generation over source-rooted trees (:mod:`.generation`,
+multiplicative-weights trees (cold), the previous run's columns and master basis
+(warm, when ``previous`` was made by this process and its solver state is kept,
+:mod:`.state`), or the previous schedule's routes (warm from a file, :mod:`.warm`)
+→ column generation over source-rooted trees (:mod:`.generation`,
 master in HiGHS, pricing by shortest-path trees) → deep-dive rounding to at most
 ``chunks`` chunks per block (:mod:`.rounding`) → a Schedule (:mod:`.build`).
 
@@ -13,9 +15,10 @@ the best Lagrangian bound), the achieved algbw of the rounded schedule, the
 bottleneck cut (the links whose capacity rows have a positive dual in the final
 master, with the rounded schedule's base slack on each), and the stats
 ``solve_time_s, columns, iterations, rounds, lp_gap, rounding_gap, gap, optimal``
-(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction`` and
+(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction``,
 ``reused_previous`` (the previous schedule is kept as it is when it is still as
-close to the new LP optimum as its rounding was to the old one: rounding skipped).
+close to the new LP optimum as its rounding was to the old one: rounding skipped)
+and ``restarted`` (1 when the run restarted from the previous solver state).
 
 Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
 on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m
