@@ -84,7 +84,7 @@ def main() -> None:
             topo = healthy if scenario == "healthy" else apply_fault(healthy, scenario)
             cold_s, cold_cpu, cold = timed(lambda topo=topo: synthesize(topo), reps)
             validate(cold, topo)
-            warm_s = warm_cpu = None
+            warm_s = warm_cpu = warm = None
             if scenario != "healthy":
                 warm_s, warm_cpu, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
                 validate(warm, topo)
@@ -113,6 +113,11 @@ def main() -> None:
                 "compact_over_cold_cpu": compact_cpu / cold_cpu if compact_cpu else None,
                 "compact_gbs": compact_gbs, "lp_gbs": meta.throughput_bound_gbs, "algbw_gbs": meta.achieved_gbs,
                 "gap": meta.stat("gap"), "columns": meta.stat("columns"), "repeats": reps,
+                "warm_lp_gbs": warm.meta.throughput_bound_gbs if warm else None,
+                "warm_optimal": warm.meta.stat("optimal") if warm else None,
+                "warm_restarted": warm.meta.stat("restarted") if warm else None,
+                "warm_iterations": warm.meta.stat("iterations") if warm else None,
+                "warm_gap": warm.meta.stat("gap") if warm else None,
                 "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             rows.append(row)
