@@ -15,7 +15,7 @@ from mccl.synth.alltoall import compact_lp, synthesize
 from mccl.synth.alltoall import state as state_module
 from mccl.synth.alltoall.network import build_network
 from mccl.synth.alltoall.state import MAX_STATES, recall
-from mccl.topology import Topology, fail1, fail2, rail_optimized
+from mccl.topology import Topology, fail1, fail2, fail3, rail_optimized
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,19 @@ def test_states_chain_and_are_not_shared_between_restarts(healthy64) -> None:
     validate(chained, both)
     assert chained.meta.stat("restarted") == 1.0
     assert chained.meta.throughput_bound_gbs == pytest.approx(synthesize(both).meta.throughput_bound_gbs, rel=1e-9)
+
+
+def test_a_state_whose_blocks_changed_does_not_fit() -> None:
+    """Fail3 moves gpu0 to a host of its own: with per-host blocks the old columns belong to other
+    blocks, so the warm start seeds from the routes instead, and still reaches the optimum."""
+    topology = rail_optimized(1, 2, 4)
+    previous = synthesize(topology, grouping="host")
+    assert recall(previous).fits(build_network(fail2(topology)), None, "host")
+    assert not recall(previous).fits(build_network(fail3(topology)), None, "host")
+    warm = synthesize(fail3(topology), previous=previous, grouping="host")
+    validate(warm, fail3(topology))
+    assert warm.meta.stat("restarted") == 0.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(fail3(topology)).algbw_gbs, rel=1e-6)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

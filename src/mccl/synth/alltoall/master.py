@@ -24,9 +24,9 @@ it stopped (mccl-paper §4.2, warm start): its columns (CSC) and its final basis
 ``Master.restart`` builds a master over new capacities from such a snapshot,
 with that basis when it is still primal feasible there (a capacity change off
 the tight links leaves the optimal basis optimal, so the first solve takes no
-pivot), else from the slack basis, where primal simplex from the old columns
-takes far fewer pivots than phase 1 from an infeasible basis (measured at 256
-GPUs under Fail2: 607 pivots from slack, 4.6 k dual / 10 k primal from the old basis).
+pivot), else from the slack basis, where primal simplex over the old columns
+takes far fewer pivots than repairing the old basis (measured at 256 GPUs under
+Fail2: 927 pivots from slack, 4.6 k dual / 10 k primal simplex from the old basis).
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ kept next to the schedule object it produced, for as long as that object lives
 in this process (``remember`` / ``recall``; a weak reference drops it with the
 schedule, and at most ``MAX_STATES`` live ones are kept, the oldest dropped
 first, since one state at 512 GPUs holds ~4 M master entries and the pool's
-paths, ~100 MB). A schedule read from a file,
-or made by another synthesizer, has none: the warm start then seeds from its
-routes. The state never decides the result, only where the search starts:
+paths, ~100 MB). A schedule read from a file, or made by another synthesizer,
+has none: the warm start then seeds from its routes. The state never decides the result, only where the search starts:
 every warm run still prices to LP optimality and rounds and validates as usual.
 
 A state fits a new network when the ranks and the links (ids, ends) are the
@@ -36,7 +35,7 @@ import numpy as np
 from mccl.schedule import Schedule
 from mccl.synth.alltoall.master import Master, MasterSnapshot
 from mccl.synth.alltoall.network import Network
-from mccl.synth.alltoall.pool import ColumnPool
+from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 
 __all__ = ["SolverState", "remember", "recall", "MAX_STATES"]
 
@@ -67,10 +66,17 @@ class SolverState:
                    max_steps, grouping, pool, master.snapshot())
 
     def fits(self, network: Network, max_steps: int | None, grouping: str) -> bool:
-        """Same ranks, same links between the same nodes, same pricing graph: capacities may differ."""
-        return (self.ranks == network.ranks and self.max_steps == max_steps and self.grouping == grouping
+        """Same ranks, same links between the same nodes, same pricing graph and commodity blocks:
+        capacities may differ. (Fail3 moves a GPU to another host, which changes the blocks of
+        ``grouping="host"``.)"""
+        same = (self.ranks == network.ranks and self.max_steps == max_steps and self.grouping == grouping
                 and np.array_equal(self.link_ids, network.link_ids) and np.array_equal(self.tail, network.tail)
                 and np.array_equal(self.head, network.head))
+        if not same or grouping == "tensor":
+            return same
+        blocks, old = make_blocks(network, grouping), self.pool.blocks
+        return np.array_equal(blocks.offsets, old.offsets) and np.array_equal(blocks.dests, old.dests) \
+            and np.array_equal(blocks.source, old.source)
 
     def basis_still_optimal(self, capacity: np.ndarray) -> bool:
         """Whether the old optimal basis is optimal at ``capacity`` too (see the module docstring)."""
