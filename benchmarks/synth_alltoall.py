@@ -4,8 +4,15 @@ For rail-optimized HPN fabrics (8 GPUs per host, up to 32 hosts per segment) at
 the chosen sizes, healthy and under Fail1/Fail2/Fail3: the cold synthesis time,
 the warm re-synthesis time from the healthy schedule, the compact arc-based LP's
 time on the same instance (while it fits its limit), the LP bound and the
-rounded schedule's algbw with its gap. Times are medians of ``--repeats`` runs.
-Writes a CSV and a PNG next to each other and prints a table.
+rounded schedule's algbw with its gap. Times are medians of ``--repeats`` runs,
+wall and CPU time of this process (the machine is shared; CPU time is steadier).
+
+Two warm starts: "warm" passes the healthy schedule object this process made,
+so the synthesizer restarts from the solver state kept with it (columns and
+master basis, ``mccl.synth.alltoall.state``); "file warm" passes the same
+schedule read back from its JSON text, which carries only routes
+(``--file-warm-max-gpus`` bounds it). Writes a CSV and a PNG next to each other and
+prints a table.
 
     python benchmarks/synth_alltoall.py --quick            # 16 and 32 GPUs, 1 repeat
     python benchmarks/synth_alltoall.py --sizes 16,32,64,128,256,512 --repeats 3
@@ -22,7 +29,7 @@ from pathlib import Path
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.errors import SynthesisError
-from mccl.schedule import validate
+from mccl.schedule import dumps_schedule, loads_schedule, validate
 from mccl.synth.alltoall import compact_lp, synthesize
 from mccl.topology import Topology, apply_fault, rail_optimized
 
@@ -37,12 +44,14 @@ def fabric(gpus: int) -> Topology:
 
 
 def timed(function, repeats: int):  # type: ignore[no-untyped-def]
-    times, result = [], None
+    """Median wall time, median CPU time of this process (s), and the last result."""
+    times, cpu, result = [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = function()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(times), statistics.median(cpu), result
 
 
 def main() -> None:
@@ -51,6 +60,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--repeats-large", type=int, default=1, help="repeats at 256 GPUs and more")
     parser.add_argument("--compact-limit", type=float, default=600.0, help="seconds for one compact LP solve")
+    parser.add_argument("--compact-max-gpus", type=int, default=512, help="largest size to run the compact LP at")
+    parser.add_argument("--file-warm-max-gpus", type=int, default=512,
+                        help="largest size to time the warm start from the schedule file at")
     parser.add_argument("--quick", action="store_true", help="16 and 32 GPUs, one repeat")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/synth_alltoall.csv"))
     args = parser.parse_args()
@@ -59,25 +71,32 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     compact_fits = True
-    header = (f"{'GPUs':>5} {'scenario':>8} {'cold s':>8} {'warm s':>8} {'cold/warm':>9} {'compact s':>9} "
+    header = (f"{'GPUs':>5} {'scenario':>8} {'cold s':>8} {'warm s':>8} {'cold/warm':>9} {'cpu c/w':>8} "
+              f"{'cold cpu':>8} {'warm cpu':>8} {'file cpu':>8} {'c/file':>6} {'compact s':>9} "
               f"{'compact/cold':>12} {'LP GB/s':>9} {'algbw':>8} {'gap %':>6} {'columns':>8} {'maxrss MiB':>10}")
     print(header, flush=True)
     for gpus in sizes:
         reps = repeats if gpus < 256 else min(repeats, args.repeats_large)
         healthy = fabric(gpus)
         healthy_schedule = synthesize(healthy)
+        healthy_file = loads_schedule(dumps_schedule(healthy_schedule))  # routes only, no solver state
         for scenario in FAULTS:
             topo = healthy if scenario == "healthy" else apply_fault(healthy, scenario)
-            cold_s, cold = timed(lambda topo=topo: synthesize(topo), reps)
+            cold_s, cold_cpu, cold = timed(lambda topo=topo: synthesize(topo), reps)
             validate(cold, topo)
-            warm_s = None
+            warm_s = warm_cpu = warm = None
             if scenario != "healthy":
-                warm_s, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
+                warm_s, warm_cpu, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
                 validate(warm, topo)
-            compact_s = compact_gbs = None
-            if compact_fits:
+            file_s = file_cpu = None
+            if scenario != "healthy" and gpus <= args.file_warm_max_gpus:
+                file_s, file_cpu, from_file = timed(
+                    lambda topo=topo, prev=healthy_file: synthesize(topo, previous=prev), 1)
+                validate(from_file, topo)
+            compact_s = compact_cpu = compact_gbs = None
+            if compact_fits and gpus <= args.compact_max_gpus:
                 try:
-                    compact_s, result = timed(lambda topo=topo: compact_lp(topo, time_limit_s=args.compact_limit), 1)
+                    compact_s, compact_cpu, result = timed(lambda topo=topo: compact_lp(topo, time_limit_s=args.compact_limit), 1)
                     compact_gbs = result.algbw_gbs
                 except (SynthesisError, MemoryError):
                     compact_fits = False  # larger instances will not fit either
@@ -85,9 +104,20 @@ def main() -> None:
             row = {
                 "gpus": gpus, "scenario": scenario, "cold_s": cold_s, "warm_s": warm_s,
                 "cold_over_warm": cold_s / warm_s if warm_s else None,
-                "compact_s": compact_s, "compact_over_cold": compact_s / cold_s if compact_s else None,
+                "cold_cpu_s": cold_cpu, "warm_cpu_s": warm_cpu,
+                "cold_over_warm_cpu": cold_cpu / warm_cpu if warm_cpu else None,
+                "file_warm_s": file_s, "file_warm_cpu_s": file_cpu,
+                "cold_over_file_warm_cpu": cold_cpu / file_cpu if file_cpu else None,
+                "compact_s": compact_s, "compact_cpu_s": compact_cpu,
+                "compact_over_cold": compact_s / cold_s if compact_s else None,
+                "compact_over_cold_cpu": compact_cpu / cold_cpu if compact_cpu else None,
                 "compact_gbs": compact_gbs, "lp_gbs": meta.throughput_bound_gbs, "algbw_gbs": meta.achieved_gbs,
                 "gap": meta.stat("gap"), "columns": meta.stat("columns"), "repeats": reps,
+                "warm_lp_gbs": warm.meta.throughput_bound_gbs if warm else None,
+                "warm_optimal": warm.meta.stat("optimal") if warm else None,
+                "warm_restarted": warm.meta.stat("restarted") if warm else None,
+                "warm_iterations": warm.meta.stat("iterations") if warm else None,
+                "warm_gap": warm.meta.stat("gap") if warm else None,
                 "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             rows.append(row)
@@ -96,6 +126,8 @@ def main() -> None:
                 return format(value, spec) if value is not None else "-"
 
             print(f"{gpus:>5} {scenario:>8} {cold_s:>8.2f} {fmt(warm_s, '>8.2f')} {fmt(row['cold_over_warm'], '>9.1f')} "
+                  f"{fmt(row['cold_over_warm_cpu'], '>8.1f')} {cold_cpu:>8.2f} {fmt(warm_cpu, '>8.2f')} "
+                  f"{fmt(file_cpu, '>8.2f')} {fmt(row['cold_over_file_warm_cpu'], '>6.1f')} "
                   f"{fmt(compact_s, '>9.2f')} {fmt(row['compact_over_cold'], '>12.1f')} {meta.throughput_bound_gbs:>9.2f} "
                   f"{meta.achieved_gbs:>8.2f} {100 * meta.stat('gap'):>6.2f} {meta.stat('columns'):>8.0f} "
                   f"{row['maxrss_mib']:>10.0f}", flush=True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mccl.errors import Infeasible, SynthesisError
-from mccl.schedule import Collective, link_load, validate
+from mccl.schedule import Collective, dumps_schedule, link_load, loads_schedule, validate
 from mccl.synth import direct_alltoall, optimize
 from mccl.synth.alltoall import compact_lp, lp_optimum, minimal_steps, synthesize
 from mccl.topology import (
@@ -89,14 +89,20 @@ def test_fail2_resynthesis_beats_direct_by_the_lp_ratio(healthy_schedule) -> Non
     assert schedule.meta.stat("kept_fraction") > 0.5
 
 
+@pytest.mark.parametrize("source", ["state", "file"])
 @pytest.mark.parametrize("fault", [fail1, fail2, fail3], ids=["Fail1", "Fail2", "Fail3"])
-def test_warm_start_reaches_the_cold_optimum(fault, healthy_schedule) -> None:
+def test_warm_start_reaches_the_cold_optimum(fault, source, healthy_schedule) -> None:
+    """Both warm starts: from the solver state kept with an in-process schedule, and from the routes
+    of the same schedule read back from its file (which carries no solver state)."""
     topology = fault(rail_optimized(1, 2, 8))
-    warm = synthesize(topology, previous=healthy_schedule)
+    previous = healthy_schedule if source == "state" else loads_schedule(dumps_schedule(healthy_schedule))
+    warm = synthesize(topology, previous=previous)
     cold = synthesize(topology)
     validate(warm, topology)
+    assert warm.meta.stat("restarted") == (1.0 if source == "state" else 0.0)
     assert warm.meta.throughput_bound_gbs == pytest.approx(cold.meta.throughput_bound_gbs, rel=1e-6)
     assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(topology).algbw_gbs, rel=1e-6)
+    assert warm.meta.stat("optimal") == 1.0
     assert dict(warm.meta.inputs)["warm"] == "true"
 
 
@@ -110,6 +116,7 @@ def test_warm_start_drops_routes_whose_links_are_gone(healthy_schedule) -> None:
     topology = Topology(base.name + "+cut(gpu3)", base.nodes, tuple(links))
     schedule = synthesize(topology, previous=healthy_schedule)
     validate(schedule, topology)
+    assert schedule.meta.stat("restarted") == 0.0  # other links: the solver state does not fit
     assert 0 < schedule.meta.stat("kept_fraction") < 1
     assert schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(topology).algbw_gbs, rel=1e-6)
 

@@ -3,8 +3,10 @@
 ``synthesize(topology, ranks=None, *, previous=None, chunks=10, time_limit_s=None,
 max_steps=None, ...) -> Schedule``. Read in this order: :mod:`.pipeline` (the
 pipeline), :mod:`.generation` (the loop), :mod:`.master`, :mod:`.pricing`,
-:mod:`.rounding`, :mod:`.warm`; :mod:`.compact` is the arc-based LP that checks
-the column generation's optimum independently.
+:mod:`.rounding`, :mod:`.warm` (warm start from a schedule's routes),
+:mod:`.state` (warm restart from the solver state kept with a schedule made in
+this process); :mod:`.compact` is the arc-based LP that checks the column
+generation's optimum independently.
 """
 
 from mccl.synth.alltoall.compact import compact_lp

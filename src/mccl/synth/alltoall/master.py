@@ -18,6 +18,15 @@ columns enter nonbasic at zero, so the old basis stays primal feasible and
 HiGHS's primal simplex, ``simplex_strategy=4``, continues from it; presolve is
 off so that the basis survives). Capacities are divided by their maximum so
 that the LP's numbers stay near 1.
+
+``snapshot()`` keeps what a later warm start needs to restart this master where
+it stopped (mccl-paper §4.2, warm start): its columns (CSC) and its final basis.
+``Master.restart`` builds a master over new capacities from such a snapshot,
+with that basis when it is still primal feasible there (a capacity change off
+the tight links leaves the optimal basis optimal, so the first solve takes no
+pivot), else from the slack basis, where primal simplex over the old columns
+takes far fewer pivots than repairing the old basis (measured at 256 GPUs under
+Fail2: 927 pivots from slack, 4.6 k dual / 10 k primal simplex from the old basis).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import numpy as np
 
 from mccl.errors import SynthesisError
 
-__all__ = ["Master", "MasterSolution", "new_highs"]
+__all__ = ["Master", "MasterSnapshot", "MasterSolution", "new_highs"]
 
 _INF = highspy.kHighsInf
 
@@ -56,6 +65,20 @@ class MasterSolution:
     iterations: int  # simplex iterations of this solve
 
 
+@dataclass(frozen=True, eq=False)
+class MasterSnapshot:
+    """A solved master's columns and basis, for restarting it on new capacities."""
+
+    tensor: np.ndarray  # tensor (block) of every column
+    starts: np.ndarray  # CSC: column k's entries are starts[k]:starts[k+1]
+    links: np.ndarray  # network link ids
+    counts: np.ndarray  # β: paths of the tree on the link
+    col_status: np.ndarray  # HiGHS basis status of z and every column (int8)
+    row_status: np.ndarray  # of every tensor row, then every link row (int8)
+    link_activity: np.ndarray  # Σ β x per link at the snapshot's solution, Gbit/s
+    link_duals: np.ndarray  # α_a ≥ 0 at that solution
+
+
 class Master:
     """The restricted master problem; columns are only ever appended."""
 
@@ -65,6 +88,8 @@ class Master:
         self.scale = float(np.max(capacity))
         self._capacity = np.asarray(capacity, dtype=float) / self.scale
         self.column_tensor: list[np.ndarray] = []
+        self._csc: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (starts, links, counts) per append
+        self._last: MasterSolution | None = None
         self.n_columns = 0
         self.iterations = 0
         self.solves = 0
@@ -103,6 +128,8 @@ class Master:
         self._model.addCols(k, np.zeros(k), np.zeros(k), np.full(k, _INF), nnz + k,
                             new_starts.astype(np.int32), index, value)
         self.column_tensor.append(np.asarray(tensor, dtype=np.int64))
+        self._csc.append((np.asarray(starts, dtype=np.int64), np.asarray(links, dtype=np.int32),
+                          np.asarray(counts, dtype=float)))
         self.n_columns += k
 
     def tensors(self) -> np.ndarray:
@@ -131,7 +158,7 @@ class Master:
         # tensor rows (a larger lower bound on Σx − z costs objective). Clipped at 0 against round-off.
         tensor_duals = np.maximum(-dual[:n], 0.0)
         link_duals = np.maximum(dual[n:], 0.0)
-        return MasterSolution(
+        self._last = MasterSolution(
             z=float(col[0]) * self.scale,
             x=col[1:] * self.scale,
             tensor_duals=tensor_duals,
@@ -139,3 +166,43 @@ class Master:
             link_activity=activity[n:] * self.scale,
             iterations=iterations,
         )
+        return self._last
+
+    # -- warm restarts -------------------------------------------------------------------------
+    def snapshot(self) -> MasterSnapshot:
+        """The columns and the basis of the last solve (which must exist)."""
+        if self._last is None:
+            raise SynthesisError("the master has not been solved; there is no basis to keep")
+        basis = self._model.getBasis()
+        starts, links, counts = [], [], []
+        offset = 0
+        for part_starts, part_links, part_counts in self._csc:
+            starts.append(part_starts[:-1] + offset)
+            links.append(part_links)
+            counts.append(part_counts)
+            offset += int(part_starts[-1])
+        return MasterSnapshot(
+            tensor=self.tensors(),
+            starts=np.concatenate(starts + [np.array([offset])]).astype(np.int64),
+            links=np.concatenate(links) if links else np.zeros(0, np.int32),
+            counts=np.concatenate(counts) if counts else np.zeros(0),
+            col_status=np.array([int(status) for status in basis.col_status], dtype=np.int8),
+            row_status=np.array([int(status) for status in basis.row_status], dtype=np.int8),
+            link_activity=self._last.link_activity.copy(),
+            link_duals=self._last.link_duals.copy(),
+        )
+
+    @classmethod
+    def restart(cls, snapshot: MasterSnapshot, capacity: np.ndarray, *, keep_basis: bool,
+                threads: int = 1) -> Master:
+        """A master over ``capacity`` with the snapshot's columns, from its basis if ``keep_basis``."""
+        master = cls(int(snapshot.row_status.size - len(capacity)), capacity, threads=threads)
+        master.add_columns(snapshot.tensor, snapshot.starts, snapshot.links, snapshot.counts)
+        if keep_basis:
+            basis = highspy.HighsBasis()
+            basis.col_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.col_status]
+            basis.row_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.row_status]
+            basis.valid = True
+            if master._model.setBasis(basis) != highspy.HighsStatus.kOk:
+                raise SynthesisError("HiGHS refused the previous master's basis")
+        return master

@@ -1,8 +1,10 @@
 """``synthesize``: the AllToAll schedule by column generation, rounded to whole chunks.
 
 Pipeline (mccl-paper §4.2): LP network (:mod:`.network`) → first columns, either
-multiplicative-weights trees (cold) or the previous schedule's routes (warm,
-:mod:`.warm`) → column generation over source-rooted trees (:mod:`.generation`,
+multiplicative-weights trees (cold), the previous run's columns and master basis
+(warm, when ``previous`` was made by this process and its solver state is kept,
+:mod:`.state`), or the previous schedule's routes (warm from a file, :mod:`.warm`)
+→ column generation over source-rooted trees (:mod:`.generation`,
 master in HiGHS, pricing by shortest-path trees) → deep-dive rounding to at most
 ``chunks`` chunks per block (:mod:`.rounding`) → a Schedule (:mod:`.build`).
 
@@ -13,9 +15,10 @@ the best Lagrangian bound), the achieved algbw of the rounded schedule, the
 bottleneck cut (the links whose capacity rows have a positive dual in the final
 master, with the rounded schedule's base slack on each), and the stats
 ``solve_time_s, columns, iterations, rounds, lp_gap, rounding_gap, gap, optimal``
-(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction`` and
+(gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction``,
 ``reused_previous`` (the previous schedule is kept as it is when it is still as
-close to the new LP optimum as its rounding was to the old one: rounding skipped).
+close to the new LP optimum as its rounding was to the old one: rounding skipped)
+and ``restarted`` (1 when the run restarted from the previous solver state).
 
 Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
 on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m
@@ -38,6 +41,7 @@ from mccl.synth.alltoall.network import Network, build_network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.rounding import deep_dive
+from mccl.synth.alltoall.state import SolverState, recall, remember
 from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedule
 from mccl.synth.common import describe_on
 from mccl.topology import Topology
@@ -51,6 +55,14 @@ def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None
            seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0
            ) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
+    state = recall(previous) if previous is not None else None
+    if state is not None and state.fits(network, max_steps, grouping):
+        # The previous run's columns and basis (:mod:`.state`): every previous route is among them.
+        pool, master, _ = state.restart(network.capacity)
+        routes = len(previous.chunks)  # type: ignore[union-attr]
+        warm = WarmStart(routes=routes, kept=routes, columns=master.n_columns, restarted=True)
+        result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline)
+        return pool, result, master, warm
     pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
     warm = None
     center = None
@@ -189,5 +201,7 @@ def synthesize(
     ]
     if warm is not None:
         stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
-                  ("reused_previous", 1.0 if reused else 0.0)]
-    return schedule.with_meta(stats=tuple(stats))
+                  ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0)]
+    final = schedule.with_meta(stats=tuple(stats))
+    remember(final, SolverState.take(network, max_steps, grouping, pool, master))
+    return final

@@ -104,6 +104,18 @@ class ColumnPool:
         self._tree_keys: set[tuple[int, int]] = set()
         self._cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
+    def copy(self) -> ColumnPool:
+        """An independent pool with the same paths and trees (a warm restart adds to the copy)."""
+        other = ColumnPool(self.blocks, self.n_ranks, self.n_links)
+        other._paths = self._paths.copy()  # rows past _n_paths get written by register_paths
+        other._n_paths = self._n_paths
+        other._known_hashes, other._known_ids = self._known_hashes, self._known_ids  # replaced, never written
+        other._block = list(self._block)
+        other._path_ids = list(self._path_ids)
+        other._n_trees = self._n_trees
+        other._tree_keys = set(self._tree_keys)
+        return other
+
     # -- reading -----------------------------------------------------------------------------
     def __len__(self) -> int:
         return self._n_trees

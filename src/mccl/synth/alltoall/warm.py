@@ -34,6 +34,7 @@ class WarmStart:
     routes: int  # distinct (pair, path) routes in the previous schedule
     kept: int  # of those, still valid on the new network
     columns: int  # columns seeded
+    restarted: bool = False  # from the previous run's solver state (:mod:`.state`), not from its routes
 
     @property
     def kept_fraction(self) -> float:

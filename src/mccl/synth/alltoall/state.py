@@ -1,0 +1,111 @@
+"""The solver state a warm start restarts from: the previous run's columns and master basis.
+
+A warm start from the previous *schedule* alone (:mod:`.warm`) re-derives
+columns from its routes, but the rounded routes are not the LP's solution, so
+the first master solve starts from the slack basis and costs as many simplex
+pivots as a cold one (measured: at 512 GPUs under Fail1 ~50 k pivots, 10× the
+cold time). mccl-paper §4.2 keeps "valid routing structures from previous
+iterations": the column pool and the optimal basis of the last master. That is
+what :class:`SolverState` holds, taken when ``synthesize`` returns.
+
+The Schedule IR stays as it is (a file has no solver state), so the state is
+kept next to the schedule object it produced, for as long as that object lives
+in this process (``remember`` / ``recall``; a weak reference drops it with the
+schedule, and at most ``MAX_STATES`` live ones are kept, the oldest dropped
+first, since one state at 512 GPUs holds ~4 M master entries and the pool's
+paths, ~100 MB). A schedule read from a file, or made by another synthesizer,
+has none: the warm start then seeds from its routes. The state never decides the result, only where the search starts:
+every warm run still prices to LP optimality and rounds and validates as usual.
+
+A state fits a new network when the ranks and the links (ids, ends) are the
+same and only capacities changed (degradations, mccl-paper §4.1). The old basis
+is kept when the old solution still fits the new capacities and no tight link
+(one whose capacity row was nonbasic) changed capacity: then it stays optimal
+and the first master solve takes no pivot. Otherwise the master restarts from
+the slack basis with the old columns (see :mod:`.master`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.schedule import Schedule
+from mccl.synth.alltoall.master import Master, MasterSnapshot
+from mccl.synth.alltoall.network import Network
+from mccl.synth.alltoall.pool import ColumnPool, make_blocks
+
+__all__ = ["SolverState", "remember", "recall", "MAX_STATES"]
+
+MAX_STATES = 16  # live schedules with a state; dead ones drop theirs at once
+_BASIC = 1  # highspy.HighsBasisStatus.kBasic
+_FIT_TOLERANCE = 1e-9  # relative: an old link load this far over the new capacity still fits
+
+
+@dataclass(frozen=True, eq=False)
+class SolverState:
+    """An immutable snapshot of a finished column generation (restarts work on copies)."""
+
+    ranks: tuple[str, ...]
+    link_ids: np.ndarray
+    tail: np.ndarray
+    head: np.ndarray
+    capacity: np.ndarray  # Gbit/s, what the master was solved at
+    max_steps: int | None
+    grouping: str
+    pool: ColumnPool  # never added to: ``restart`` copies it
+    master: MasterSnapshot
+
+    @classmethod
+    def take(cls, network: Network, max_steps: int | None, grouping: str, pool: ColumnPool,
+             master: Master) -> SolverState:
+        """The state after a run; it owns ``pool`` from now on (the run is over and adds nothing)."""
+        return cls(network.ranks, network.link_ids, network.tail, network.head, network.capacity.copy(),
+                   max_steps, grouping, pool, master.snapshot())
+
+    def fits(self, network: Network, max_steps: int | None, grouping: str) -> bool:
+        """Same ranks, same links between the same nodes, same pricing graph and commodity blocks:
+        capacities may differ. (Fail3 moves a GPU to another host, which changes the blocks of
+        ``grouping="host"``.)"""
+        same = (self.ranks == network.ranks and self.max_steps == max_steps and self.grouping == grouping
+                and np.array_equal(self.link_ids, network.link_ids) and np.array_equal(self.tail, network.tail)
+                and np.array_equal(self.head, network.head))
+        if not same or grouping == "tensor":
+            return same
+        blocks, old = make_blocks(network, grouping), self.pool.blocks
+        return np.array_equal(blocks.offsets, old.offsets) and np.array_equal(blocks.dests, old.dests) \
+            and np.array_equal(blocks.source, old.source)
+
+    def basis_still_optimal(self, capacity: np.ndarray) -> bool:
+        """Whether the old optimal basis is optimal at ``capacity`` too (see the module docstring)."""
+        changed = ~np.isclose(capacity, self.capacity, rtol=1e-12, atol=0.0)
+        if not np.any(changed):
+            return True
+        n_tensors = self.master.row_status.size - len(capacity)
+        tight = self.master.row_status[n_tensors:] != _BASIC
+        fits = self.master.link_activity <= capacity * (1 + _FIT_TOLERANCE)
+        return bool(np.all(fits) and not np.any(changed & tight))
+
+    def restart(self, capacity: np.ndarray) -> tuple[ColumnPool, Master, bool]:
+        """A copy of the pool and a master over ``capacity`` with the old columns; whether the basis was kept."""
+        keep = self.basis_still_optimal(capacity)
+        return self.pool.copy(), Master.restart(self.master, capacity, keep_basis=keep), keep
+
+
+_STATES: dict[int, SolverState] = {}
+
+
+def remember(schedule: Schedule, state: SolverState) -> None:
+    """Keep ``state`` for as long as ``schedule`` (this very object) lives, up to ``MAX_STATES`` states."""
+    key = id(schedule)
+    _STATES[key] = state
+    weakref.finalize(schedule, _STATES.pop, key, None)
+    while len(_STATES) > MAX_STATES:
+        _STATES.pop(next(iter(_STATES)))
+
+
+def recall(schedule: Schedule) -> SolverState | None:
+    """The state ``schedule`` was made with, if it was made by this process and is still kept."""
+    return _STATES.get(id(schedule))

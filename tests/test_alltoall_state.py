@@ -1,0 +1,115 @@
+"""Warm restarts from the solver state kept with an in-process schedule (``mccl.synth.alltoall.state``)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import small_topologies
+from mccl.schedule import dumps_schedule, loads_schedule, validate
+from mccl.synth.alltoall import compact_lp, synthesize
+from mccl.synth.alltoall import state as state_module
+from mccl.synth.alltoall.network import build_network
+from mccl.synth.alltoall.state import MAX_STATES, recall
+from mccl.topology import Topology, fail1, fail2, fail3, rail_optimized
+
+
+@pytest.fixture(scope="module")
+def healthy64():
+    topology = rail_optimized(1, 8, 8)
+    return topology, synthesize(topology)
+
+
+def test_an_off_cut_fault_keeps_the_optimal_basis_and_takes_no_pivot(healthy64) -> None:
+    """Fail1 slows an NVSwitch port that no optimal solution saturates: the old basis stays optimal."""
+    topology, previous = healthy64
+    state = recall(previous)
+    assert state is not None and state.fits(build_network(fail1(topology)), None, "tensor")
+    assert state.basis_still_optimal(build_network(fail1(topology)).capacity)
+    warm = synthesize(fail1(topology), previous=previous)
+    validate(warm, fail1(topology))
+    assert warm.meta.stat("restarted") == 1.0
+    assert warm.meta.stat("iterations") == 0.0
+    assert warm.meta.stat("optimal") == 1.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
+
+
+def test_a_fault_on_a_tight_link_restarts_from_the_slack_basis_and_reaches_the_optimum(healthy64) -> None:
+    topology, previous = healthy64
+    faulty = fail2(topology)
+    assert not recall(previous).basis_still_optimal(build_network(faulty).capacity)
+    warm = synthesize(faulty, previous=previous)
+    validate(warm, faulty)
+    assert warm.meta.stat("restarted") == 1.0
+    assert warm.meta.stat("iterations") > 0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(synthesize(faulty).meta.throughput_bound_gbs, rel=1e-9)
+
+
+def test_states_chain_and_are_not_shared_between_restarts(healthy64) -> None:
+    """A warm result keeps its own state (Fail2 then Fail1 on top of it), and restarting from a state
+    twice gives the same result: restarts copy the pool and never change the state."""
+    topology, previous = healthy64
+    columns_before = len(recall(previous).pool)
+    first = synthesize(fail2(topology), previous=previous)
+    second = synthesize(fail2(topology), previous=previous)
+    assert len(recall(previous).pool) == columns_before
+    assert first.meta.throughput_bound_gbs == second.meta.throughput_bound_gbs
+    assert first.transfers == second.transfers
+    both = fail1(fail2(topology))
+    chained = synthesize(both, previous=first)
+    validate(chained, both)
+    assert chained.meta.stat("restarted") == 1.0
+    assert chained.meta.throughput_bound_gbs == pytest.approx(synthesize(both).meta.throughput_bound_gbs, rel=1e-9)
+
+
+def test_a_state_whose_blocks_changed_does_not_fit() -> None:
+    """Fail3 moves gpu0 to a host of its own: with per-host blocks the old columns belong to other
+    blocks, so the warm start seeds from the routes instead, and still reaches the optimum."""
+    topology = rail_optimized(1, 2, 4)
+    previous = synthesize(topology, grouping="host")
+    assert recall(previous).fits(build_network(fail2(topology)), None, "host")
+    assert not recall(previous).fits(build_network(fail3(topology)), None, "host")
+    warm = synthesize(fail3(topology), previous=previous, grouping="host")
+    validate(warm, fail3(topology))
+    assert warm.meta.stat("restarted") == 0.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(fail3(topology)).algbw_gbs, rel=1e-6)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=small_topologies(), data=st.data())
+def test_restart_after_any_capacity_change_reaches_the_compact_optimum(topology: Topology, data) -> None:
+    """Capacities up or down on a few links (degradations and recoveries): the restart, whichever basis it
+    takes, and the warm start from the routes both reach the compact LP's optimum with valid schedules."""
+    previous = synthesize(topology)
+    capacities = topology.capacities_gbps.copy()
+    links = data.draw(st.lists(st.integers(0, len(topology.links) - 1), min_size=1, max_size=3, unique=True))
+    factors = data.draw(st.lists(st.floats(0.05, 4.0), min_size=len(links), max_size=len(links)))
+    capacities[np.array(links)] *= np.array(factors)
+    changed = topology.with_capacities(capacities, name=topology.name + "+change")
+    optimum = compact_lp(changed).algbw_gbs
+    restarted = synthesize(changed, previous=previous)
+    from_file = synthesize(changed, previous=loads_schedule(dumps_schedule(previous)))
+    for warm, kind in ((restarted, 1.0), (from_file, 0.0)):
+        validate(warm, changed)
+        assert warm.meta.stat("restarted") == kind
+        assert warm.meta.throughput_bound_gbs == pytest.approx(optimum, rel=1e-6)
+
+
+def test_a_schedule_from_a_file_has_no_state_and_states_go_with_their_schedules() -> None:
+    """(Last in this file: filling the registry drops the other tests' states.)"""
+    topology = rail_optimized(1, 2, 4)
+    schedule = synthesize(topology)
+    assert recall(schedule) is not None
+    assert recall(loads_schedule(dumps_schedule(schedule))) is None
+    assert recall(schedule.with_meta()) is None  # another object: the state belongs to the one synthesized
+    key = id(schedule)
+    del schedule
+    gc.collect()
+    assert key not in state_module._STATES  # dropped with its schedule
+    live = [synthesize(topology) for _ in range(MAX_STATES + 2)]
+    assert recall(live[0]) is None and recall(live[1]) is None  # at most MAX_STATES, the oldest dropped
+    assert all(recall(schedule) is not None for schedule in live[2:])
