@@ -91,7 +91,8 @@ def _full_solve(table, capacity):
     live = table.live()
     routes = [table.route[s, :table.length[s]].tolist() for s in live]
     hop = table.hop[live]
-    gap = np.where(hop >= 0, table.step[live] - table.h_oldest[np.maximum(hop, 0)], 0)
+    oldest = np.append(table.h_oldest, 0)  # hop -1 reads the appended 0; its gap is 0 anyway
+    gap = np.where(hop >= 0, table.step[live] - oldest[hop], 0)
     weights = table.wtab[np.minimum(gap, 4)]
     return live, max_min_rates(*_csr(routes), capacity, weights=weights).rates, routes
 

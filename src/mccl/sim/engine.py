@@ -34,7 +34,7 @@ import numpy as np
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
 from mccl.sim.closedloop import ControlHook, ControlView, PathSample
-from mccl.sim.compiled import CompiledSchedule, compile_schedule, csr_gather
+from mccl.sim.compiled import CompiledSchedule, compile_schedule
 from mccl.sim.ecmp import routes_for
 from mccl.sim.fairshare import max_min_rates
 from mccl.sim.flows import FlowTable
@@ -48,6 +48,7 @@ __all__ = ["simulate", "simulate_schedule"]
 
 _BYTES_PER_GBIT = 1e9 / 8
 DEFAULT_OPTIONS = SimOptions()
+_NO_PATHS = np.zeros(0, dtype=np.int64)  # no meter: flows carry path -1
 
 
 def simulate(
@@ -204,7 +205,7 @@ class _Engine:
 
     def _finish_flows(self, now: float, tolerance: float) -> bool:
         flows = self.flows
-        done = np.flatnonzero((flows.finish <= now + tolerance) & (flows.run >= 0))
+        done = flows.due(now + tolerance)
         if not len(done):
             return False
         runs, transfers, bottleneck = flows.run[done], flows.transfer[done], flows.bottleneck[done]
@@ -351,11 +352,9 @@ class _Engine:
             started = True
             self.events += len(transfers)
             comp = run.compiled
-            lengths, links = csr_gather(comp.route_offsets, comp.route_links, transfers)
-            paths = (run.paths[comp.connection[transfers]] if run.paths is not None
-                     else np.full(len(transfers), -1, dtype=np.int64))
-            self.flows.add(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
-                           comp.step[transfers], comp.hop[transfers] + run.hop_base, now)
+            self.flows.add_rows(slot, transfers, comp.route_offsets, comp.route_links, comp.fraction, run.block_bytes,
+                                comp.step, comp.hop, run.hop_base, run.n_hops,
+                                run.paths if run.paths is not None else _NO_PATHS, comp.connection, run.longest, now)
         return started
 
     # -- the closed-loop hook ------------------------------------------------------

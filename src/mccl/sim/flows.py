@@ -78,6 +78,7 @@ class FlowTable:
             "dlist": np.zeros(size, dtype=np.int64), "s_in": np.zeros(size, dtype=bool),
             "s_frozen": np.zeros(size, dtype=bool), "s_rate": np.zeros(size),
             "s_bneck": np.full(size, -1, dtype=np.int64), "s_wold": np.zeros(size, dtype=np.int64),
+            "dlist_out": np.zeros(size, dtype=np.int64),
         }
         for name, array in fresh.items():
             if old is not None:
@@ -97,14 +98,7 @@ class FlowTable:
         self.meta[0] = kept + size - n_old
         kernels.relink(self.big_r, self.alive, self.length, self.route, self.i_pos, self.l_flows, self.l_inc, self.l_deg)
 
-    def _reserve(self, count: int, longest: int, top_hop: int, incidences: int) -> None:
-        degree = int(self.l_deg.max(initial=0)) + incidences
-        if degree > self.l_flows.shape[1]:
-            old, width = self.l_flows.shape[1], max(degree, 2 * self.l_flows.shape[1])
-            for name in ("l_flows", "l_inc"):
-                grown = np.zeros((self.n_links, width), dtype=np.int64)
-                grown[:, :old] = getattr(self, name)
-                setattr(self, name, grown)
+    def _reserve(self, count: int, longest: int, top_hop: int) -> None:
         if longest > self.big_r:
             self.big_r = max(longest, 2 * self.big_r)
             self._allocate(len(self.run))
@@ -116,24 +110,54 @@ class FlowTable:
             self.h_oldest = np.concatenate([self.h_oldest, np.full(size - len(self.h_oldest),
                                                                    np.iinfo(np.int64).max, dtype=np.int64)])
 
+    def _widen(self) -> None:
+        """Twice the room per link for flows (a link ran out of it)."""
+        old = self.l_flows.shape[1]
+        for name in ("l_flows", "l_inc"):
+            grown = np.zeros((self.n_links, 2 * old), dtype=np.int64)
+            grown[:, :old] = getattr(self, name)
+            setattr(self, name, grown)
+
     # -- membership ------------------------------------------------------------------
     def add(self, run: int, transfers: np.ndarray, size: np.ndarray, lengths: np.ndarray, links: np.ndarray,
             paths: np.ndarray, steps: np.ndarray, hops: np.ndarray, now: float) -> np.ndarray:
         """Start flows (``hops``: global hop ids, < 0 for none); return their slots."""
         count = len(transfers)
         lengths = np.asarray(lengths, dtype=np.int64)
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        rows = np.arange(count)
         hops = np.asarray(hops, dtype=np.int64)
-        self._reserve(count, int(lengths.max(initial=0)), int(hops.max(initial=-1)), int(lengths.sum()))
-        slots = np.empty(count, dtype=np.int64)
-        kernels.add_flows(
-            slots, run, np.asarray(transfers, dtype=np.int64), np.asarray(size, dtype=float), lengths,
-            np.asarray(links, dtype=np.int64), np.asarray(paths, dtype=np.int64), np.asarray(steps, dtype=np.int64),
-            hops, now, self.big_r, self.alive, self.run, self.transfer, self.hop, self.step, self.path, self.length,
-            self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck, self.wlev, self.f_hnext,
-            self.f_hprev, self.f_dirty, self.i_pos, self.l_flows, self.l_inc, self.l_deg, self.h_head, self.h_oldest,
-            self.free,
-            self.dlist, self.l_changed, self.clist, self.meta)
+        slots = self.add_rows(run, rows, offsets, np.asarray(links, dtype=np.int64), np.asarray(size, dtype=float),
+                              1.0, np.asarray(steps, dtype=np.int64), hops, 0, int(hops.max(initial=-1)) + 1,
+                              np.asarray(paths, dtype=np.int64), rows, int(lengths.max(initial=0)), now)
+        self.transfer[slots] = transfers
         return slots
+
+    def add_rows(self, run: int, rows: np.ndarray, route_offsets: np.ndarray, route_links: np.ndarray,
+                 size_of: np.ndarray, size_scale: float, step_of: np.ndarray, hop_of: np.ndarray, hop_base: int,
+                 n_hops: int, path_of: np.ndarray, path_by: np.ndarray, longest: int, now: float) -> np.ndarray:
+        """Start one flow per row of per-row arrays (a compiled schedule's transfers): see
+        :func:`mccl.sim.kernels.add_flows`; ``transfer`` is the row. Return their slots."""
+        count = len(rows)
+        self._reserve(count, longest, hop_base + n_hops - 1)
+        slots = np.empty(count, dtype=np.int64)
+        done = 0
+        while True:
+            done += kernels.add_flows(
+                slots[done:], run, rows[done:], route_offsets, route_links, size_of, size_scale, step_of, hop_of,
+                hop_base, path_of, path_by, now, self.big_r, self.alive, self.run, self.transfer, self.hop, self.step,
+                self.path, self.length, self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck,
+                self.wlev, self.f_hnext, self.f_hprev, self.f_dirty, self.i_pos, self.l_flows, self.l_inc, self.l_deg,
+                self.h_head, self.h_oldest, self.free, self.dlist, self.l_changed, self.clist, self.meta)
+            if done == count:
+                return slots
+            self._widen()
+
+    def due(self, limit: float) -> np.ndarray:
+        """Slots of collective flows whose last byte leaves by ``limit``."""
+        count = kernels.due(self.finish, self.run, limit, self.dlist_out)
+        return self.dlist_out[:count].copy()
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""

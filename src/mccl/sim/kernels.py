@@ -50,7 +50,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_flows", "remove_flows", "recompute", "relink"]
+__all__ = ["add_flows", "due", "remove_flows", "recompute", "relink"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _MAX_GAP = 4  # weights below step_priority**-4 make no difference
@@ -125,28 +125,41 @@ def _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, meta):
 
 
 @_jit
-def add_flows(slots, run, transfers, sizes, lengths, links, paths, steps, hops, now,
+def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, step_of, hop_of, hop_base, path_of,
+              path_by, now,
               big_r, f_alive, f_run, f_transfer, f_hop, f_step, f_path, f_len, f_route, f_remaining, f_t0, f_rate,
               f_finish, f_bneck, f_wlev, f_hnext, f_hprev, f_dirty, i_pos, l_flows, l_inc, l_deg, h_head, h_oldest,
               free, dlist, l_changed, clist, meta):
-    """Put the flows into free slots (written to ``slots``); mark them and their hops for re-solving."""
-    at = 0
-    for j in range(len(transfers)):
+    """Put flows into free slots (written to ``slots``); mark them and their hops for re-solving.
+
+    Flow j is row ``t = ids[j]`` of per-row arrays: route ``route_links[route_offsets[t]:
+    route_offsets[t+1]]``, ``size_of[t] * size_scale`` bytes, step ``step_of[t]``, hop
+    ``hop_of[t] + hop_base`` (none when ``hop_of[t] < 0``), meter path ``path_of[path_by[t]]``
+    (-1 when ``path_of`` is empty). Returns how many were added: it stops before a flow
+    one of whose links has no room left in ``l_flows`` (the caller widens it and goes on)."""
+    width = l_flows.shape[1]
+    for j in range(len(ids)):
+        t = ids[j]
+        first = route_offsets[t]
+        length = route_offsets[t + 1] - first
+        for k in range(length):
+            if l_deg[route_links[first + k]] + length > width:
+                return j
         meta[0] -= 1
         s = free[meta[0]]
         slots[j] = s
         f_alive[s] = True
         f_run[s] = run
-        f_transfer[s] = transfers[j]
-        f_hop[s] = hops[j]
-        f_step[s] = steps[j]
-        f_path[s] = paths[j]
-        f_len[s] = lengths[j]
-        for k in range(lengths[j]):
-            f_route[s, k] = links[at + k]
-            _mark_link(links[at + k], l_changed, clist, meta)
-        at += lengths[j]
-        f_remaining[s] = sizes[j]
+        f_transfer[s] = t
+        h = hop_of[t] + hop_base if hop_of[t] >= 0 else -1
+        f_hop[s] = h
+        f_step[s] = step_of[t]
+        f_path[s] = path_of[path_by[t]] if len(path_of) else -1
+        f_len[s] = length
+        for k in range(f_len[s]):
+            f_route[s, k] = route_links[first + k]
+            _mark_link(route_links[first + k], l_changed, clist, meta)
+        f_remaining[s] = size_of[t] * size_scale
         f_t0[s] = now
         f_rate[s] = 0.0
         f_finish[s] = np.inf
@@ -155,7 +168,6 @@ def add_flows(slots, run, transfers, sizes, lengths, links, paths, steps, hops, 
         meta[3] += 1
         _link_insert(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg)
         _mark_flow(s, f_dirty, dlist, meta)
-        h = hops[j]
         f_hprev[s] = -1
         f_hnext[s] = -1
         if h >= 0:
@@ -164,8 +176,20 @@ def add_flows(slots, run, transfers, sizes, lengths, links, paths, steps, hops, 
             if head >= 0:
                 f_hprev[head] = s
             h_head[h] = s
-            if steps[j] < h_oldest[h]:
+            if f_step[s] < h_oldest[h]:
                 _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, meta)
+    return len(ids)
+
+
+@_jit
+def due(finish, run, limit, out):
+    """Slots of collective flows (``run >= 0``) whose last byte leaves by ``limit``; how many."""
+    count = 0
+    for s in range(len(finish)):
+        if finish[s] <= limit and run[s] >= 0:
+            out[count] = s
+            count += 1
+    return count
 
 
 @_jit

@@ -31,6 +31,8 @@ class RunState:
         self.start_s = start_s
         self.paths = paths
         self.hop_base = hop_base  # this run's hop ids in the flow table: compiled.hop + hop_base
+        self.n_hops = int(compiled.hop.max(initial=-1)) + 1
+        self.longest = int(np.diff(compiled.route_offsets).max(initial=0))  # links on its longest route
         count = compiled.n_transfers
         self.pending = compiled.n_deps.copy()
         self.busy = np.zeros(compiled.n_connections, dtype=bool)
