@@ -122,7 +122,7 @@ class _Engine:
                 timeline.append((flow.end_s, 1, index, "end"))
         self.timeline = sorted(timeline, key=lambda entry: (entry[0], entry[1], entry[2]))
         self.timeline_at = 0
-        self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins)
+        self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins, self.capacity)
         self.meter = PathMeter() if hook is not None else None
         self.next_hook = hook.interval_s if hook is not None else math.inf
         self.finished: list[RunResult] = []
@@ -196,7 +196,7 @@ class _Engine:
         if self.meter is not None and len(flows):
             mine = flows.path >= 0
             self.meter.add(flows.path[mine], flows.rate[mine], step)
-        self.recorder.add(start, stop, flows.link_rate + self.constant_usage, self.capacity)
+        self.recorder.add(start, stop, flows.link_rate + self.constant_usage)
 
     # -- flows ------------------------------------------------------------------
     def _recompute(self, now: float) -> None:
@@ -238,6 +238,7 @@ class _Engine:
             if kind == 0:
                 change: CapacityChange = payload  # type: ignore[assignment]
                 self.capacity[change.link] = change.gbps * _BYTES_PER_GBIT
+                self.recorder.set_capacity(now, self.capacity)
                 self.flows.touch_links((change.link,))
                 constant_changed = True
                 continue

@@ -24,7 +24,7 @@ from mccl.sim import kernels
 
 __all__ = ["FlowTable"]
 
-_EPS = 1e-9  # relative tolerance of the bottleneck check (mccl.sim.kernels)
+_EPS = 1e-11  # relative tolerance of the bottleneck check (mccl.sim.kernels)
 _MIN_SLOTS = 64
 _MIN_ROUTE = 8
 _MIN_DEGREE = 16
