@@ -163,7 +163,7 @@ class _Engine:
     def _next_time(self, now: float) -> float:
         upcoming = math.inf
         if len(self.flows):
-            upcoming = float(self.flows.finish.min())
+            upcoming = self.flows.next_finish()
         if self.arrivals:
             upcoming = min(upcoming, self.arrivals[0][0])
         if self.timeline_at < len(self.timeline):

@@ -13,7 +13,10 @@ ahead of the hop's oldest flow in flight, so the older block goes first as on a
 FIFO connection; background flows (``hop < 0``) weigh 1.
 
 Remaining bytes are stored as of the flow's last rate change (``t0``), with the
-predicted finish time, so advancing the clock costs nothing per flow.
+predicted finish time, so advancing the clock costs nothing per flow. Predicted
+finishes also go on a heap (with a per-slot version that a rate change or removal
+moves on, so older entries are skipped): the next finish and the flows due are
+found without scanning every slot.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ class FlowTable:
     def __init__(self, n_links: int, step_priority: float) -> None:
         self.n_links = n_links
         self.wtab = float(step_priority) ** -np.arange(5, dtype=float)
-        self.count = 0
         self.solves = self.rounds = 0
         self.link_rate = np.zeros(n_links)  # bytes/s of these flows on each link
         self.l_deg = np.zeros(n_links, dtype=np.int64)  # flows on each link (incidences)
@@ -54,8 +56,12 @@ class FlowTable:
         self.hkey = np.zeros(n_links)
         self.h_head = np.zeros(0, dtype=np.int64)
         self.h_oldest = np.zeros(0, dtype=np.int64)
-        # free slots, dirty flows, changed links, live flows; totals of flows re-solved and links checked
-        self.meta = np.zeros(12, dtype=np.int64)
+        # free slots, dirty flows, changed links, live flows; totals of flows re-solved and links checked;
+        # entries on the finish-time heap
+        self.meta = np.zeros(7, dtype=np.int64)
+        self.q_key = np.zeros(_MIN_SLOTS)  # heap of (predicted finish, slot, version): mccl.sim.kernels.due
+        self.q_slot = np.zeros(_MIN_SLOTS, dtype=np.int64)
+        self.q_ver = np.zeros(_MIN_SLOTS, dtype=np.int64)
         self.big_r = _MIN_ROUTE
         self._allocate(_MIN_SLOTS)
 
@@ -78,7 +84,7 @@ class FlowTable:
             "dlist": np.zeros(size, dtype=np.int64), "s_in": np.zeros(size, dtype=bool),
             "s_frozen": np.zeros(size, dtype=bool), "s_rate": np.zeros(size),
             "s_bneck": np.full(size, -1, dtype=np.int64), "s_wold": np.zeros(size, dtype=np.int64),
-            "dlist_out": np.zeros(size, dtype=np.int64),
+            "dlist_out": np.zeros(size, dtype=np.int64), "f_ver": np.zeros(size, dtype=np.int64),
         }
         for name, array in fresh.items():
             if old is not None:
@@ -155,14 +161,33 @@ class FlowTable:
             self._widen()
 
     def due(self, limit: float) -> np.ndarray:
-        """Slots of collective flows whose last byte leaves by ``limit``."""
-        count = kernels.due(self.finish, self.run, limit, self.dlist_out)
-        return self.dlist_out[:count].copy()
+        """Slots of the flows whose last byte leaves by ``limit`` (each returned once), ascending."""
+        count = kernels.due(limit, self.dlist_out, self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta)
+        return np.sort(self.dlist_out[:count])  # in slot order, as a scan would find them
+
+    def next_finish(self) -> float:
+        """The earliest predicted finish of a flow (inf if none)."""
+        return float(kernels.next_finish(self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta))
+
+    def _heap_room(self) -> None:
+        """Room for one push per live flow; stale entries dropped once they outnumber live ones."""
+        live = int(self.meta[3])
+        if self.meta[6] > 2 * live + 1024:
+            kernels.rebuild_finish_heap(self.alive, self.finish, self.f_ver, self.q_key, self.q_slot, self.q_ver,
+                                        self.meta)
+        need = int(self.meta[6]) + live
+        if need > len(self.q_key):
+            size = max(need, 2 * len(self.q_key))
+            for name in ("q_key", "q_slot", "q_ver"):
+                old = getattr(self, name)
+                grown = np.zeros(size, dtype=old.dtype)
+                grown[:len(old)] = old
+                setattr(self, name, grown)
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""
         kernels.remove_flows(
-            np.asarray(slots, dtype=np.int64), self.big_r, self.alive, self.run, self.hop, self.step, self.path,
+            np.asarray(slots, dtype=np.int64), self.big_r, self.alive, self.run, self.f_ver, self.hop, self.step, self.path,
             self.length, self.route, self.rate, self.finish, self.f_hnext, self.f_hprev, self.f_dirty, self.i_pos,
             self.l_flows, self.l_inc, self.l_deg, self.h_head, self.h_oldest, self.link_rate, self.free, self.dlist,
             self.l_changed, self.clist, self.meta)
@@ -180,13 +205,15 @@ class FlowTable:
         """Max-min rates after the changes since the last call, given the capacity left to flows."""
         if not (self.meta[1] or self.meta[2]):
             return
+        self._heap_room()
         solves = kernels.recompute(
             np.ascontiguousarray(capacity, dtype=float), now, self.wtab, _EPS, self.big_r, self.alive, self.hop,
             self.step, self.length, self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck,
             self.wlev, self.f_dirty, self.l_flows, self.l_deg, self.h_oldest, self.link_rate, self.dlist,
             self.l_changed, self.clist, self.meta, self.s_in, self.s_frozen, self.s_rate, self.s_bneck, self.s_wold,
             self.l_mark,
-            self.resid, self.cnt, self.cnt_lev, self.hp, self.hpos, self.hkey)
+            self.resid, self.cnt, self.cnt_lev, self.hp, self.hpos, self.hkey, self.f_ver, self.q_key, self.q_slot,
+            self.q_ver)
         self.solves += 1
         self.rounds += int(solves)
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_flows", "due", "remove_flows", "recompute", "relink"]
+__all__ = ["add_flows", "due", "next_finish", "rebuild_finish_heap", "remove_flows", "recompute", "relink"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _MAX_GAP = 4  # weights below step_priority**-4 make no difference
@@ -183,18 +183,88 @@ def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, 
 
 
 @_jit
-def due(finish, run, limit, out):
-    """Slots of collective flows (``run >= 0``) whose last byte leaves by ``limit``; how many."""
+def _finish_push(key, slot, ver, q_key, q_slot, q_ver, meta):
+    """Push (predicted finish, slot, version) on the finish-time heap (a binary min-heap)."""
+    at = meta[6]
+    meta[6] += 1
+    while at > 0:
+        parent = (at - 1) >> 1
+        if q_key[parent] <= key:
+            break
+        q_key[at] = q_key[parent]
+        q_slot[at] = q_slot[parent]
+        q_ver[at] = q_ver[parent]
+        at = parent
+    q_key[at] = key
+    q_slot[at] = slot
+    q_ver[at] = ver
+
+
+@_jit
+def _finish_pop(q_key, q_slot, q_ver, meta):
+    size = meta[6] - 1
+    meta[6] = size
+    if size == 0:
+        return
+    key = q_key[size]
+    slot = q_slot[size]
+    ver = q_ver[size]
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and q_key[child + 1] < q_key[child]:
+            child += 1
+        if q_key[child] >= key:
+            break
+        q_key[at] = q_key[child]
+        q_slot[at] = q_slot[child]
+        q_ver[at] = q_ver[child]
+        at = child
+    q_key[at] = key
+    q_slot[at] = slot
+    q_ver[at] = ver
+
+
+@_jit
+def next_finish(f_ver, q_key, q_slot, q_ver, meta):
+    """The earliest predicted finish of a live flow (inf if none); drops stale heap entries.
+
+    An entry is stale once its flow's rate changed again or the flow left (``f_ver`` moved on)."""
+    while meta[6] > 0:
+        if q_ver[0] == f_ver[q_slot[0]]:
+            return q_key[0]
+        _finish_pop(q_key, q_slot, q_ver, meta)
+    return np.inf
+
+
+@_jit
+def due(limit, out, f_ver, q_key, q_slot, q_ver, meta):
+    """Slots of flows whose last byte leaves by ``limit`` (popped off the heap); how many."""
     count = 0
-    for s in range(len(finish)):
-        if finish[s] <= limit and run[s] >= 0:
+    while meta[6] > 0 and q_key[0] <= limit:
+        s = q_slot[0]
+        if q_ver[0] == f_ver[s]:
             out[count] = s
             count += 1
+            f_ver[s] += 1  # consumed
+        _finish_pop(q_key, q_slot, q_ver, meta)
     return count
 
 
 @_jit
-def remove_flows(slots, big_r, f_alive, f_run, f_hop, f_step, f_path, f_len, f_route, f_rate, f_finish,
+def rebuild_finish_heap(f_alive, f_finish, f_ver, q_key, q_slot, q_ver, meta):
+    """Drop every stale entry: one entry per live flow with a finite predicted finish."""
+    meta[6] = 0
+    for s in range(len(f_alive)):
+        if f_alive[s] and f_finish[s] < np.inf:
+            f_ver[s] += 1
+            _finish_push(f_finish[s], s, f_ver[s], q_key, q_slot, q_ver, meta)
+
+
+@_jit
+def remove_flows(slots, big_r, f_alive, f_run, f_ver, f_hop, f_step, f_path, f_len, f_route, f_rate, f_finish,
                  f_hnext, f_hprev, f_dirty, i_pos, l_flows, l_inc, l_deg, h_head, h_oldest, link_rate,
                  free, dlist, l_changed, clist, meta):
     """Free the slots; their links' loads changed, and their hops' oldest steps may have."""
@@ -220,6 +290,7 @@ def remove_flows(slots, big_r, f_alive, f_run, f_hop, f_step, f_path, f_len, f_r
             if f_step[s] == h_oldest[h]:
                 _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, meta)
         f_alive[s] = False
+        f_ver[s] += 1  # its finish-heap entry is stale
         f_run[s] = -2
         f_path[s] = -1
         f_rate[s] = 0.0
@@ -321,7 +392,8 @@ def _join(s, members, m, s_in, s_wold, f_wlev, f_hop, f_step, h_oldest):
 @_jit
 def recompute(capacity, now, wtab, eps, big_r, f_alive, f_hop, f_step, f_len, f_route, f_remaining, f_t0, f_rate,
               f_finish, f_bneck, f_wlev, f_dirty, l_flows, l_deg, h_oldest, link_rate, dlist, l_changed, clist, meta,
-              s_in, s_frozen, s_rate, s_bneck, s_wold, l_mark, resid, cnt, cnt_lev, hp, hpos, hkey):
+              s_in, s_frozen, s_rate, s_bneck, s_wold, l_mark, resid, cnt, cnt_lev, hp, hpos, hkey, f_ver, q_key, q_slot,
+              q_ver):
     """Incremental exact max-min rates after the marked changes (see the module docstring).
 
     Returns the number of sub-solves (1 when the first set S was enough)."""
@@ -538,6 +610,9 @@ def recompute(capacity, now, wtab, eps, big_r, f_alive, f_hop, f_step, f_len, f_
             f_t0[s] = now
             f_rate[s] = rate
             f_finish[s] = now + left / rate if rate > 0 else np.inf
+            f_ver[s] += 1
+            if f_finish[s] < np.inf:
+                _finish_push(f_finish[s], s, f_ver[s], q_key, q_slot, q_ver, meta)
     for j in range(n_checked):
         link_rate[checked[j]] = exact[j]  # no rounding drift accumulates on the links checked
     for j in range(nt):
