@@ -1,10 +1,10 @@
 """The engine's table of active flows, with max-min rates re-solved only where an event reaches.
 
 Flows live in slots of preallocated arrays (struct of arrays, grown by doubling), so
-starting or finishing flows costs nothing per other flow; the compiled kernels of
-:mod:`mccl.sim.kernels` keep per-link and per-hop lists of flows and re-solve, after
-each batch of events, only the flows whose rates can change — the incremental
-exact max-min described there. Free slots hold ``run == -2``, ``rate == 0``,
+starting or finishing flows costs nothing per other flow; compiled kernels keep
+per-link rows and per-hop lists of flows (:mod:`mccl.sim.tablekernels`) and re-solve,
+after each batch of events, only the flows whose rates can change — the incremental
+exact max-min of :mod:`mccl.sim.kernels`. Free slots hold ``run == -2``, ``rate == 0``,
 ``finish == inf`` and ``path == -1``, so masks over all slots select live flows.
 
 Weights (``SimOptions.step_priority``). On one hop (sender, receiver, route) of a
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mccl.sim import kernels
+from mccl.sim import kernels, tablekernels
 
 __all__ = ["FlowTable"]
 
@@ -102,7 +102,8 @@ class FlowTable:
         stack[kept:kept + size - n_old] = np.arange(size - 1, n_old - 1, -1, dtype=np.int64)  # lowest on top
         self.free = stack
         self.meta[0] = kept + size - n_old
-        kernels.relink(self.big_r, self.alive, self.length, self.route, self.i_pos, self.l_flows, self.l_inc, self.l_deg)
+        tablekernels.relink(self.big_r, self.alive, self.length, self.route, self.i_pos, self.l_flows, self.l_inc,
+                            self.l_deg)
 
     def _reserve(self, count: int, longest: int, top_hop: int) -> None:
         if longest > self.big_r:
@@ -144,13 +145,13 @@ class FlowTable:
                  size_of: np.ndarray, size_scale: float, step_of: np.ndarray, hop_of: np.ndarray, hop_base: int,
                  n_hops: int, path_of: np.ndarray, path_by: np.ndarray, longest: int, now: float) -> np.ndarray:
         """Start one flow per row of per-row arrays (a compiled schedule's transfers): see
-        :func:`mccl.sim.kernels.add_flows`; ``transfer`` is the row. Return their slots."""
+        :func:`mccl.sim.tablekernels.add_flows`; ``transfer`` is the row. Return their slots."""
         count = len(rows)
         self._reserve(count, longest, hop_base + n_hops - 1)
         slots = np.empty(count, dtype=np.int64)
         done = 0
         while True:
-            done += kernels.add_flows(
+            done += tablekernels.add_flows(
                 slots[done:], run, rows[done:], route_offsets, route_links, size_of, size_scale, step_of, hop_of,
                 hop_base, path_of, path_by, now, self.big_r, self.alive, self.run, self.transfer, self.hop, self.step,
                 self.path, self.length, self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck,
@@ -186,7 +187,7 @@ class FlowTable:
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""
-        kernels.remove_flows(
+        tablekernels.remove_flows(
             np.asarray(slots, dtype=np.int64), self.big_r, self.alive, self.run, self.f_ver, self.hop, self.step, self.path,
             self.length, self.route, self.rate, self.finish, self.f_hnext, self.f_hprev, self.f_dirty, self.i_pos,
             self.l_flows, self.l_inc, self.l_deg, self.h_head, self.h_oldest, self.link_rate, self.free, self.dlist,
