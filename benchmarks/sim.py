@@ -34,7 +34,7 @@ from standin import hierarchical_allgather  # noqa: E402
 
 from mccl.errors import SynthesisError  # noqa: E402
 from mccl.schedule import Collective, Schedule  # noqa: E402
-from mccl.sim import Job, evaluate, simulate  # noqa: E402
+from mccl.sim import Job, SimOptions, evaluate, simulate  # noqa: E402
 from mccl.synth import nccl_ring, optimize  # noqa: E402
 from mccl.topology import Topology, apply_fault, rail_optimized  # noqa: E402
 
@@ -52,7 +52,7 @@ def hpn(gpus: int, fault: str | None = None) -> Topology:
 
 
 def measure(case: str, fabric: Topology, make: Callable[[], Schedule], chunks: int, repeat: int,
-            bar_s: float | None = None) -> dict[str, object]:
+            bar_s: float | None = None, options: SimOptions | None = None) -> dict[str, object]:
     start = time.perf_counter()
     schedule = make()
     build = time.perf_counter() - start
@@ -61,7 +61,7 @@ def measure(case: str, fabric: Topology, make: Callable[[], Schedule], chunks: i
     walls, cpus, result = [], [], None
     for _ in range(repeat):
         cpu = time.process_time()
-        result = simulate(fabric, [Job.single(schedule, size)])
+        result = simulate(fabric, [Job.single(schedule, size)], options=options or SimOptions())
         cpus.append(time.process_time() - cpu)
         walls.append(result.stats.wall_s)
         if result.stats.wall_s > 5:
@@ -126,6 +126,11 @@ def main() -> None:
             rows.append(row)
             console.print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
 
+    start, cpu = time.perf_counter(), time.process_time()  # numba kernels: compiled, or loaded from the cache
+    tiny = hpn(16)
+    simulate(tiny, [Job.single(nccl_ring(tiny, "allgather", channels=1), 16 * MiB)])
+    add({"case": "warm-up: numba kernels compiled or loaded from cache", "sim_s": time.perf_counter() - start,
+         "cpu_s": time.process_time() - cpu, "note": "once per process; not in the rows below"})
     for gpus, bar in ((16, 1.0), (128, 20.0)):
         if gpus > 16 and args.quick:
             break
@@ -148,6 +153,11 @@ def main() -> None:
         fabric = hpn(32)
         add(measure("scaling: chunks, ring (1 channel)", fabric,
                     lambda f=fabric, k=chunks: nccl_ring(f, "allgather", channels=1, chunks=k), chunks, args.repeat))
+    fabric16 = hpn(16)
+    for slices in (1, 2, 4, 8):  # store-and-forward (1) vs pipelined slices of each chunk (mccl.sim.compiled)
+        add(measure(f"slices: AllGather synthesized, slices={slices}", fabric16,
+                    lambda: optimize(fabric16, Collective.ALLGATHER), 0, args.repeat,
+                    options=SimOptions(slices=slices)))
     for gpus in (128, 512) if args.quick else (128, 512, 2048):
         add(analytic_row(gpus, 1.0 if gpus == 2048 else None))
     write(rows, args.out)

@@ -78,6 +78,23 @@ def test_gray_failure_that_starts_and_ends():
     assert run.critical_chain[-1].bottleneck_link in ring.transfers.route(0) + ring.transfers.route(1)
 
 
+def test_utilization_follows_a_capacity_change():
+    """The recorder integrates capacity only when it changes: its totals must still be
+    capacity x time, piecewise, and the slowed link runs full while it is slow."""
+    fabric = single_switch(2, 100)
+    changes = gray_failure(fabric, ("gpu0", "sw0"), start_s=0.02, end_s=0.04, factor=0.5)
+    link = changes[0].link
+    result = simulate(fabric, [Job.single(pair_allgather(fabric, "gpu0", "gpu1"), 2 * GB)], changes=changes)
+    end = result.end_s
+    util = result.utilization
+    assert util.capacity_bytes[:, link].sum() == pytest.approx(12.5e9 * (end - 0.02) + 6.25e9 * 0.02, rel=1e-9)
+    other = fabric.link_between("sw0", "gpu0").id
+    assert util.capacity_bytes[:, other].sum() == pytest.approx(12.5e9 * end, rel=1e-9)
+    assert util.link_bytes[:, link].sum() == pytest.approx(1 * GB, rel=1e-9)
+    slow = (util.edges_s[:-1] >= 0.02) & (util.edges_s[1:] <= 0.04)
+    assert slow.any() and np.all(util.utilization()[slow, link] == pytest.approx(1.0, rel=1e-9))
+
+
 def test_tiny_message_is_latency_only_alpha_beta():
     fabric = single_switch(4, 100)
     for collective, steps in ((Collective.ALLGATHER, 3), (Collective.ALLREDUCE, 6)):

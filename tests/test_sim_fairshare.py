@@ -86,31 +86,54 @@ def test_matches_textbook_progressive_filling(data):
     assert np.all(load <= capacity * (1 + 1e-9))  # feasible
 
 
-@settings(max_examples=40, deadline=None)
+def _full_solve(table, capacity):
+    """The rates of a from-scratch weighted max-min solve of the table's live flows."""
+    live = table.live()
+    routes = [table.route[s, :table.length[s]].tolist() for s in live]
+    hop = table.hop[live]
+    oldest = np.append(table.h_oldest, 0)  # hop -1 reads the appended 0; its gap is 0 anyway
+    gap = np.where(hop >= 0, table.step[live] - oldest[hop], 0)
+    weights = table.wtab[np.minimum(gap, 4)]
+    return live, max_min_rates(*_csr(routes), capacity, weights=weights).rates, routes
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_zone_local_recompute_matches_a_full_solve(data):
-    """FlowTable re-solves only the zones an event touched; the rates must equal a full solve."""
+def test_incremental_recompute_matches_a_full_solve(data):
+    """FlowTable re-solves only the flows an event can reach (mccl.sim.kernels); after every
+    event — flows starting and finishing, steps of one hop, a capacity change — its rates
+    must equal a from-scratch weighted max-min solve, and its link loads their sums."""
     from mccl.sim.flows import FlowTable
 
     n_links = data.draw(st.integers(2, 8))
-    routes = data.draw(st.lists(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=3, unique=True),
-                                min_size=2, max_size=12))
     capacity = np.array(data.draw(st.lists(st.floats(1.0, 100.0), min_size=n_links, max_size=n_links)))
-    table = FlowTable(n_links, step_priority=1.0)
-    table.add_routes(*_csr(routes))
-    offsets, links = _csr(routes)
-    count = len(routes)
-    table.add(0, np.arange(count), np.full(count, 1e6), np.diff(offsets), links, np.full(count, -1),
-              np.zeros(count, dtype=np.int64), np.arange(count), 0.0)
-    table.recompute(capacity, 0.0)
-    gone = np.zeros(count, dtype=bool)
-    gone[data.draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=count - 1, unique=True))] = True
-    table.remove(gone)
-    table.recompute(capacity, 1e-3)
-    left = [route for route, g in zip(routes, gone, strict=True) if not g]
-    expected = max_min_rates(*_csr(left), capacity).rates
-    assert table.rate == pytest.approx(expected, rel=1e-9)
-    usage = np.zeros(n_links)
-    for rate, route in zip(expected, left, strict=True):
-        usage[route] += rate
-    assert table.link_rate == pytest.approx(usage, rel=1e-9, abs=1e-6)
+    priority = data.draw(st.sampled_from([1.0, 10.0, 1e3]))
+    table = FlowTable(n_links, step_priority=priority)
+    route = st.lists(st.integers(0, n_links - 1), min_size=1, max_size=3, unique=True)
+    for event in range(data.draw(st.integers(1, 12))):
+        kind = data.draw(st.sampled_from(["add", "add", "remove", "capacity"]))
+        if kind == "add":
+            routes = data.draw(st.lists(route, min_size=1, max_size=6))
+            offsets, links = _csr(routes)
+            count = len(routes)
+            hops = np.array(data.draw(st.lists(st.integers(-1, 2), min_size=count, max_size=count)))
+            steps = np.array(data.draw(st.lists(st.integers(0, 5), min_size=count, max_size=count)))
+            table.add(0, np.arange(count), np.full(count, 1e6), np.diff(offsets), links, np.full(count, -1),
+                      steps, hops, float(event))
+        elif kind == "remove" and len(table):
+            live = table.live()
+            gone = data.draw(st.lists(st.sampled_from(live.tolist()), min_size=1, max_size=len(live), unique=True))
+            table.remove(np.array(gone))
+        else:
+            link = data.draw(st.integers(0, n_links - 1))
+            capacity = capacity.copy()
+            capacity[link] = data.draw(st.floats(0.5, 100.0))
+            table.touch_links((link,))
+        table.recompute(capacity, float(event))
+        live, expected, routes = _full_solve(table, capacity)
+        assert table.rate[live] == pytest.approx(expected, rel=1e-7, abs=1e-9)
+        usage = np.zeros(n_links)
+        for rate, links in zip(expected, routes, strict=True):
+            usage[links] += rate
+        assert table.link_rate == pytest.approx(usage, rel=1e-7, abs=1e-6)
+        assert np.all(table.link_rate <= capacity * (1 + 1e-9))

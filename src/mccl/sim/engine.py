@@ -8,8 +8,8 @@ background flows took their rate; greedy background flows compete like any flow.
 A flow's last byte leaves the sender when its bytes are sent and arrives one
 route latency (the sum of its links' latencies) later; the arrival may let other
 transfers start. Rates are recomputed whenever the set of flows or a capacity
-changes, but only in the zones of links the change can reach
-(:mod:`mccl.sim.flows`). On one hop (sender, receiver, route) of a collective a
+changes, but only for the flows the change can reach (an incremental, exact
+max-min: :mod:`mccl.sim.kernels`). On one hop (sender, receiver, route) of a collective a
 flow weighs less the more steps it is ahead of the hop's oldest flow
 (``SimOptions.step_priority``), so a hop sends the older block first, as a FIFO
 connection does, instead of letting the next block race it. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
@@ -34,7 +34,7 @@ import numpy as np
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
 from mccl.sim.closedloop import ControlHook, ControlView, PathSample
-from mccl.sim.compiled import CompiledSchedule, compile_schedule, csr_gather
+from mccl.sim.compiled import CompiledSchedule, compile_schedule
 from mccl.sim.ecmp import routes_for
 from mccl.sim.fairshare import max_min_rates
 from mccl.sim.flows import FlowTable
@@ -48,6 +48,7 @@ __all__ = ["simulate", "simulate_schedule"]
 
 _BYTES_PER_GBIT = 1e9 / 8
 DEFAULT_OPTIONS = SimOptions()
+_NO_PATHS = np.zeros(0, dtype=np.int64)  # no meter: flows carry path -1
 
 
 def simulate(
@@ -100,11 +101,10 @@ class _Engine:
         self.n_links = len(topology.links)
         self.capacity = topology.capacities_gbps * _BYTES_PER_GBIT  # bytes/s, changes over time
         self.flows = FlowTable(self.n_links, options.step_priority)
-        for flow in background:
-            route = np.asarray(flow.route, dtype=np.int64)
-            self.flows.add_routes(np.array([0, len(route)]), route)
+        self.next_hop = 0  # hop ids are global over runs (mccl.sim.flows weights flows per hop)
         self.constant: set[int] = set()  # active constant-rate background flows
         self.constant_usage = np.zeros(self.n_links)
+        self.available = self.capacity.copy()  # capacity - constant_usage, at least 0: what flows share
         self.runs: dict[int, RunState] = {}
         self.next_slot = 0
         self.current: dict[tuple[str, str], CollectiveOp] = {(job.name, op.name): op for job in jobs for op in job.ops}
@@ -122,7 +122,7 @@ class _Engine:
                 timeline.append((flow.end_s, 1, index, "end"))
         self.timeline = sorted(timeline, key=lambda entry: (entry[0], entry[1], entry[2]))
         self.timeline_at = 0
-        self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins)
+        self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins, self.capacity)
         self.meter = PathMeter() if hook is not None else None
         self.next_hook = hook.interval_s if hook is not None else math.inf
         self.finished: list[RunResult] = []
@@ -163,7 +163,7 @@ class _Engine:
     def _next_time(self, now: float) -> float:
         upcoming = math.inf
         if len(self.flows):
-            upcoming = float(self.flows.finish.min())
+            upcoming = self.flows.next_finish()
         if self.arrivals:
             upcoming = min(upcoming, self.arrivals[0][0])
         if self.timeline_at < len(self.timeline):
@@ -196,30 +196,34 @@ class _Engine:
         if self.meter is not None and len(flows):
             mine = flows.path >= 0
             self.meter.add(flows.path[mine], flows.rate[mine], step)
-        self.recorder.add(start, stop, flows.link_rate + self.constant_usage, self.capacity)
+        self.recorder.add(start, stop, flows.link_rate + self.constant_usage)
 
     # -- flows ------------------------------------------------------------------
     def _recompute(self, now: float) -> None:
-        self.flows.recompute(np.maximum(self.capacity - self.constant_usage, 0.0), now)
+        self.flows.recompute(self.available, now)
         self.max_flows = max(self.max_flows, len(self.flows))
 
     def _finish_flows(self, now: float, tolerance: float) -> bool:
         flows = self.flows
-        done = (flows.finish <= now + tolerance) & (flows.run >= 0)
-        if not done.any():
+        done = flows.due(now + tolerance)
+        if not len(done):
             return False
         runs, transfers, bottleneck = flows.run[done], flows.transfer[done], flows.bottleneck[done]
         flows.remove(done)
         self.events += len(transfers)
-        for slot in np.unique(runs):
-            mine = runs == slot
+        single = runs[0] == runs[-1] and (len(runs) < 3 or (runs == runs[0]).all())
+        for slot in (runs[:1] if single else np.unique(runs)):
+            mine = transfers if single else transfers[runs == slot]
             run = self.runs[int(slot)]
-            finished = transfers[mine]
-            arrival = run.sent(finished, bottleneck[mine], now)
+            arrival = run.sent(mine, bottleneck if single else bottleneck[runs == slot], now)
+            if len(arrival) == 1 or arrival.min() == arrival.max():
+                self.seq += 1
+                heapq.heappush(self.arrivals, (float(arrival[0]), self.seq, int(slot), mine))
+                continue
             times, inverse = np.unique(arrival, return_inverse=True)
             for index, when in enumerate(times):
                 self.seq += 1
-                heapq.heappush(self.arrivals, (float(when), self.seq, int(slot), finished[inverse == index]))
+                heapq.heappush(self.arrivals, (float(when), self.seq, int(slot), mine[inverse == index]))
         return True
 
     # -- timeline: capacity changes and background flows ------------------------
@@ -234,6 +238,7 @@ class _Engine:
             if kind == 0:
                 change: CapacityChange = payload  # type: ignore[assignment]
                 self.capacity[change.link] = change.gbps * _BYTES_PER_GBIT
+                self.recorder.set_capacity(now, self.capacity)
                 self.flows.touch_links((change.link,))
                 constant_changed = True
                 continue
@@ -245,11 +250,12 @@ class _Engine:
             elif payload == "start":
                 route = np.asarray(flow.route, dtype=np.int64)
                 self.flows.add(-1, np.array([index]), np.array([np.inf]), np.array([len(route)]), route,
-                               np.array([-1]), np.array([0]), np.array([index]), now)
+                               np.array([-1]), np.array([0]), np.array([-1]), now)
             else:
-                self.flows.remove((self.flows.run == -1) & (self.flows.transfer == index))
+                self.flows.remove(np.flatnonzero((self.flows.run == -1) & (self.flows.transfer == index)))
         if constant_changed:
             self._constant_rates()
+            self.available = np.maximum(self.capacity - self.constant_usage, 0.0)
         return changed
 
     def _constant_rates(self) -> None:
@@ -274,7 +280,7 @@ class _Engine:
             batches.setdefault(slot, []).append(transfers)
         for slot, parts in batches.items():
             run = self.runs[slot]
-            arrived = np.concatenate(parts)
+            arrived = parts[0] if len(parts) == 1 else np.concatenate(parts)
             self.events += len(arrived)
             if run.arrive(arrived, now):
                 self._complete(slot, now)
@@ -306,7 +312,8 @@ class _Engine:
             slot = self.next_slot
             self.next_slot += 1
             self.runs[slot] = RunState(job_index, job.name, op_index, op.name, iteration, compiled, op.size_bytes,
-                                       now, paths)
+                                       now, paths, self.next_hop)
+            self.next_hop += int(compiled.hop.max(initial=-1)) + 1
             self.events += 1
             if compiled.n_transfers == 0:
                 self._complete(slot, now)
@@ -334,7 +341,6 @@ class _Engine:
             compiled = compile_schedule(schedule, self.topology, offsets, links,
                                         serialize_connections=self.options.serialize_connections,
                                         slices=self.options.slices)
-            self.flows.add_routes(compiled.route_offsets, compiled.route_links)
             cached = self.compiled[key] = (schedule, compiled)
         return cached[1]
 
@@ -347,11 +353,9 @@ class _Engine:
             started = True
             self.events += len(transfers)
             comp = run.compiled
-            lengths, links = csr_gather(comp.route_offsets, comp.route_links, transfers)
-            paths = (run.paths[comp.connection[transfers]] if run.paths is not None
-                     else np.full(len(transfers), -1, dtype=np.int64))
-            self.flows.add(slot, transfers, comp.fraction[transfers] * run.block_bytes, lengths, links, paths,
-                           comp.step[transfers], comp.hop[transfers], now)
+            self.flows.add_rows(slot, transfers, comp.route_offsets, comp.route_links, comp.fraction, run.block_bytes,
+                                comp.step, comp.hop, run.hop_base, run.n_hops,
+                                run.paths if run.paths is not None else _NO_PATHS, comp.connection, run.longest, now)
         return started
 
     # -- the closed-loop hook ------------------------------------------------------

@@ -20,11 +20,16 @@ _FIRST_BIN_S = 1e-7
 
 
 class UtilizationRecorder:
-    def __init__(self, n_links: int, bins: int) -> None:
+    """Link bytes per time bin, fed between two events; capacity is integrated only when it
+    changes (rarely), so an event costs one vector update of the link bytes."""
+
+    def __init__(self, n_links: int, bins: int, capacity: np.ndarray | None = None) -> None:
         self.bins = max(2, bins - bins % 2)
         self.width = _FIRST_BIN_S
         self.link_bytes = np.zeros((self.bins, n_links))
         self.capacity_bytes = np.zeros((self.bins, n_links))
+        self.capacity = np.zeros(n_links) if capacity is None else np.array(capacity, dtype=float)
+        self.capacity_since = 0.0  # self.capacity holds from then on, not yet in capacity_bytes
         self.end = 0.0
 
     def _grow(self, until: float) -> None:
@@ -35,21 +40,41 @@ class UtilizationRecorder:
                 array[half:] = 0.0
             self.width *= 2
 
-    def add(self, t0: float, t1: float, rates: np.ndarray, capacity: np.ndarray) -> None:
-        """Links ran at ``rates`` (bytes/s) with ``capacity`` (bytes/s) over [t0, t1)."""
-        if t1 <= t0:
-            return
-        self._grow(t1)
-        self.end = max(self.end, t1)
+    def _spread(self, target: np.ndarray, t0: float, t1: float, rates: np.ndarray) -> None:
+        """Add ``rates`` (per second) over [t0, t1) into the bins of ``target``."""
         first = int(t0 // self.width)
         last = min(int(math.ceil(t1 / self.width)) - 1, self.bins - 1)
+        if first == last:
+            target[first] += rates * (t1 - t0)
+            return
         for index in range(first, last + 1):
             overlap = min(t1, (index + 1) * self.width) - max(t0, index * self.width)
             if overlap > 0:
-                self.link_bytes[index] += rates * overlap
-                self.capacity_bytes[index] += capacity * overlap
+                target[index] += rates * overlap
+
+    def add(self, t0: float, t1: float, rates: np.ndarray) -> None:
+        """Links ran at ``rates`` (bytes/s) over [t0, t1)."""
+        if t1 <= t0:
+            return
+        if t1 > self.bins * self.width:
+            self._grow(t1)
+        if t1 > self.end:
+            self.end = t1
+        self._spread(self.link_bytes, t0, t1, rates)
+
+    def set_capacity(self, now: float, capacity: np.ndarray) -> None:
+        """Capacities (bytes/s) from ``now`` on."""
+        self._settle(now)
+        self.capacity = np.array(capacity, dtype=float)
+
+    def _settle(self, now: float) -> None:
+        if now > self.capacity_since:
+            self._grow(now)
+            self._spread(self.capacity_bytes, self.capacity_since, now, self.capacity)
+            self.capacity_since = now
 
     def result(self) -> LinkUtilization:
+        self._settle(self.end)
         used = max(1, min(self.bins, int(math.ceil(self.end / self.width))))
         edges = np.arange(used + 1) * self.width
         edges[-1] = max(self.end, edges[-2]) if used > 0 else self.end

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.sim import runkernels
 from mccl.sim.analytic import busbw_factor
-from mccl.sim.compiled import CompiledSchedule, csr_gather
+from mccl.sim.compiled import CompiledSchedule
 from mccl.sim.results import Cause, ChainStep, RunResult
 
 __all__ = ["RunState"]
@@ -21,17 +22,23 @@ __all__ = ["RunState"]
 
 class RunState:
     def __init__(self, job_index: int, job: str, op_index: int, op: str, iteration: int,
-                 compiled: CompiledSchedule, size_bytes: float, start_s: float, paths: np.ndarray | None) -> None:
+                 compiled: CompiledSchedule, size_bytes: float, start_s: float, paths: np.ndarray | None,
+                 hop_base: int = 0) -> None:
         self.job_index, self.job, self.op_index, self.op, self.iteration = job_index, job, op_index, op, iteration
         self.compiled = compiled
         self.size_bytes = size_bytes
         self.block_bytes = size_bytes / compiled.schedule.n_ranks
         self.start_s = start_s
         self.paths = paths
+        self.hop_base = hop_base  # this run's hop ids in the flow table: compiled.hop + hop_base
+        self.n_hops = int(compiled.hop.max(initial=-1)) + 1
+        self.longest = int(np.diff(compiled.route_offsets).max(initial=0))  # links on its longest route
         count = compiled.n_transfers
         self.pending = compiled.n_deps.copy()
         self.busy = np.zeros(compiled.n_connections, dtype=bool)
         self.conn_last = np.full(compiled.n_connections, -1, dtype=np.int64)
+        self.conn_bounds = np.append(compiled.conn_first, count).astype(np.int64)
+        self.conn_scan = compiled.conn_first.astype(np.int64)  # first transfer of the connection not started
         self.t_ready = np.full(count, np.nan)
         self.t_start = np.full(count, np.nan)
         self.t_sent = np.full(count, np.nan)
@@ -40,62 +47,42 @@ class RunState:
         self.enabler = np.full(count, -1, dtype=np.int64)
         self.cause = np.zeros(count, dtype=np.int8)
         self.bottleneck = np.full(count, -1, dtype=np.int64)
-        self.arrived = 0
-        self.waiting = np.flatnonzero(self.pending == 0)  # ready, not started; sorted
-        self.t_ready[self.waiting] = start_s
+        self.ready = self.pending == 0  # ready, not started
+        self.t_ready[self.ready] = start_s
+        self.cand_mark = np.zeros(compiled.n_connections, dtype=bool)
+        self.cand = np.zeros(compiled.n_connections, dtype=np.int64)
+        first = np.unique(compiled.connection[self.ready])
+        self.cand[:len(first)] = first
+        self.cand_mark[first] = True
+        self.state = np.array([0, len(first)], dtype=np.int64)  # arrived, candidate connections
+        self._out = np.zeros(compiled.n_connections, dtype=np.int64)
+
+    @property
+    def arrived(self) -> int:
+        return int(self.state[0])
 
     def start(self, now: float, tolerance: float) -> np.ndarray:
-        """Start, on every free connection, its first ready transfer; return them."""
-        waiting = self.waiting
-        if not len(waiting):
-            return waiting
-        connection = self.compiled.connection[waiting]
-        free = np.flatnonzero(~self.busy[connection])
-        if not len(free):
-            return waiting[:0]
-        conns = connection[free]
-        first = np.ones(len(free), dtype=bool)
-        first[1:] = conns[1:] != conns[:-1]  # waiting is sorted, so connections are grouped
-        chosen = free[first]
-        transfers = waiting[chosen]
-        keep = np.ones(len(waiting), dtype=bool)
-        keep[chosen] = False
-        self.waiting = waiting[keep]
-        conns = conns[first]
-        self.busy[conns] = True
-        self.t_start[transfers] = now
-        queued = self.t_ready[transfers] < now - tolerance
-        last_dep = self.last_dep[transfers]
-        self.enabler[transfers] = np.where(queued, self.conn_last[conns], last_dep)
-        self.cause[transfers] = np.where(queued, int(Cause.QUEUE),
-                                         np.where(last_dep >= 0, int(Cause.CHUNK), int(Cause.LAUNCH)))
-        return transfers
+        """Start, on every free connection, its first ready transfer; return them (ascending)."""
+        if not self.state[1]:
+            return self._out[:0]
+        count = runkernels.start(now, tolerance, self._out, self.conn_bounds, self.conn_scan, self.ready, self.busy,
+                                 self.t_ready, self.t_start, self.last_dep, self.conn_last, self.enabler, self.cause,
+                                 self.cand, self.cand_mark, self.state)
+        return np.sort(self._out[:count])
 
     def sent(self, transfers: np.ndarray, bottleneck: np.ndarray, now: float) -> np.ndarray:
         """The last bytes of ``transfers`` left their senders; free the connections; return arrival times."""
-        conns = self.compiled.connection[transfers]
-        self.busy[conns] = False
-        self.conn_last[conns] = transfers
-        self.t_sent[transfers] = now
-        self.bottleneck[transfers] = bottleneck
-        return now + self.compiled.latency_s[transfers]
+        arrival = np.empty(len(transfers))
+        comp = self.compiled
+        runkernels.sent(transfers, bottleneck, now, comp.connection, comp.latency_s, self.busy, self.conn_last,
+                        self.t_sent, self.bottleneck, arrival, self.cand, self.cand_mark, self.state)
+        return arrival
 
     def arrive(self, transfers: np.ndarray, now: float) -> bool:
         """``transfers`` arrived: release what waited for them. True when the collective is done."""
         comp = self.compiled
-        self.t_arrive[transfers] = now
-        self.arrived += len(transfers)
-        lengths, targets = csr_gather(comp.dep_offsets, comp.dep_targets, transfers)
-        if len(targets):
-            sources = np.repeat(transfers, lengths)
-            unique, counts = np.unique(targets, return_counts=True)
-            self.pending[unique] -= counts
-            released = self.pending[targets] == 0
-            self.last_dep[targets[released]] = sources[released]
-            ready = unique[self.pending[unique] == 0]
-            if len(ready):
-                self.t_ready[ready] = now
-                self.waiting = np.union1d(self.waiting, ready)
+        runkernels.arrive(transfers, now, comp.dep_offsets, comp.dep_targets, comp.connection, self.pending,
+                          self.last_dep, self.t_ready, self.t_arrive, self.ready, self.cand, self.cand_mark, self.state)
         return self.arrived == comp.n_transfers
 
     def result(self, now: float, keep_chain: bool) -> RunResult:
