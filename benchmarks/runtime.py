@@ -40,7 +40,7 @@ VARIANTS = ("native", "mccl_api", "mccl_backend", "mccl_telemetry", "p2p_referen
 
 
 def _reps(size: int, quick: bool) -> int:
-    base = 20 if size <= MIB else (12 if size <= 16 * MIB else 6)
+    base = 80 if size <= MIB else (30 if size <= 16 * MIB else 10)  # sub-ms collectives need many repetitions
     return max(3, base // 2) if quick else base
 
 
