@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from mccl.cli.common import console, format_size
-from mccl.sim.scenarios import SCENARIOS
+from mccl.sim.scenarios import PIPELINED_SCENARIOS, SCENARIOS
 
 __all__ = ["sim_command"]
 
@@ -17,9 +17,14 @@ __all__ = ["sim_command"]
 @click.argument("scenario", type=click.Choice(sorted(SCENARIOS)), default="fig2")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory to save the scenario's PNG plot in.")
-def sim_command(scenario: str, out_dir: Path | None) -> None:
+@click.option("--slices", type=click.IntRange(min=1), default=None,
+              help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
+                   "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward).")
+def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:
     """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal."""
-    report = SCENARIOS[scenario]()
+    if slices is not None and scenario not in PIPELINED_SCENARIOS:
+        raise click.UsageError(f"--slices applies to {', '.join(PIPELINED_SCENARIOS)}, not {scenario}")
+    report = SCENARIOS[scenario](**({} if slices is None else {"slices": slices}))
     size = format_size(report.rows[0].size_bytes) if report.rows else "-"
     table = Table(title=f"{report.title} (flow-level simulation; S = {size} per rank)")
     for column in ("fabric state", "collective", "schedule", "algbw (GB/s)", "busbw (GB/s)", "speedup", "note",
