@@ -164,7 +164,7 @@ def test_zero_capacity_cannot_reach_synthesis(hpn: Topology) -> None:
 
 def test_bad_previous_schedules_refused(hpn: Topology) -> None:
     ring = nccl_ring(hpn, Collective.REDUCESCATTER)
-    with pytest.raises(SynthesisError, match="is a reducescatter, not a allgather"):
+    with pytest.raises(SynthesisError, match="is for reducescatter, not allgather"):
         synthesize(hpn, previous=ring)
     other = rail_optimized(2, 2, 4)
     with pytest.raises(SynthesisError, match="does not fit topology"):

@@ -58,7 +58,7 @@ def check_previous(previous: Schedule, ranks: Sequence[str] | None, topology: To
         raise SynthesisError(f"the previous schedule was made for topology {made_for!r}, not {topology.name!r}; "
                              "a warm start needs a schedule of the same fabric")
     if previous.collective is not Collective.ALLTOALL:
-        raise SynthesisError(f"cannot warm-start an AllToAll from a {previous.collective.value} schedule")
+        raise SynthesisError(f"cannot warm-start an AllToAll from a schedule for {previous.collective.value}")
     if ranks is not None and tuple(ranks) != previous.ranks:
         raise SynthesisError("the previous schedule's ranks differ from the requested ranks; "
                              "a warm start needs the same ranks in the same order")

@@ -39,7 +39,7 @@ def warm_hints(previous: Schedule, topology: Topology, ranks: Sequence[str], col
                fabric: Fabric) -> WarmHints:
     """Hints from ``previous``; :class:`SynthesisError` naming why it cannot seed this synthesis."""
     if previous.collective is not collective:
-        raise SynthesisError(f"the previous schedule is a {previous.collective.value}, not a {collective.value}; "
+        raise SynthesisError(f"the previous schedule is for {previous.collective.value}, not {collective.value}; "
                              "it cannot seed this synthesis")
     if tuple(previous.ranks) != tuple(ranks):
         raise SynthesisError(f"the previous schedule has ranks {list(previous.ranks)[:4]}..., this synthesis "
