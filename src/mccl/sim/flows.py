@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mccl.sim import finishheap, kernels, tablekernels
+from mccl.sim import kernels, tablekernels
 
 __all__ = ["FlowTable"]
 
@@ -59,7 +59,7 @@ class FlowTable:
         # free slots, dirty flows, changed links, live flows; totals of flows re-solved and links checked;
         # entries on the finish-time heap
         self.meta = np.zeros(7, dtype=np.int64)
-        self.q_key = np.zeros(_MIN_SLOTS)  # heap of (predicted finish, slot, version): mccl.sim.finishheap.due
+        self.q_key = np.zeros(_MIN_SLOTS)  # heap of (predicted finish, slot, version): mccl.sim.kernels.due
         self.q_slot = np.zeros(_MIN_SLOTS, dtype=np.int64)
         self.q_ver = np.zeros(_MIN_SLOTS, dtype=np.int64)
         self.big_r = _MIN_ROUTE
@@ -163,18 +163,18 @@ class FlowTable:
 
     def due(self, limit: float) -> np.ndarray:
         """Slots of the flows whose last byte leaves by ``limit`` (each returned once), ascending."""
-        count = finishheap.due(limit, self.dlist_out, self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta)
+        count = kernels.due(limit, self.dlist_out, self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta)
         return np.sort(self.dlist_out[:count])  # in slot order, as a scan would find them
 
     def next_finish(self) -> float:
         """The earliest predicted finish of a flow (inf if none)."""
-        return float(finishheap.next_finish(self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta))
+        return float(kernels.next_finish(self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta))
 
     def _heap_room(self) -> None:
         """Room for one push per live flow; stale entries dropped once they outnumber live ones."""
         live = int(self.meta[3])
         if self.meta[6] > 2 * live + 1024:
-            finishheap.rebuild_finish_heap(self.alive, self.finish, self.f_ver, self.q_key, self.q_slot, self.q_ver,
+            kernels.rebuild_finish_heap(self.alive, self.finish, self.f_ver, self.q_key, self.q_slot, self.q_ver,
                                         self.meta)
         need = int(self.meta[6]) + live
         if need > len(self.q_key):

@@ -1,5 +1,4 @@
-"""Compiled (numba) kernels of the flow table: incremental max-min fair rates (the finish-time heap
-is :mod:`mccl.sim.finishheap`).
+"""Compiled (numba) kernels of the flow table: incremental max-min fair rates, finish-time heap.
 
 Why compiled. An asymmetric schedule (tree packing on 128 GPUs: 146 k transfers)
 finishes almost every transfer at its own time, so the engine handles ~140 k
@@ -49,15 +48,93 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mccl.sim.finishheap import finish_push
-
-__all__ = ["recompute"]
+__all__ = ["due", "next_finish", "rebuild_finish_heap", "recompute"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _MAX_GAP = 4  # weights below step_priority**-4 make no difference
 _WHOLE = 0.25  # once S holds this share of the live flows, S becomes all of them (no more rounds)
 _SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan instead of a heap
 
+
+@_jit
+def _finish_push(key, slot, ver, q_key, q_slot, q_ver, meta):
+    """Push (predicted finish, slot, version) on the finish-time heap (a binary min-heap)."""
+    at = meta[6]
+    meta[6] += 1
+    while at > 0:
+        parent = (at - 1) >> 1
+        if q_key[parent] <= key:
+            break
+        q_key[at] = q_key[parent]
+        q_slot[at] = q_slot[parent]
+        q_ver[at] = q_ver[parent]
+        at = parent
+    q_key[at] = key
+    q_slot[at] = slot
+    q_ver[at] = ver
+
+
+@_jit
+def _finish_pop(q_key, q_slot, q_ver, meta):
+    size = meta[6] - 1
+    meta[6] = size
+    if size == 0:
+        return
+    key = q_key[size]
+    slot = q_slot[size]
+    ver = q_ver[size]
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and q_key[child + 1] < q_key[child]:
+            child += 1
+        if q_key[child] >= key:
+            break
+        q_key[at] = q_key[child]
+        q_slot[at] = q_slot[child]
+        q_ver[at] = q_ver[child]
+        at = child
+    q_key[at] = key
+    q_slot[at] = slot
+    q_ver[at] = ver
+
+
+@_jit
+def next_finish(f_ver, q_key, q_slot, q_ver, meta):
+    """The earliest predicted finish of a live flow (inf if none); drops stale heap entries.
+
+    An entry is stale once its flow's rate changed again or the flow left (``f_ver`` moved on)."""
+    while meta[6] > 0:
+        if q_ver[0] == f_ver[q_slot[0]]:
+            return q_key[0]
+        _finish_pop(q_key, q_slot, q_ver, meta)
+    return np.inf
+
+
+@_jit
+def due(limit, out, f_ver, q_key, q_slot, q_ver, meta):
+    """Slots of flows whose last byte leaves by ``limit`` (popped off the heap); how many."""
+    count = 0
+    while meta[6] > 0 and q_key[0] <= limit:
+        s = q_slot[0]
+        if q_ver[0] == f_ver[s]:
+            out[count] = s
+            count += 1
+            f_ver[s] += 1  # consumed
+        _finish_pop(q_key, q_slot, q_ver, meta)
+    return count
+
+
+@_jit
+def rebuild_finish_heap(f_alive, f_finish, f_ver, q_key, q_slot, q_ver, meta):
+    """Drop every stale entry: one entry per live flow with a finite predicted finish."""
+    meta[6] = 0
+    for s in range(len(f_alive)):
+        if f_alive[s] and f_finish[s] < np.inf:
+            f_ver[s] += 1
+            _finish_push(f_finish[s], s, f_ver[s], q_key, q_slot, q_ver, meta)
 
 @_jit
 def _share(resid, cnt_lev, link, wtab):
@@ -371,7 +448,7 @@ def recompute(capacity, now, wtab, eps, big_r, f_alive, f_hop, f_step, f_len, f_
             f_finish[s] = now + left / rate if rate > 0 else np.inf
             f_ver[s] += 1
             if f_finish[s] < np.inf:
-                finish_push(f_finish[s], s, f_ver[s], q_key, q_slot, q_ver, meta)
+                _finish_push(f_finish[s], s, f_ver[s], q_key, q_slot, q_ver, meta)
     for j in range(n_checked):
         link_rate[checked[j]] = exact[j]  # no rounding drift accumulates on the links checked
     for j in range(nt):
