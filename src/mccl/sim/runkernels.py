@@ -17,12 +17,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mccl.sim.tablekernels import mark_once
-
 __all__ = ["arrive", "sent", "start"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause
+
+
+@_jit
+def _candidate(c, cand, cand_mark, state):
+    if not cand_mark[c]:
+        cand_mark[c] = True
+        cand[state[1]] = c
+        state[1] += 1
 
 
 @_jit
@@ -37,7 +43,7 @@ def sent(transfers, bottleneck, now, connection, latency, busy, conn_last, t_sen
         t_sent[t] = now
         t_bneck[t] = bottleneck[j]
         arrival[j] = now + latency[t]
-        mark_once(c, cand_mark, cand, state, 1)
+        _candidate(c, cand, cand_mark, state)
 
 
 @_jit
@@ -55,7 +61,7 @@ def arrive(transfers, now, dep_offsets, dep_targets, connection, pending, last_d
                 last_dep[d] = t
                 t_ready[d] = now
                 ready[d] = True
-                mark_once(connection[d], cand_mark, cand, state, 1)
+                _candidate(connection[d], cand, cand_mark, state)
 
 
 @_jit

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_flows", "mark_once", "relink", "remove_flows"]
+__all__ = ["add_flows", "relink", "remove_flows"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _BIG = np.iinfo(np.int64).max
@@ -59,13 +59,19 @@ def relink(big_r, f_alive, f_len, f_route, i_pos, l_flows, l_inc, l_deg):
 
 
 @_jit
-def mark_once(item, marked, items, counters, slot):
-    """Append ``item`` to the work list ``items`` (its length in ``counters[slot]``) unless ``marked``
-    already says it is there; the kernels' one way of collecting flows, links and connections to revisit."""
-    if not marked[item]:
-        marked[item] = True
-        items[counters[slot]] = item
-        counters[slot] += 1
+def _mark_flow(s, f_dirty, dlist, meta):
+    if not f_dirty[s]:
+        f_dirty[s] = True
+        dlist[meta[1]] = s
+        meta[1] += 1
+
+
+@_jit
+def _mark_link(link, l_changed, clist, meta):
+    if not l_changed[link]:
+        l_changed[link] = True
+        clist[meta[2]] = link
+        meta[2] += 1
 
 
 @_jit
@@ -81,7 +87,7 @@ def _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, meta):
         h_oldest[h] = best
         s = h_head[h]
         while s >= 0:
-            mark_once(s, f_dirty, dlist, meta, 1)
+            _mark_flow(s, f_dirty, dlist, meta)
             s = f_hnext[s]
 
 
@@ -119,7 +125,7 @@ def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, 
         f_len[s] = length
         for k in range(f_len[s]):
             f_route[s, k] = route_links[first + k]
-            mark_once(route_links[first + k], l_changed, clist, meta, 2)
+            _mark_link(route_links[first + k], l_changed, clist, meta)
         f_remaining[s] = size_of[t] * size_scale
         f_t0[s] = now
         f_rate[s] = 0.0
@@ -128,7 +134,7 @@ def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, 
         f_wlev[s] = 0
         meta[3] += 1
         _link_insert(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg)
-        mark_once(s, f_dirty, dlist, meta, 1)
+        _mark_flow(s, f_dirty, dlist, meta)
         f_hprev[s] = -1
         f_hnext[s] = -1
         if h >= 0:
@@ -154,7 +160,7 @@ def remove_flows(slots, big_r, f_alive, f_run, f_ver, f_hop, f_step, f_path, f_l
         for k in range(f_len[s]):
             link = f_route[s, k]
             link_rate[link] -= f_rate[s]
-            mark_once(link, l_changed, clist, meta, 2)
+            _mark_link(link, l_changed, clist, meta)
         _link_unlink(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg)
         h = f_hop[s]
         if h >= 0:
