@@ -51,6 +51,9 @@ import numpy as np
 __all__ = ["due", "next_finish", "rebuild_finish_heap", "recompute"]
 
 _jit = numba.njit(cache=True, nogil=True)
+# No kernel calls a jitted function of another module: numba's file cache does not notice when a
+# callee in another file changes, so such a call could run stale code. Small helpers are repeated
+# per module (e.g. the "append to a work list once" helpers) rather than shared.
 _MAX_GAP = 4  # weights below step_priority**-4 make no difference
 _WHOLE = 0.25  # once S holds this share of the live flows, S becomes all of them (no more rounds)
 _SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan instead of a heap

@@ -23,6 +23,9 @@ import numpy as np
 __all__ = ["add_flows", "relink", "remove_flows"]
 
 _jit = numba.njit(cache=True, nogil=True)
+# No kernel calls a jitted function of another module: numba's file cache does not notice when a
+# callee in another file changes, so such a call could run stale code. Small helpers are repeated
+# per module (e.g. the "append to a work list once" helpers) rather than shared.
 _BIG = np.iinfo(np.int64).max
 
 
