@@ -88,7 +88,7 @@ def main() -> None:
             if scenario != "healthy":
                 warm_s, warm_cpu, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
                 validate(warm, topo)
-            file_s = file_cpu = None
+            file_s = file_cpu = from_file = None
             if scenario != "healthy" and gpus <= args.file_warm_max_gpus:
                 file_s, file_cpu, from_file = timed(
                     lambda topo=topo, prev=healthy_file: synthesize(topo, previous=prev), 1)
@@ -118,6 +118,11 @@ def main() -> None:
                 "warm_restarted": warm.meta.stat("restarted") if warm else None,
                 "warm_iterations": warm.meta.stat("iterations") if warm else None,
                 "warm_gap": warm.meta.stat("gap") if warm else None,
+                "file_warm_lp_gbs": from_file.meta.throughput_bound_gbs if from_file else None,
+                "file_warm_optimal": from_file.meta.stat("optimal") if from_file else None,
+                "file_warm_fallback": from_file.meta.stat("warm_fallback") if from_file else None,
+                "file_warm_abandoned_pivots": from_file.meta.stat("warm_abandoned_pivots") if from_file else None,
+                "file_warm_iterations": from_file.meta.stat("iterations") if from_file else None,
                 "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             rows.append(row)
@@ -131,6 +136,11 @@ def main() -> None:
                   f"{fmt(compact_s, '>9.2f')} {fmt(row['compact_over_cold'], '>12.1f')} {meta.throughput_bound_gbs:>9.2f} "
                   f"{meta.achieved_gbs:>8.2f} {100 * meta.stat('gap'):>6.2f} {meta.stat('columns'):>8.0f} "
                   f"{row['maxrss_mib']:>10.0f}", flush=True)
+            if from_file is not None:
+                print(f"      file warm: LP {from_file.meta.throughput_bound_gbs:.6f} GB/s (cold "
+                      f"{meta.throughput_bound_gbs:.6f}), fallback {from_file.meta.stat('warm_fallback'):.0f}, "
+                      f"abandoned pivots {from_file.meta.stat('warm_abandoned_pivots'):.0f}, "
+                      f"pivots {from_file.meta.stat('iterations'):.0f}", flush=True)
     write_csv(args.out, rows)
     _plot(rows, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

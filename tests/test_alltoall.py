@@ -106,6 +106,39 @@ def test_warm_start_reaches_the_cold_optimum(fault, source, healthy_schedule) ->
     assert dict(warm.meta.inputs)["warm"] == "true"
 
 
+@pytest.mark.parametrize("fault", [fail1, fail2, fail3], ids=["Fail1", "Fail2", "Fail3"])
+def test_file_warm_start_over_its_pivot_budget_falls_back_to_cold(fault, healthy_schedule) -> None:
+    """A warm start from a schedule's routes whose master solves exceed their pivot budget (forced
+    here by a budget of one pivot) starts over as cold and still reaches the cold optimum."""
+    topology = fault(rail_optimized(1, 2, 8))
+    previous = loads_schedule(dumps_schedule(healthy_schedule))
+    warm = synthesize(topology, previous=previous, warm_pivots=1)
+    cold = synthesize(topology)
+    validate(warm, topology)
+    assert warm.meta.stat("warm_fallback") == 1.0
+    assert warm.meta.stat("warm_abandoned_pivots") >= 1.0
+    assert warm.meta.stat("restarted") == 0.0
+    assert warm.meta.stat("optimal") == 1.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(cold.meta.throughput_bound_gbs, rel=1e-6)
+    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(topology).algbw_gbs, rel=1e-6)
+    assert dict(warm.meta.inputs)["warm"] == "true"
+    # The default budget lets this small warm start finish on its own seeded columns.
+    unforced = synthesize(topology, previous=previous)
+    assert unforced.meta.stat("warm_fallback") == 0.0
+    assert unforced.meta.stat("warm_abandoned_pivots") == 0.0
+
+
+def test_warm_pivot_budget_is_checked_and_unused_when_restarting_from_the_state(healthy_schedule) -> None:
+    topology = fail1(rail_optimized(1, 2, 8))
+    for bad in (0, -3, 2.5):
+        with pytest.raises(SynthesisError, match="warm_pivots"):
+            synthesize(topology, previous=healthy_schedule, warm_pivots=bad)
+    restarted = synthesize(topology, previous=healthy_schedule, warm_pivots=1)
+    validate(restarted, topology)
+    assert restarted.meta.stat("restarted") == 1.0
+    assert restarted.meta.stat("warm_fallback") == 0.0
+
+
 def test_warm_start_drops_routes_whose_links_are_gone(healthy_schedule) -> None:
     """Remove one NIC cable (both directions): routes over it are dropped, the rest seed the master."""
     base = rail_optimized(1, 2, 8)

@@ -36,7 +36,7 @@ from mccl.synth.alltoall.master import Master, MasterSolution
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import PathBatch, Pricer
 
-__all__ = ["CGOptions", "CGResult", "add_columns", "run_generation", "seed_columns"]
+__all__ = ["CGOptions", "CGResult", "OutOfPivots", "add_columns", "run_generation", "seed_columns"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class CGResult:
     rounds: int
     optimal: bool  # no tree had negative reduced cost at the final RMP duals
     timed_out: bool
+
+
+class OutOfPivots(Exception):
+    """The master solves of ``run_generation`` took more simplex pivots than its ``pivot_budget``."""
 
 
 def add_columns(master: Master, pool: ColumnPool) -> None:
@@ -139,18 +143,29 @@ def seed_columns(pricer: Pricer, pool: ColumnPool, capacity: np.ndarray, *, roun
 
 def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
                    options: CGOptions = CGOptions(), deadline: float | None = None,
-                   center: tuple[float, np.ndarray] | None = None) -> CGResult:
+                   center: tuple[float, np.ndarray] | None = None, pivot_budget: int | None = None) -> CGResult:
     """Column generation from the pool's current columns until LP optimality or ``deadline``.
 
     Raises :class:`SynthesisError` when the deadline passes before the first master
-    LP is solved (no schedule can be read off then).
+    LP is solved (no schedule can be read off then), and :class:`OutOfPivots` when
+    the master solves together take more than ``pivot_budget`` simplex pivots.
     """
     rng = np.random.default_rng(options.seed)
     eps = _epsilon(pool.n_ranks)
     add_columns(master, pool)
     best_bound, best_price = (np.inf, None) if center is None else center
     rounds, optimal, timed_out = 0, False, False
-    rmp = master.solve(_remaining(deadline))
+    spent = master.iterations + master.abandoned_iterations
+
+    def solve() -> MasterSolution | None:
+        left = None if pivot_budget is None else max(pivot_budget - (master.iterations + master.abandoned_iterations
+                                                                     - spent), 0)
+        solved = master.solve(_remaining(deadline), iteration_limit=left)
+        if solved is None and master.stopped == "iterations":
+            raise OutOfPivots(f"the master solves took more than {pivot_budget} simplex pivots")
+        return solved
+
+    rmp = solve()
     if rmp is None:
         raise SynthesisError(f"the time budget ran out before the first master LP ({master.n_columns} columns) "
                              "was solved; allow more time")
@@ -175,7 +190,7 @@ def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: n
             optimal = True  # nothing prices out at the RMP's duals
         if optimal:
             break
-        solved = master.solve(_remaining(deadline))
+        solved = solve()
         if solved is None:
             timed_out = True
             break

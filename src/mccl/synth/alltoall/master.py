@@ -41,6 +41,7 @@ from mccl.errors import SynthesisError
 __all__ = ["Master", "MasterSnapshot", "MasterSolution", "new_highs"]
 
 _INF = highspy.kHighsInf
+_MAX_ITERATIONS = 2**31 - 1  # HiGHS's default simplex_iteration_limit (kHighsIInf): none
 
 
 def new_highs() -> highspy.Highs:
@@ -93,6 +94,8 @@ class Master:
         self.n_columns = 0
         self.iterations = 0
         self.solves = 0
+        self.abandoned_iterations = 0  # pivots of solves stopped by a limit (not in ``iterations``)
+        self.stopped: str | None = None  # why the last solve returned None
         model = new_highs()
         model.setOptionValue("presolve", "off")
         model.setOptionValue("simplex_strategy", 4)  # primal: warm re-solves after adding columns
@@ -135,13 +138,19 @@ class Master:
     def tensors(self) -> np.ndarray:
         return np.concatenate(self.column_tensor) if self.column_tensor else np.zeros(0, dtype=np.int64)
 
-    def solve(self, time_limit_s: float | None = None) -> MasterSolution | None:
-        """Re-solve from the last basis; None when ``time_limit_s`` ran out first."""
+    def solve(self, time_limit_s: float | None = None, iteration_limit: int | None = None) -> MasterSolution | None:
+        """Re-solve from the last basis; None when ``time_limit_s`` or ``iteration_limit`` (simplex
+        pivots of this solve) ran out first, and ``stopped`` then says which ("time" / "iterations")."""
         model = self._model
         model.setOptionValue("time_limit", float(time_limit_s) if time_limit_s is not None else _INF)
+        model.setOptionValue("simplex_iteration_limit", int(iteration_limit) if iteration_limit is not None
+                             else _MAX_ITERATIONS)
         model.run()
         status = model.getModelStatus()
-        if status == highspy.HighsModelStatus.kTimeLimit:
+        self.stopped = None
+        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit):
+            self.stopped = "time" if status == highspy.HighsModelStatus.kTimeLimit else "iterations"
+            self.abandoned_iterations += int(model.getInfo().simplex_iteration_count)
             return None
         if status != highspy.HighsModelStatus.kOptimal:
             raise SynthesisError(f"the master LP did not solve to optimality: {model.modelStatusToString(status)}")

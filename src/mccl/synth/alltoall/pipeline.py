@@ -18,7 +18,10 @@ master, with the rounded schedule's base slack on each), and the stats
 (gap = 1 − achieved / bound, proven) and, when warm, ``kept_fraction``,
 ``reused_previous`` (the previous schedule is kept as it is when it is still as
 close to the new LP optimum as its rounding was to the old one: rounding skipped)
-and ``restarted`` (1 when the run restarted from the previous solver state).
+``restarted`` (1 when the run restarted from the previous solver state),
+``warm_fallback`` (1 when the warm start from a schedule's routes took more
+pivots than :func:`warm_pivot_budget` allows and the run fell back to the cold
+path) and ``warm_abandoned_pivots`` (the pivots spent before it did).
 
 Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
 on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
 from mccl.synth.alltoall.build import path_flows, schedule_from_placement
-from mccl.synth.alltoall.generation import CGOptions, CGResult, run_generation, seed_columns
+from mccl.synth.alltoall.generation import CGOptions, CGResult, OutOfPivots, run_generation, seed_columns
 from mccl.synth.alltoall.master import Master
 from mccl.synth.alltoall.network import Network, build_network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
@@ -46,14 +50,14 @@ from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedu
 from mccl.synth.common import describe_on
 from mccl.topology import Topology
 
-__all__ = ["synthesize", "lp_optimum", "minimal_steps"]
+__all__ = ["synthesize", "lp_optimum", "minimal_steps", "warm_pivot_budget"]
 
 MAX_CHUNKS = 64  # beyond this a block's chunks are too small to schedule sensibly
 
 
 def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None, grouping: str,
-           seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0
-           ) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
+           seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0,
+           warm_pivots: int | None = None) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
     state = recall(previous) if previous is not None else None
     if state is not None and state.fits(network, max_steps, grouping):
@@ -63,20 +67,46 @@ def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None
         warm = WarmStart(routes=routes, kept=routes, columns=master.n_columns, restarted=True)
         result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline)
         return pool, result, master, warm
-    pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
     warm = None
-    center = None
     if previous is not None:
+        pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
         fallback = pricer.trees(np.zeros(network.n_links), np.arange(network.n_ranks), epsilon=1e-12)
         warm = seed_from_schedule(previous, network, pool, fallback)
+        center = None
         if warm_seed_rounds:
             center = seed_columns(pricer, pool, network.capacity, rounds=warm_seed_rounds, seed=options.seed)
-    else:
-        center = seed_columns(pricer, pool, network.capacity, rounds=seed_rounds, seed=options.seed)
+        master = Master(len(pool.blocks), network.capacity)
+        budget = warm_pivot_budget(master) if warm_pivots is None else warm_pivots
+        try:
+            result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline,
+                                    center=center, pivot_budget=budget)
+            return pool, result, master, warm
+        except OutOfPivots:
+            pass  # the seeded masters are a degenerate trap: start over as cold (see ``warm_pivot_budget``)
+        warm = replace(warm, fell_back=True, abandoned_pivots=master.iterations + master.abandoned_iterations)
+    pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
+    center = seed_columns(pricer, pool, network.capacity, rounds=seed_rounds, seed=options.seed)
     master = Master(len(pool.blocks), network.capacity)
     result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline,
                             center=center)
     return pool, result, master, warm
+
+
+def warm_pivot_budget(master: Master) -> int:
+    """Simplex pivots the master solves of a warm start from a schedule's routes may take, in all.
+
+    Those routes are the previous *rounded* schedule's, not its LP solution, so the
+    seeded master starts from the slack basis like a cold one. Usually the whole warm
+    column generation then takes at most about as many pivots as the cold one (rail_optimized,
+    file warm from the healthy schedule, 256 GPUs: 1 872 / 1 966 / 433 pivots under
+    Fail1/2/3 for 1 792 master rows, about 1 per row); but at 512 GPUs under Fail1 the
+    second master (after the first pricing round) is so degenerate that it alone took
+    8.1 k pivots, and the run ~155 s CPU against ~20 s cold, whose master solves take
+    ~7 k pivots in all (≈ 1.9 per row of its 3 584). Past 2 pivots per row the warm
+    start has spent about what the whole cold master work costs, so it is abandoned for
+    the cold path: a warm start from a file costs at most about twice a cold run.
+    """
+    return 2 * (master.n_tensors + master.n_links)
 
 
 def lp_optimum(topology: Topology, ranks: Sequence[str] | None = None, *, max_steps: int | None = None,
@@ -135,6 +165,7 @@ def synthesize(
     seed_rounds: int = 8,
     warm_seed_rounds: int = 1,
     options: CGOptions | None = None,
+    warm_pivots: int | None = None,
 ) -> Schedule:
     """A throughput-optimized AllToAll schedule (see the module docstring).
 
@@ -146,12 +177,18 @@ def synthesize(
     ``seed_rounds`` / ``warm_seed_rounds``: multiplicative-weights rounds of first
     columns, cold / on top of the previous routes when warm (they also give the
     stabilization center its first finite bound).
+    ``warm_pivots``: simplex pivots the first master of a warm start from a
+    schedule's routes may take before the run falls back to the cold path
+    (default :func:`warm_pivot_budget`; a schedule with kept solver state restarts
+    from it and is not limited).
     """
     started = time.perf_counter()
     if not 1 <= int(chunks) <= MAX_CHUNKS or int(chunks) != chunks:
         raise SynthesisError(f"chunks must be an integer in 1..{MAX_CHUNKS}, got {chunks}")
     if time_limit_s is not None and not time_limit_s > 0:
         raise SynthesisError(f"time_limit_s must be positive, got {time_limit_s}")
+    if warm_pivots is not None and (not isinstance(warm_pivots, int) or warm_pivots < 1):
+        raise SynthesisError(f"warm_pivots must be a positive integer or None, got {warm_pivots!r}")
     if previous is not None:
         ranks = check_previous(previous, ranks, topology)
     if max_steps == "auto":
@@ -163,7 +200,7 @@ def synthesize(
     deadline = None if time_limit_s is None else started + float(time_limit_s)
     pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
                                         seed_rounds=seed_rounds, options=options, deadline=deadline,
-                                        warm_seed_rounds=warm_seed_rounds)
+                                        warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
     solution = result.solution
     n = network.n_ranks
     bound_gbs = n * result.bound / 8.0
@@ -201,7 +238,9 @@ def synthesize(
     ]
     if warm is not None:
         stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
-                  ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0)]
+                  ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0),
+                  ("warm_fallback", 1.0 if warm.fell_back else 0.0),
+                  ("warm_abandoned_pivots", float(warm.abandoned_pivots))]
     final = schedule.with_meta(stats=tuple(stats))
     remember(final, SolverState.take(network, max_steps, grouping, pool, master))
     return final

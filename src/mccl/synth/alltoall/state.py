@@ -4,7 +4,8 @@ A warm start from the previous *schedule* alone (:mod:`.warm`) re-derives
 columns from its routes, but the rounded routes are not the LP's solution, so
 the first master solve starts from the slack basis and costs as many simplex
 pivots as a cold one (measured: at 512 GPUs under Fail1 ~50 k pivots, 10× the
-cold time). mccl-paper §4.2 keeps "valid routing structures from previous
+cold time; since bounded by a pivot budget, past which it falls back to the cold
+path, :func:`.pipeline.warm_pivot_budget`). mccl-paper §4.2 keeps "valid routing structures from previous
 iterations": the column pool and the optimal basis of the last master. That is
 what :class:`SolverState` holds, taken when ``synthesize`` returns.
 

@@ -35,6 +35,8 @@ class WarmStart:
     kept: int  # of those, still valid on the new network
     columns: int  # columns seeded
     restarted: bool = False  # from the previous run's solver state (:mod:`.state`), not from its routes
+    fell_back: bool = False  # the seeded master took too many pivots: the run restarted cold (pipeline)
+    abandoned_pivots: int = 0  # simplex pivots spent on the seeded master before falling back
 
     @property
     def kept_fraction(self) -> float:
