@@ -38,6 +38,27 @@ def test_build_check_synth_eval_healthy_and_fail2(capsys, tmp_path):
     assert code == 0 and healthy / degraded == pytest.approx(8.0, rel=0.01)
 
 
+def test_eval_on_the_flow_simulator(capsys, tmp_path):
+    """--model flow runs the flow-level simulator: a ring under Fail2 is paced by gpu0's NIC as in the α-β
+    model, and the critical chain says so; the two models' options are not mixed."""
+    schedule, table = tmp_path / "ring.json", tmp_path / "flow.csv"
+    assert run(capsys, "synth", "ring", "--topology", "rail_optimized(1,2,8)", "--out", str(schedule))[0] == 0
+    code, out, _ = run(capsys, "eval", str(schedule), "--topology", "rail_optimized(1,2,8)", "--fault", "Fail2",
+                       "--size", "2GB", "--model", "flow", "--csv", str(table))
+    flat = " ".join(out.split())  # the table title wraps
+    assert code == 0 and "flow simulation, 4 slices per chunk" in flat and "critical chain: 2GB:" in flat
+    assert "gpu0->tor0.0" in out.split("critical chain:")[1]
+    simulated = float(_csv_rows(table)[0]["algbw_gbs"])
+    run(capsys, "eval", str(schedule), "--topology", "rail_optimized(1,2,8)", "--fault", "Fail2", "--size", "2GB",
+        "--csv", str(table))
+    assert simulated == pytest.approx(float(_csv_rows(table)[0]["algbw_gbs"]), rel=0.02)
+    code, _, err = run(capsys, "eval", str(schedule), "--topology", "rail_optimized(1,2,8)", "--slices", "2")
+    assert code == 2 and "--slices belongs to the flow model" in err
+    code, _, err = run(capsys, "eval", str(schedule), "--topology", "rail_optimized(1,2,8)", "--model", "flow",
+                       "--step-overhead-us", "5")
+    assert code == 2 and "alpha-beta model" in err
+
+
 def _csv_rows(path):
     with open(path) as handle:
         return list(csv.DictReader(handle))

@@ -1,4 +1,4 @@
-"""``mccl eval``: an nccl-tests-style table for a schedule on a fabric (α-β model)."""
+"""``mccl eval``: an nccl-tests-style table for a schedule on a fabric (α-β model or flow simulator)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from rich.table import Table
 from mccl.cli.common import SizeParam, console, format_size, load_topology_arg
 from mccl.schedule import Collective, load_schedule, validate
 from mccl.sim import evaluate
+from mccl.sim.engine import simulate_schedule
+from mccl.sim.inputs import SimOptions
+from mccl.sim.scenarios import chain_summary
 from mccl.synth import allgather_cut_bound
 
 __all__ = ["eval_command"]
@@ -28,22 +31,41 @@ BYTES_PER_ELEMENT = 4  # nccl-tests' count column, for float32
 @click.option("--step-overhead-us", type=float, default=0.0, help="Fixed software latency per step (µs).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the table as CSV.")
+@click.option("--model", type=click.Choice(["alpha-beta", "flow"]), default="alpha-beta", show_default=True,
+              help="alpha-beta: the analytic model (links at their steady-state load, perfect pipelining); flow: the "
+                   "flow-level simulator (max-min fair sharing, chunk dependencies, the critical chain).")
+@click.option("--slices", type=click.IntRange(min=1), default=None,
+              help="flow model: every chunk moves as this many pipelined slices (default 4); 1 = store and forward.")
 def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: tuple[int, ...],
-                 step_overhead_us: float, csv_path: Path | None) -> None:
+                 step_overhead_us: float, csv_path: Path | None, model: str, slices: int | None) -> None:
     """Estimate time, algbw and busbw of SCHEDULE on a fabric."""
+    if model == "flow" and step_overhead_us:
+        raise click.UsageError("--step-overhead-us belongs to the alpha-beta model")
+    if model == "alpha-beta" and slices is not None:
+        raise click.UsageError("--slices belongs to the flow model (--model flow)")
     plan = load_schedule(schedule)
     fabric = load_topology_arg(topology, faults)
     validate(plan, fabric)
-    table = Table(title=f"{plan.collective.value} by {plan.meta.synthesizer} on {fabric.name} ({plan.n_ranks} ranks)")
+    how = "α-β model" if model == "alpha-beta" else f"flow simulation, {slices or 4} slices per chunk"
+    table = Table(title=f"{plan.collective.value} by {plan.meta.synthesizer} on {fabric.name} ({plan.n_ranks} ranks; "
+                        f"{how})")
     for column in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
         table.add_column(column, justify="right")
     rows = []
+    chains = []
     for size in sizes or DEFAULT_SIZES:
         result = evaluate(plan, fabric, size, step_overhead_us=step_overhead_us)
-        rows.append((size, size // BYTES_PER_ELEMENT, "float", f"{result.time_s * 1e6:.1f}",
-                     f"{result.algbw_gbs:.2f}", f"{result.busbw_gbs:.2f}"))
+        if model == "flow":
+            run = simulate_schedule(plan, fabric, size, options=SimOptions(slices=slices or 4))
+            time_s, algbw, busbw = run.time_s, run.algbw_gbs, run.busbw_gbs
+            chains.append(f"{format_size(size)}: {chain_summary(run, fabric)}")
+        else:
+            time_s, algbw, busbw = result.time_s, result.algbw_gbs, result.busbw_gbs
+        rows.append((size, size // BYTES_PER_ELEMENT, "float", f"{time_s * 1e6:.1f}", f"{algbw:.2f}", f"{busbw:.2f}"))
         table.add_row(*(str(value) for value in rows[-1]))
     console.print(table)
+    if chains:
+        console.print("critical chain: " + "; ".join(chains))
     if csv_path is not None:
         with csv_path.open("w", newline="") as handle:
             writer = csv.writer(handle)
