@@ -62,19 +62,12 @@ def relink(big_r, f_alive, f_len, f_route, i_pos, l_flows, l_inc, l_deg):
 
 
 @_jit
-def _mark_flow(s, f_dirty, dlist, meta):
-    if not f_dirty[s]:
-        f_dirty[s] = True
-        dlist[meta[1]] = s
-        meta[1] += 1
-
-
-@_jit
-def _mark_link(link, l_changed, clist, meta):
-    if not l_changed[link]:
-        l_changed[link] = True
-        clist[meta[2]] = link
-        meta[2] += 1
+def _append_once(item, marked, items, counters, slot):
+    """Append ``item`` to the work list ``items`` (its length in ``counters[slot]``) unless ``marked``."""
+    if not marked[item]:
+        marked[item] = True
+        items[counters[slot]] = item
+        counters[slot] += 1
 
 
 @_jit
@@ -90,7 +83,7 @@ def _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, meta):
         h_oldest[h] = best
         s = h_head[h]
         while s >= 0:
-            _mark_flow(s, f_dirty, dlist, meta)
+            _append_once(s, f_dirty, dlist, meta, 1)
             s = f_hnext[s]
 
 
@@ -128,7 +121,7 @@ def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, 
         f_len[s] = length
         for k in range(f_len[s]):
             f_route[s, k] = route_links[first + k]
-            _mark_link(route_links[first + k], l_changed, clist, meta)
+            _append_once(route_links[first + k], l_changed, clist, meta, 2)
         f_remaining[s] = size_of[t] * size_scale
         f_t0[s] = now
         f_rate[s] = 0.0
@@ -137,7 +130,7 @@ def add_flows(slots, run, ids, route_offsets, route_links, size_of, size_scale, 
         f_wlev[s] = 0
         meta[3] += 1
         _link_insert(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg)
-        _mark_flow(s, f_dirty, dlist, meta)
+        _append_once(s, f_dirty, dlist, meta, 1)
         f_hprev[s] = -1
         f_hnext[s] = -1
         if h >= 0:
@@ -163,7 +156,7 @@ def remove_flows(slots, big_r, f_alive, f_run, f_ver, f_hop, f_step, f_path, f_l
         for k in range(f_len[s]):
             link = f_route[s, k]
             link_rate[link] -= f_rate[s]
-            _mark_link(link, l_changed, clist, meta)
+            _append_once(link, l_changed, clist, meta, 2)
         _link_unlink(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg)
         h = f_hop[s]
         if h >= 0:
