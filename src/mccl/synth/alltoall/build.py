@@ -14,14 +14,34 @@ received it. Everything is vectorized over chunks (a 512-GPU AllToAll has
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, Transfers
 from mccl.synth.alltoall.network import Network
 from mccl.synth.alltoall.pool import ColumnPool
-from mccl.synth.alltoall.rounding import Placement
+from mccl.synth.alltoall.rounding import Placement, route_load
 
-__all__ = ["path_flows", "schedule_from_placement"]
+__all__ = ["LPFlow", "path_flows", "schedule_from_placement"]
+
+
+@dataclass(frozen=True, eq=False)
+class LPFlow:
+    """An LP solution read per route: pair ``pair[i]`` (s * n + d) sends ``share[i]`` of its rate on
+    pool path ``path[i]``; every pair gets ``z`` Gbit/s, and link a carries ``load[a]`` Gbit/s."""
+
+    pair: np.ndarray
+    path: np.ndarray
+    share: np.ndarray
+    z: float
+    load: np.ndarray
+
+    @classmethod
+    def of(cls, pool: ColumnPool, x: np.ndarray, z: float) -> LPFlow:
+        """The route flows of the master solution ``x`` (column rates) with optimum ``z``."""
+        pair, path, share = path_flows(pool, x)
+        return cls(pair, path, share, float(z), route_load(pool.paths[path], share * z, pool.n_links))
 
 
 def path_flows(pool: ColumnPool, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

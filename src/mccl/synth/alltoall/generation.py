@@ -36,7 +36,7 @@ from mccl.synth.alltoall.master import Master, MasterSolution
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import PathBatch, Pricer
 
-__all__ = ["CGOptions", "CGResult", "OutOfPivots", "add_columns", "run_generation", "seed_columns"]
+__all__ = ["CGOptions", "CGResult", "OutOfPivots", "add_columns", "lagrangian_bound", "run_generation", "tie_epsilon", "seed_columns"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def add_columns(master: Master, pool: ColumnPool) -> None:
         master.add_columns(block, starts, links, counts)
 
 
-def _epsilon(n_ranks: int) -> float:
+def tie_epsilon(n_ranks: int) -> float:
     """Tie-break price per transfer, in the units where Σ α_c = 1: far below the tolerance."""
     return 1e-10 / max(n_ranks, 1)
 
@@ -118,7 +118,7 @@ def seed_columns(pricer: Pricer, pool: ColumnPool, capacity: np.ndarray, *, roun
     start, and the prices give a finite Lagrangian bound to stabilize around.
     """
     rng = np.random.default_rng(seed)
-    eps = _epsilon(pool.n_ranks)
+    eps = tie_epsilon(pool.n_ranks)
     n = pool.n_ranks
     load = np.zeros(len(capacity))
     best = (np.inf, 1.0 / capacity)
@@ -135,7 +135,7 @@ def seed_columns(pricer: Pricer, pool: ColumnPool, capacity: np.ndarray, *, roun
             batch = pricer.trees(price, np.sort(group), epsilon=eps, noise=1e-3 if round_index else 0.0, rng=rng)
             pool.add_batch(batch, all_blocks[np.isin(source_block, group)])
             load += np.bincount(batch.links[batch.links >= 0], minlength=len(capacity))
-        bound = _lagrangian_bound(pricer, price, capacity)
+        bound = lagrangian_bound(pricer, price, capacity)
         if bound < best[0]:
             best = (bound, price)
     return best
@@ -151,7 +151,7 @@ def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: n
     the master solves together take more than ``pivot_budget`` simplex pivots.
     """
     rng = np.random.default_rng(options.seed)
-    eps = _epsilon(pool.n_ranks)
+    eps = tie_epsilon(pool.n_ranks)
     add_columns(master, pool)
     best_bound, best_price = (np.inf, None) if center is None else center
     rounds, optimal, timed_out = 0, False, False
@@ -177,7 +177,7 @@ def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: n
         smoothed = rmp.link_duals if best_price is None or options.smoothing <= 0 else (
             options.smoothing * best_price + (1 - options.smoothing) * rmp.link_duals)
         for price in (smoothed,) if smoothed is rmp.link_duals else (smoothed, rmp.link_duals):
-            bound = _lagrangian_bound(pricer, price, capacity)
+            bound = lagrangian_bound(pricer, price, capacity)
             if bound < best_bound:
                 best_bound, best_price = bound, price
             if rmp.z >= best_bound * (1 - options.tolerance):
@@ -205,7 +205,7 @@ def _remaining(deadline: float | None) -> float | None:
     return max(deadline - time.perf_counter(), 1e-3)
 
 
-def _lagrangian_bound(pricer: Pricer, price: np.ndarray, capacity: np.ndarray) -> float:
+def lagrangian_bound(pricer: Pricer, price: np.ndarray, capacity: np.ndarray) -> float:
     """``Σ_a cap_a α_a / Σ_c π_c(α)`` (Gbit/s per block); inf when every tree is free."""
     dist = pricer.distances(price)
     total = float(dist.sum())

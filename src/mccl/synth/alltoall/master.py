@@ -31,7 +31,7 @@ Fail2: 927 pivots from slack, 4.6 k dual / 10 k primal simplex from the old basi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import highspy
 import numpy as np
@@ -74,10 +74,15 @@ class MasterSnapshot:
     starts: np.ndarray  # CSC: column k's entries are starts[k]:starts[k+1]
     links: np.ndarray  # network link ids
     counts: np.ndarray  # β: paths of the tree on the link
-    col_status: np.ndarray  # HiGHS basis status of z and every column (int8)
-    row_status: np.ndarray  # of every tensor row, then every link row (int8)
+    col_status: np.ndarray | None  # HiGHS basis status of z and every column (int8); None: no basis kept
+    row_status: np.ndarray | None  # of every tensor row, then every link row (int8)
     link_activity: np.ndarray  # Σ β x per link at the snapshot's solution, Gbit/s
     link_duals: np.ndarray  # α_a ≥ 0 at that solution
+    n_tensors: int  # tensor rows of the master
+
+    def without_basis(self) -> MasterSnapshot:
+        """The same columns with no basis: a later restart starts from the slack basis."""
+        return replace(self, col_status=None, row_status=None)
 
 
 class Master:
@@ -199,15 +204,18 @@ class Master:
             row_status=np.array([int(status) for status in basis.row_status], dtype=np.int8),
             link_activity=self._last.link_activity.copy(),
             link_duals=self._last.link_duals.copy(),
+            n_tensors=self.n_tensors,
         )
 
     @classmethod
     def restart(cls, snapshot: MasterSnapshot, capacity: np.ndarray, *, keep_basis: bool,
                 threads: int = 1) -> Master:
         """A master over ``capacity`` with the snapshot's columns, from its basis if ``keep_basis``."""
-        master = cls(int(snapshot.row_status.size - len(capacity)), capacity, threads=threads)
+        master = cls(snapshot.n_tensors, capacity, threads=threads)
         master.add_columns(snapshot.tensor, snapshot.starts, snapshot.links, snapshot.counts)
         if keep_basis:
+            if snapshot.col_status is None or snapshot.row_status is None:
+                raise SynthesisError("the previous master's snapshot kept no basis to restart from")
             basis = highspy.HighsBasis()
             basis.col_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.col_status]
             basis.row_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.row_status]

@@ -32,19 +32,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
-from mccl.synth.alltoall.build import path_flows, schedule_from_placement
+from mccl.synth.alltoall.build import LPFlow, schedule_from_placement
 from mccl.synth.alltoall.generation import CGOptions, CGResult, OutOfPivots, run_generation, seed_columns
 from mccl.synth.alltoall.master import Master
 from mccl.synth.alltoall.network import Network, build_network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 from mccl.synth.alltoall.pricing import Pricer
-from mccl.synth.alltoall.rounding import deep_dive
+from mccl.synth.alltoall.repair import pairs_to_reround, repair
+from mccl.synth.alltoall.rounding import Placement, deep_dive, route_load
 from mccl.synth.alltoall.state import SolverState, recall, remember
 from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedule
 from mccl.synth.common import describe_on
@@ -198,49 +199,139 @@ def synthesize(
     options = CGOptions() if options is None else options
     network = build_network(topology, ranks)
     deadline = None if time_limit_s is None else started + float(time_limit_s)
-    pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
-                                        seed_rounds=seed_rounds, options=options, deadline=deadline,
-                                        warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
-    solution = result.solution
-    n = network.n_ranks
-    bound_gbs = n * result.bound / 8.0
-    lp_gbs = n * solution.z / 8.0
-    inputs = [("chunks", str(int(chunks))), ("grouping", grouping), ("warm", "true" if warm else "false"),
+    inputs = [("chunks", str(int(chunks))), ("grouping", grouping), ("warm", "true" if previous is not None else "false"),
               ("max_steps", "none" if max_steps is None else str(max_steps))]
     if time_limit_s is not None:
         inputs.append(("time_limit_s", f"{time_limit_s:g}"))
-    meta = ScheduleMeta("alltoall.cg", topology=topology.name, inputs=tuple(inputs), throughput_bound_gbs=bound_gbs)
-    reused = _reusable(previous, warm, topology, lp_gbs, int(chunks), max_steps) if previous is not None else False
-    dives = 0.0
-    if reused:
-        schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
-                                        previous.transfers, meta), topology)  # type: ignore[union-attr]
-    else:
-        pair, path, share = path_flows(pool, solution.x)
-        placement = deep_dive(pair, path, share, pool.paths, network.capacity, int(chunks), lp_rate=solution.z)
-        dives = float(placement.dives)
-        schedule = describe_on(schedule_from_placement(network, pool, placement, meta), topology)
-    cut = network.link_ids[np.flatnonzero(solution.link_duals > 1e-9 * max(solution.link_duals.max(initial=0), 1e-300))]
+    state = recall(previous) if previous is not None else None
+    outcome, declined = None, False
+    if state is not None and _repairable(state, network, max_steps, grouping, int(chunks)):
+        outcome = _repaired(network, state, int(chunks), options, max_steps, tuple(inputs))
+        declined = outcome is None
+    if outcome is None:
+        outcome = _generated(network, previous, int(chunks), options, max_steps, grouping, tuple(inputs), deadline,
+                             seed_rounds=seed_rounds, warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
+    schedule = outcome.schedule
+    duals = outcome.link_duals
+    cut = network.link_ids[np.flatnonzero(duals > 1e-9 * max(duals.max(initial=0), 1e-300))]
     if cut.size:
         schedule = schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut))
+    n = network.n_ranks
+    bound_gbs, lp_gbs = n * outcome.bound / 8.0, n * outcome.z / 8.0
     achieved = float(schedule.meta.achieved_gbs or 0.0)
     stats = [
         ("solve_time_s", time.perf_counter() - started),
-        ("columns", float(master.n_columns)),
-        ("iterations", float(master.iterations)),
-        ("rounds", float(result.rounds)),
+        ("columns", float(outcome.columns)),
+        ("iterations", float(outcome.iterations)),
+        ("rounds", float(outcome.rounds)),
         ("lp_gbs", lp_gbs),
         ("lp_gap", max(0.0, 1.0 - lp_gbs / bound_gbs) if bound_gbs > 0 else 0.0),
         ("rounding_gap", max(0.0, 1.0 - achieved / lp_gbs) if lp_gbs > 0 else 0.0),
         ("gap", max(0.0, 1.0 - achieved / bound_gbs) if bound_gbs > 0 else 0.0),
-        ("optimal", 1.0 if result.optimal else 0.0),
-        ("dives", dives),
+        ("optimal", 1.0 if outcome.optimal else 0.0),
+        ("dives", float(outcome.dives)),
     ]
-    if warm is not None:
-        stats += [("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
-                  ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0),
-                  ("warm_fallback", 1.0 if warm.fell_back else 0.0),
-                  ("warm_abandoned_pivots", float(warm.abandoned_pivots))]
+    if previous is not None:
+        stats += list(outcome.warm_stats) + [("repair_declined", 1.0 if declined else 0.0)]
     final = schedule.with_meta(stats=tuple(stats))
-    remember(final, SolverState.take(network, max_steps, grouping, pool, master))
+    remember(final, outcome.state)
     return final
+
+
+@dataclass(frozen=True, eq=False)
+class _Outcome:
+    """What either path (repair, column generation) hands to the common end of ``synthesize``."""
+
+    schedule: Schedule  # described on the topology, without stats
+    z: float  # LP optimum found, Gbit/s per block
+    bound: float  # proven upper bound on it
+    link_duals: np.ndarray
+    columns: int
+    iterations: int
+    rounds: int
+    optimal: bool
+    dives: int
+    warm_stats: tuple[tuple[str, float], ...]
+    state: SolverState
+
+
+def _repairable(state: SolverState, network: Network, max_steps: int | None, grouping: str, chunks: int) -> bool:
+    """A repair (:mod:`.repair`) is tried when the state fits, its chunks are the ones asked for,
+    and its basis is not simply still optimal (that restart takes no pivot at all)."""
+    return (state.fits(network, max_steps, grouping) and state.placement is not None
+            and state.placement.chunks == chunks and not state.basis_still_optimal(network.capacity))
+
+
+def _repaired(network: Network, state: SolverState, chunks: int, options: CGOptions, max_steps: int | None,
+              inputs: tuple[tuple[str, str], ...]) -> _Outcome | None:
+    """The repair path: the previous solution repaired and proven optimal, only the re-routed pairs
+    rounded again (the others keep their chunks); None when the repair cannot be proven optimal."""
+    previous = state.placement
+    assert previous is not None
+    repaired = repair(state.flow, state.capacity, state.pool, Pricer(network, max_steps), network.capacity,
+                      placement_pairs=previous.block, placement_paths=previous.path, tolerance=options.tolerance,
+                      reduced_cost_tolerance=options.reduced_cost_tolerance, seed=options.seed)
+    if repaired is None:
+        return None
+    pool = repaired.pool
+    again = pairs_to_reround(repaired, previous.block, previous.path, network.capacity)
+    rounding_again = np.zeros(network.n_ranks ** 2, dtype=bool)
+    rounding_again[again] = True
+    kept = ~rounding_again[previous.block]
+    base = np.maximum(previous.load - route_load(pool.paths[previous.path[~kept]], previous.units[~kept] / chunks,
+                                                 network.n_links), 0.0)
+    flow = repaired.flow
+    mine = rounding_again[flow.pair]
+    fresh = deep_dive(flow.pair[mine], flow.path[mine], flow.share[mine], pool.paths, network.capacity, chunks,
+                      lp_rate=flow.z, base_load=base)
+    placement = Placement(np.concatenate([previous.block[kept], fresh.block]),
+                          np.concatenate([previous.path[kept], fresh.path]),
+                          np.concatenate([previous.units[kept], fresh.units]), chunks, fresh.rate, fresh.dives,
+                          fresh.load)
+    meta = ScheduleMeta("alltoall.cg", topology=network.topology.name, inputs=inputs,
+                        throughput_bound_gbs=network.n_ranks * repaired.bound / 8.0)
+    schedule = describe_on(schedule_from_placement(network, pool, placement, meta), network.topology)
+    columns = len(state.master.tensor)
+    warm_stats = (("kept_fraction", 1.0), ("warm_columns", float(columns)), ("reused_previous", 0.0),
+                  ("restarted", 1.0), ("warm_fallback", 0.0), ("warm_abandoned_pivots", 0.0), ("repaired", 1.0),
+                  ("repaired_pairs", float(len(repaired.affected))), ("rerounded_pairs", float(len(again))))
+    return _Outcome(schedule, flow.z, repaired.bound, repaired.link_duals, columns, repaired.iterations, 0, True,
+                    fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement))
+
+
+def _generated(network: Network, previous: Schedule | None, chunks: int, options: CGOptions, max_steps: int | None,
+               grouping: str, inputs: tuple[tuple[str, str], ...], deadline: float | None, *, seed_rounds: int,
+               warm_seed_rounds: int, warm_pivots: int | None) -> _Outcome:
+    """The column-generation path: cold, restarted from the previous solver state, or seeded from the
+    previous schedule's routes (see ``_solve``)."""
+    topology = network.topology
+    pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
+                                        seed_rounds=seed_rounds, options=options, deadline=deadline,
+                                        warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
+    solution = result.solution
+    meta = ScheduleMeta("alltoall.cg", topology=topology.name, inputs=inputs,
+                        throughput_bound_gbs=network.n_ranks * result.bound / 8.0)
+    lp_gbs = network.n_ranks * solution.z / 8.0
+    reused = _reusable(previous, warm, topology, lp_gbs, chunks, max_steps) if previous is not None else False
+    flow = LPFlow.of(pool, solution.x, solution.z)
+    placement: Placement | None
+    if reused:
+        schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
+                                        previous.transfers, meta), topology)  # type: ignore[union-attr]
+        before = recall(previous)  # type: ignore[arg-type]
+        placement = before.placement if before is not None else None
+    else:
+        placement = deep_dive(flow.pair, flow.path, flow.share, pool.paths, network.capacity, chunks,
+                              lp_rate=solution.z)
+        schedule = describe_on(schedule_from_placement(network, pool, placement, meta), topology)
+    warm_stats: tuple[tuple[str, float], ...] = ()
+    if warm is not None:
+        warm_stats = (("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
+                      ("reused_previous", 1.0 if reused else 0.0), ("restarted", 1.0 if warm.restarted else 0.0),
+                      ("warm_fallback", 1.0 if warm.fell_back else 0.0),
+                      ("warm_abandoned_pivots", float(warm.abandoned_pivots)), ("repaired", 0.0),
+                      ("repaired_pairs", 0.0), ("rerounded_pairs", 0.0))
+    state = SolverState.take(network, max_steps, grouping, pool, master, flow, placement)
+    return _Outcome(schedule, solution.z, result.bound, solution.link_duals, master.n_columns, master.iterations,
+                    result.rounds, result.optimal, placement.dives if placement is not None and not reused else 0,
+                    warm_stats, state)

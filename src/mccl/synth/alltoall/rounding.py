@@ -38,7 +38,7 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.synth.alltoall.master import new_highs
 
-__all__ = ["Placement", "deep_dive"]
+__all__ = ["Placement", "deep_dive", "route_load"]
 
 _SNAP = 1e-7  # a share within this many units of an integer counts as that integer
 
@@ -53,11 +53,13 @@ class Placement:
     chunks: int  # K
     rate: float  # min_a cap_a / load_a, Gbit/s per block
     dives: int  # LP solves of the dive
+    load: np.ndarray  # blocks per link: these chunks plus the base they were rounded on
 
 
 def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links: np.ndarray,
               capacity: np.ndarray, chunks: int, *, divisor: int = 2, max_dives: int = 6,
-              good_enough: float = 1e-3, lp_rate: float | None = None, max_lp_entries: int = 20_000) -> Placement:
+              good_enough: float = 1e-3, lp_rate: float | None = None, max_lp_entries: int = 20_000,
+              base_load: np.ndarray | None = None) -> Placement:
     """Round the (block, path, share) flow to ``chunks`` units per block.
 
     ``share`` sums to 1 per block; ``path_links`` is the pool's path table
@@ -67,30 +69,35 @@ def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links
     link and their rounding errors cancel). Otherwise the dive runs for at most
     ``max_dives`` LP solves, then finishes with largest remainders of its last
     LP, and the better of the two roundings is returned.
+
+    ``base_load``: blocks per link already placed by chunks that are not rounded
+    here (a warm repair keeps the unaffected pairs' chunks); every load and rate
+    below includes it.
     """
     if chunks < 1:
         raise SynthesisError(f"chunks must be >= 1, got {chunks}")
     units = share * chunks
     blocks, block_of = np.unique(block, return_inverse=True)
     n_links = len(capacity)
+    base = np.zeros(n_links) if base_load is None else np.asarray(base_load, dtype=float)
     entry_links = path_links[path]  # (entries, H)
     simple = _largest_remainder(block_of, units, chunks, len(blocks))
-    best = (_rate(entry_links, simple, chunks, capacity), simple, 0)
-    target = lp_rate if lp_rate is not None else _rate(entry_links, units.astype(float), chunks, capacity)
+    best = (_rate(entry_links, simple, chunks, capacity, base), simple, 0)
+    target = lp_rate if lp_rate is not None else _rate(entry_links, units.astype(float), chunks, capacity, base)
     if best[0] >= target * (1 - good_enough):
-        return _placement(block, path, best, chunks)
+        return _placement(block, path, best, chunks, entry_links, base)
     fixed = np.floor(units + _SNAP).astype(np.int64)
     left = chunks - np.bincount(block_of, weights=fixed, minlength=len(blocks)).astype(np.int64)
     if np.any(left < 0):
         raise SynthesisError("the LP's path shares of a block exceed 1; the master solution is inconsistent")
     if np.count_nonzero(left[block_of] > 0) > max_lp_entries:
-        balanced = _balanced_greedy(block_of, units, fixed, left, entry_links, capacity, chunks)
-        candidate = (_rate(entry_links, balanced, chunks, capacity), balanced, 0)
-        return _placement(block, path, candidate if candidate[0] > best[0] else best, chunks)
+        balanced = _balanced_greedy(block_of, units, fixed, left, entry_links, capacity, chunks, base)
+        candidate = (_rate(entry_links, balanced, chunks, capacity, base), balanced, 0)
+        return _placement(block, path, candidate if candidate[0] > best[0] else best, chunks, entry_links, base)
     dives = 0
     while np.any(left > 0):
         open_entry = np.flatnonzero(left[block_of] > 0)
-        load = _load(entry_links, fixed, chunks, n_links)
+        load = base + _load(entry_links, fixed, chunks, n_links)
         placed = _balance_lp(block_of[open_entry], left, entry_links[open_entry], load, capacity, chunks)
         dives += 1
         if dives >= max_dives:  # finish: largest remainders of this LP's placement
@@ -107,7 +114,7 @@ def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links
         candidates = np.flatnonzero(fraction > _SNAP)
         if candidates.size == 0:
             if np.any(left > 0):  # only possible through round-off: place the rest greedily
-                _greedy(block_of, left, fixed, entry_links, capacity, chunks)
+                _greedy(block_of, left, fixed, entry_links, capacity, chunks, base)
             break
         # The most fractional entry of each open block, then the blocks with the largest such part.
         order = candidates[np.lexsort((-fraction[candidates], block_of[open_entry[candidates]]))]
@@ -118,17 +125,19 @@ def deep_dive(block: np.ndarray, path: np.ndarray, share: np.ndarray, path_links
         chosen = top[np.argsort(-fraction[top], kind="stable")[:take]]
         fixed[open_entry[chosen]] += 1
         left -= np.bincount(block_of[open_entry[chosen]], minlength=len(blocks)).astype(np.int64)
-    dived = (_rate(entry_links, fixed, chunks, capacity), fixed, dives)
-    return _placement(block, path, dived if dived[0] > best[0] else (best[0], best[1], dives), chunks)
+    dived = (_rate(entry_links, fixed, chunks, capacity, base), fixed, dives)
+    return _placement(block, path, dived if dived[0] > best[0] else (best[0], best[1], dives), chunks, entry_links,
+                      base)
 
 
 def _balanced_greedy(block_of: np.ndarray, units: np.ndarray, fixed: np.ndarray, left: np.ndarray,
-                     entry_links: np.ndarray, capacity: np.ndarray, chunks: int, batches: int = 64) -> np.ndarray:
+                     entry_links: np.ndarray, capacity: np.ndarray, chunks: int, base: np.ndarray,
+                     batches: int = 64) -> np.ndarray:
     """Rounding for instances too large for LP dives: blocks in batches, each unit of a block to the
     entries whose busiest link would be least utilised, starting from the LP's fractional load and
     replacing each batch's fractional parts by its whole units before the next batch decides."""
     n_links = len(capacity)
-    load = _load(entry_links, units, chunks, n_links)  # the LP's (fractional) load
+    load = base + _load(entry_links, units, chunks, n_links)  # the LP's (fractional) load
     result = fixed.copy()
     open_blocks = np.flatnonzero(left > 0)
     rng = np.random.default_rng(0)
@@ -152,15 +161,17 @@ def _balanced_greedy(block_of: np.ndarray, units: np.ndarray, fixed: np.ndarray,
     return result
 
 
-def _placement(block: np.ndarray, path: np.ndarray, best: tuple[float, np.ndarray, int], chunks: int) -> Placement:
+def _placement(block: np.ndarray, path: np.ndarray, best: tuple[float, np.ndarray, int], chunks: int,
+               entry_links: np.ndarray, base: np.ndarray) -> Placement:
     rate, units, dives = best
     keep = units > 0
-    return Placement(block[keep], path[keep], units[keep].astype(np.int64), chunks, rate, dives)
+    load = base + _load(entry_links[keep], units[keep], chunks, len(base))
+    return Placement(block[keep], path[keep], units[keep].astype(np.int64), chunks, rate, dives, load)
 
 
-def _rate(entry_links: np.ndarray, units: np.ndarray, chunks: int, capacity: np.ndarray) -> float:
-    """min_a cap_a / load_a (Gbit/s per block) of a placement."""
-    load = _load(entry_links, units, chunks, len(capacity))
+def _rate(entry_links: np.ndarray, units: np.ndarray, chunks: int, capacity: np.ndarray, base: np.ndarray) -> float:
+    """min_a cap_a / load_a (Gbit/s per block) of a placement on top of ``base``."""
+    load = base + _load(entry_links, units, chunks, len(capacity))
     used = load > 1e-15
     return float(np.min(capacity[used] / load[used])) if np.any(used) else float("inf")
 
@@ -184,9 +195,15 @@ def _largest_remainder(block_of: np.ndarray, units: np.ndarray, chunks: int | No
 
 def _load(entry_links: np.ndarray, units: np.ndarray, chunks: int, n_links: int) -> np.ndarray:
     """Blocks per link when ``units[i]`` units take entry i's path."""
-    weight = np.broadcast_to((units / chunks)[:, None], entry_links.shape)
-    valid = entry_links >= 0
-    return np.bincount(entry_links[valid], weights=weight[valid], minlength=n_links)
+    return route_load(entry_links, units / chunks, n_links)
+
+
+def route_load(route_links: np.ndarray, weight: np.ndarray, n_links: int) -> np.ndarray:
+    """``Σ weight[i]`` over the routes i through each link (rows of link ids, -1 padded; a route that
+    crosses a link twice counts twice)."""
+    valid = route_links >= 0
+    return np.bincount(route_links[valid], weights=np.broadcast_to(weight[:, None], route_links.shape)[valid],
+                       minlength=n_links)
 
 
 def _balance_lp(owner: np.ndarray, left: np.ndarray, entry_links: np.ndarray, load: np.ndarray,
@@ -228,9 +245,9 @@ def _balance_lp(owner: np.ndarray, left: np.ndarray, entry_links: np.ndarray, lo
 
 
 def _greedy(block_of: np.ndarray, left: np.ndarray, fixed: np.ndarray, entry_links: np.ndarray,
-            capacity: np.ndarray, chunks: int) -> None:
+            capacity: np.ndarray, chunks: int, base: np.ndarray) -> None:
     """Place leftover units one at a time on the path whose busiest link stays least busy."""
-    load = _load(entry_links, fixed, chunks, len(capacity))
+    load = base + _load(entry_links, fixed, chunks, len(capacity))
     for b in np.flatnonzero(left > 0):
         entries = np.flatnonzero(block_of == b)
         for _ in range(int(left[b])):

@@ -18,6 +18,11 @@ paths, ~100 MB). A schedule read from a file, or made by another synthesizer,
 has none: the warm start then seeds from its routes. The state never decides the result, only where the search starts:
 every warm run still prices to LP optimality and rounds and validates as usual.
 
+The state also keeps the final LP solution per route (:class:`.build.LPFlow`)
+and the rounded chunks (:class:`.rounding.Placement`): a fault on a tight link
+is first repaired from them (:mod:`.repair`), which needs no master at all; the
+state of a repaired schedule keeps the previous columns without a basis.
+
 A state fits a new network when the ranks and the links (ids, ends) are the
 same and only capacities changed (degradations, mccl-paper §4.1). The old basis
 is kept when the old solution still fits the new capacities and no tight link
@@ -29,14 +34,16 @@ the slack basis with the old columns (see :mod:`.master`).
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mccl.schedule import Schedule
+from mccl.synth.alltoall.build import LPFlow
 from mccl.synth.alltoall.master import Master, MasterSnapshot
 from mccl.synth.alltoall.network import Network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
+from mccl.synth.alltoall.rounding import Placement
 
 __all__ = ["SolverState", "remember", "recall", "MAX_STATES"]
 
@@ -53,18 +60,26 @@ class SolverState:
     link_ids: np.ndarray
     tail: np.ndarray
     head: np.ndarray
-    capacity: np.ndarray  # Gbit/s, what the master was solved at
+    capacity: np.ndarray  # Gbit/s, what ``flow`` (and the master's basis, if kept) is optimal at
     max_steps: int | None
     grouping: str
     pool: ColumnPool  # never added to: ``restart`` copies it
-    master: MasterSnapshot
+    master: MasterSnapshot  # its basis may be absent (a repaired run has none)
+    flow: LPFlow  # the LP optimum per route
+    placement: Placement | None  # the rounded chunks (None: the schedule came from elsewhere)
 
     @classmethod
     def take(cls, network: Network, max_steps: int | None, grouping: str, pool: ColumnPool,
-             master: Master) -> SolverState:
+             master: Master, flow: LPFlow, placement: Placement | None) -> SolverState:
         """The state after a run; it owns ``pool`` from now on (the run is over and adds nothing)."""
         return cls(network.ranks, network.link_ids, network.tail, network.head, network.capacity.copy(),
-                   max_steps, grouping, pool, master.snapshot())
+                   max_steps, grouping, pool, master.snapshot(), flow, placement)
+
+    def repaired(self, capacity: np.ndarray, pool: ColumnPool, flow: LPFlow, placement: Placement) -> SolverState:
+        """The state of a run repaired from this one: the same columns without a basis, the repair's
+        pool (this one, or a copy with the routes its pricing found), the new flow and chunks."""
+        return replace(self, capacity=np.asarray(capacity, dtype=float).copy(), pool=pool,
+                       master=self.master.without_basis(), flow=flow, placement=placement)
 
     def fits(self, network: Network, max_steps: int | None, grouping: str) -> bool:
         """Same ranks, same links between the same nodes, same pricing graph and commodity blocks:
@@ -81,10 +96,12 @@ class SolverState:
 
     def basis_still_optimal(self, capacity: np.ndarray) -> bool:
         """Whether the old optimal basis is optimal at ``capacity`` too (see the module docstring)."""
+        if self.master.row_status is None:
+            return False
         changed = ~np.isclose(capacity, self.capacity, rtol=1e-12, atol=0.0)
         if not np.any(changed):
             return True
-        n_tensors = self.master.row_status.size - len(capacity)
+        n_tensors = self.master.n_tensors
         tight = self.master.row_status[n_tensors:] != _BASIC
         fits = self.master.link_activity <= capacity * (1 + _FIT_TOLERANCE)
         return bool(np.all(fits) and not np.any(changed & tight))
