@@ -54,6 +54,10 @@ class TransferOp(IntEnum):
 
 
 def _frozen(values: Sequence | np.ndarray, dtype: type) -> np.ndarray:
+    """A read-only array of ``dtype``: a copy, unless ``values`` already is one (immutable, so
+    sharing it is safe; schedules of ~10⁶ transfers are built from such arrays without a copy)."""
+    if isinstance(values, np.ndarray) and values.dtype == dtype and not values.flags.writeable:
+        return values
     array = np.array(values, dtype=dtype)
     array.setflags(write=False)
     return array

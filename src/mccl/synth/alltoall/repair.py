@@ -36,7 +36,7 @@ What makes it fast (rail_optimized, Fail2, 512 GPUs: 2.7 k affected pairs and
   link row the greedy's routes saturate first tight". It is primal feasible and
   near the optimum, so primal simplex has little left to do.
 * Lazy link rows. The LP starts with the rows of the changed links and of the
-  links the greedy loads to within 20 % of the busiest; after each solve, links
+  links the greedy loads to at least half of the busiest one; after each solve, links
   over capacity join as rows. A link outside the LP still bounds θ
   (``θ · L_a ≤ cap_a``) through θ's upper bound; when that bound binds, the
   links that set it join as rows, so that at the end every binding constraint
@@ -61,13 +61,13 @@ from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.rounding import route_load
 
-__all__ = ["Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround"]
+__all__ = ["Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround", "paths_crossing"]
 
 _INF = highspy.kHighsInf
 _BASIC, _LOWER, _UPPER = (highspy.HighsBasisStatus.kBasic, highspy.HighsBasisStatus.kLower,
                           highspy.HighsBasisStatus.kUpper)
 _OVER = 1e-9  # relative: a link this far over its capacity is violated
-_NEAR_BUSIEST = 0.8  # links the crash loads to this fraction of the busiest start as rows
+_NEAR_BUSIEST = 0.5  # links the crash loads to this fraction of the busiest start as rows
 _MAX_ROUNDS = 25  # lazy-row rounds before giving up (each adds at least one row)
 
 
@@ -92,11 +92,16 @@ def changed_links(capacity: np.ndarray, old_capacity: np.ndarray) -> np.ndarray:
 
 def pairs_crossing(pairs: np.ndarray, paths: np.ndarray, route_links: np.ndarray, marked: np.ndarray) -> np.ndarray:
     """The pairs among ``pairs`` whose path ``paths[i]`` (a row of ``route_links``) crosses a marked link."""
-    hit = np.zeros(len(route_links), dtype=bool)
-    for hop in range(route_links.shape[1]):  # a few hops; each a vectorized pass over the path table
-        links = route_links[:, hop]
-        hit |= (links >= 0) & marked[np.maximum(links, 0)]
-    return pairs[hit[paths]]
+    return pairs[paths_crossing(route_links, marked)[paths]]
+
+
+def paths_crossing(route_links: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """Mask of the rows of ``route_links`` (link ids, -1 padded) that cross a marked link."""
+    lookup = np.append(np.asarray(marked, dtype=bool), False)  # index -1 (padding) reads False
+    hit = lookup[route_links[:, 0]]
+    for hop in range(1, route_links.shape[1]):  # a few hops; each one pass over the path table
+        hit |= lookup[route_links[:, hop]]
+    return hit
 
 
 def pairs_to_reround(repaired: Repair, placement_pairs: np.ndarray, placement_paths: np.ndarray,
@@ -299,9 +304,10 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
     if not np.any(changed) or flow.z <= 0:
         return None
     paths = pool.paths
-    affected = pairs_crossing(flow.pair, flow.path, paths, changed)
+    crossing = paths_crossing(paths, changed)
+    affected = flow.pair[crossing[flow.path]]
     if placement_pairs is not None and placement_paths is not None:
-        affected = np.concatenate([affected, pairs_crossing(placement_pairs, placement_paths, paths, changed)])
+        affected = np.concatenate([affected, placement_pairs[crossing[placement_paths]]])
     affected = np.unique(affected)
     if affected.size == 0:
         return None
