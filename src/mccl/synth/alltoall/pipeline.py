@@ -8,6 +8,14 @@ multiplicative-weights trees (cold), the previous run's columns and master basis
 master in HiGHS, pricing by shortest-path trees) → deep-dive rounding to at most
 ``chunks`` chunks per block (:mod:`.rounding`) → a Schedule (:mod:`.build`).
 
+A warm start with kept solver state whose old basis is no longer optimal (a
+change on a tight link, e.g. Fail2) first tries the repair (:mod:`.repair`):
+the previous LP solution, scaled, with only the pairs that crossed a changed
+link re-routed, proven optimal by the Lagrangian bound; then only those pairs
+and the pairs on newly saturated links are rounded again, and the other chunks
+are kept with their transfers. When the repair cannot be proven optimal, the
+run goes on by column generation as above.
+
 Units: capacities Gbit/s; the LP's z is the rate every (source, destination)
 block gets, so algbw = n · z / 8 GB/s (a block is S/n bytes). The metadata
 carries the LP bound (at LP optimality the optimum itself; after a budgeted stop
@@ -21,7 +29,11 @@ close to the new LP optimum as its rounding was to the old one: rounding skipped
 ``restarted`` (1 when the run restarted from the previous solver state),
 ``warm_fallback`` (1 when the warm start from a schedule's routes took more
 pivots than :func:`warm_pivot_budget` allows and the run fell back to the cold
-path) and ``warm_abandoned_pivots`` (the pivots spent before it did).
+path), ``warm_abandoned_pivots`` (the pivots spent before it did), ``repaired``
+(1 when the repair gave the result; ``iterations`` are then the repair LP's
+pivots and ``rounds`` 0), ``repaired_pairs`` / ``rerounded_pairs`` (pairs it
+re-routed / rounded again) and ``repair_declined`` (1 when a repair was tried
+and could not be proven optimal).
 
 Step bound (App. D): ``max_steps=m`` limits every path to m transfers (pricing
 on the time-expanded graph); ``max_steps="auto"`` binary-searches the smallest m

@@ -112,18 +112,23 @@ class SolverState:
         return self.pool.copy(), Master.restart(self.master, capacity, keep_basis=keep), keep
 
 
-_STATES: dict[int, SolverState] = {}
+_STATES: dict[int, tuple[SolverState, weakref.finalize]] = {}
 
 
 def remember(schedule: Schedule, state: SolverState) -> None:
-    """Keep ``state`` for as long as ``schedule`` (this very object) lives, up to ``MAX_STATES`` states."""
+    """Keep ``state`` for as long as ``schedule`` (this very object) lives, up to ``MAX_STATES`` states.
+
+    An evicted state's finalizer is detached: otherwise, when its schedule died later, it would drop
+    the entry of whichever new schedule had been given the same ``id`` meanwhile.
+    """
     key = id(schedule)
-    _STATES[key] = state
-    weakref.finalize(schedule, _STATES.pop, key, None)
+    _STATES[key] = (state, weakref.finalize(schedule, _STATES.pop, key, None))
     while len(_STATES) > MAX_STATES:
-        _STATES.pop(next(iter(_STATES)))
+        _, finalizer = _STATES.pop(next(iter(_STATES)))
+        finalizer.detach()
 
 
 def recall(schedule: Schedule) -> SolverState | None:
     """The state ``schedule`` was made with, if it was made by this process and is still kept."""
-    return _STATES.get(id(schedule))
+    entry = _STATES.get(id(schedule))
+    return entry[0] if entry is not None else None
