@@ -8,8 +8,9 @@ rounded schedule's algbw with its gap. Times are medians of ``--repeats`` runs,
 wall and CPU time of this process (the machine is shared; CPU time is steadier).
 
 Two warm starts: "warm" passes the healthy schedule object this process made,
-so the synthesizer restarts from the solver state kept with it (columns and
-master basis, ``mccl.synth.alltoall.state``); "file warm" passes the same
+so the synthesizer restarts from the solver state kept with it (columns, master
+basis, LP flow and chunks, ``mccl.synth.alltoall.state``: a fault on a tight
+link is repaired from the flow, ``mccl.synth.alltoall.repair``); "file warm" passes the same
 schedule read back from its JSON text, which carries only routes
 (``--file-warm-max-gpus`` bounds it). Writes a CSV and a PNG next to each other and
 prints a table.
@@ -118,6 +119,11 @@ def main() -> None:
                 "warm_restarted": warm.meta.stat("restarted") if warm else None,
                 "warm_iterations": warm.meta.stat("iterations") if warm else None,
                 "warm_gap": warm.meta.stat("gap") if warm else None,
+                "warm_algbw_gbs": warm.meta.achieved_gbs if warm else None,
+                "warm_repaired": warm.meta.stat("repaired") if warm else None,
+                "warm_repair_declined": warm.meta.stat("repair_declined") if warm else None,
+                "warm_repaired_pairs": warm.meta.stat("repaired_pairs") if warm else None,
+                "warm_rerounded_pairs": warm.meta.stat("rerounded_pairs") if warm else None,
                 "file_warm_lp_gbs": from_file.meta.throughput_bound_gbs if from_file else None,
                 "file_warm_optimal": from_file.meta.stat("optimal") if from_file else None,
                 "file_warm_fallback": from_file.meta.stat("warm_fallback") if from_file else None,
@@ -136,6 +142,12 @@ def main() -> None:
                   f"{fmt(compact_s, '>9.2f')} {fmt(row['compact_over_cold'], '>12.1f')} {meta.throughput_bound_gbs:>9.2f} "
                   f"{meta.achieved_gbs:>8.2f} {100 * meta.stat('gap'):>6.2f} {meta.stat('columns'):>8.0f} "
                   f"{row['maxrss_mib']:>10.0f}", flush=True)
+            if warm is not None:
+                print(f"      warm: LP {warm.meta.throughput_bound_gbs:.6f} GB/s, optimal {warm.meta.stat('optimal'):.0f}, "
+                      f"repaired {warm.meta.stat('repaired'):.0f} (declined {warm.meta.stat('repair_declined'):.0f}), "
+                      f"pivots {warm.meta.stat('iterations'):.0f}, re-routed / re-rounded pairs "
+                      f"{warm.meta.stat('repaired_pairs'):.0f} / {warm.meta.stat('rerounded_pairs'):.0f}, "
+                      f"algbw {warm.meta.achieved_gbs:.2f} GB/s, gap {100 * warm.meta.stat('gap'):.2f} %", flush=True)
             if from_file is not None:
                 print(f"      file warm: LP {from_file.meta.throughput_bound_gbs:.6f} GB/s (cold "
                       f"{meta.throughput_bound_gbs:.6f}), fallback {from_file.meta.stat('warm_fallback'):.0f}, "

@@ -337,12 +337,15 @@ def _generated(network: Network, previous: Schedule | None, chunks: int, options
                         throughput_bound_gbs=network.n_ranks * result.bound / 8.0)
     lp_gbs = network.n_ranks * solution.z / 8.0
     reused = _reusable(previous, warm, topology, lp_gbs, chunks, max_steps) if previous is not None else False
-    flow = LPFlow.of(pool, solution.x, solution.z)
+    before = recall(previous) if previous is not None else None
+    if before is not None and master.iterations == 0 and master.n_columns == len(before.master.tensor):
+        flow = before.flow  # the old basis, no pivot, no new column: the very same solution
+    else:
+        flow = LPFlow.of(pool, solution.x, solution.z)
     placement: Placement | None
     if reused:
         schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
                                         previous.transfers, meta), topology)  # type: ignore[union-attr]
-        before = recall(previous)  # type: ignore[arg-type]
         placement = before.placement if before is not None else None
     else:
         placement = deep_dive(flow.pair, flow.path, flow.share, pool.paths, network.capacity, chunks,
