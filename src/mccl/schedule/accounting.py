@@ -76,15 +76,17 @@ def bottleneck_cut(
     *,
     tolerance: float = 1e-6,
     cut_links: Sequence[int] | None = None,
+    load: np.ndarray | None = None,
 ) -> tuple[CutLink, ...]:
     """K_s with base slacks: the links that pace the schedule.
 
     Without ``cut_links`` these are the links whose slack is within ``tolerance``
     of zero (the links the schedule saturates). A synthesizer that proved a
     saturated cut (e.g. the LP's) passes it as ``cut_links``, and gets the slack
-    its rounded schedule leaves on each of those links.
+    its rounded schedule leaves on each of those links. ``load``: the schedule's
+    :func:`link_load`, when the caller has it already (~10⁶ transfers at 512 GPUs).
     """
-    load = link_load(schedule, len(topology.links))
+    load = link_load(schedule, len(topology.links)) if load is None else load
     slack = link_slack(load, topology.capacities_gbps)
     links = np.flatnonzero((load > 0) & (slack <= tolerance)) if cut_links is None else np.asarray(cut_links, dtype=int)
     return tuple(CutLink(int(link), float(slack[link])) for link in links)

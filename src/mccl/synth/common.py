@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from mccl.errors import Infeasible, SynthesisError, TopologyError
 from mccl.schedule import Schedule, bottleneck_cut, chunks_per_link, link_load, steady_state_algbw
 from mccl.topology import Router, Topology
@@ -33,12 +35,14 @@ def check_ranks(topology: Topology, ranks: Sequence[str] | None) -> tuple[str, .
     return chosen
 
 
-def describe_on(schedule: Schedule, topology: Topology) -> Schedule:
-    """Fill the metadata a schedule reports about itself on ``topology`` (achieved algbw, K_s, n_a)."""
-    load = link_load(schedule, len(topology.links))
+def describe_on(schedule: Schedule, topology: Topology, *, load: np.ndarray | None = None) -> Schedule:
+    """Fill the metadata a schedule reports about itself on ``topology`` (achieved algbw, K_s, n_a).
+
+    ``load``: the schedule's ``link_load`` when the caller has computed it already."""
+    load = link_load(schedule, len(topology.links)) if load is None else load
     counts = chunks_per_link(schedule, len(topology.links))
     return schedule.with_meta(
         achieved_gbs=steady_state_algbw(load, topology.capacities_gbps, schedule.n_ranks),
-        bottleneck_cut=bottleneck_cut(schedule, topology),
+        bottleneck_cut=bottleneck_cut(schedule, topology, load=load),
         chunks_per_link=tuple((int(link), int(counts[link])) for link in counts.nonzero()[0]),
     )

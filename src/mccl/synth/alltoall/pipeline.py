@@ -224,11 +224,12 @@ def synthesize(
     if outcome is None:
         outcome = _generated(network, previous, int(chunks), options, max_steps, grouping, tuple(inputs), deadline,
                              seed_rounds=seed_rounds, warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
-    schedule = outcome.schedule
+    load = link_load(outcome.schedule, len(topology.links))
+    schedule = describe_on(outcome.schedule, topology, load=load)
     duals = outcome.link_duals
     cut = network.link_ids[np.flatnonzero(duals > 1e-9 * max(duals.max(initial=0), 1e-300))]
     if cut.size:
-        schedule = schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut))
+        schedule = schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut, load=load))
     n = network.n_ranks
     bound_gbs, lp_gbs = n * outcome.bound / 8.0, n * outcome.z / 8.0
     achieved = float(schedule.meta.achieved_gbs or 0.0)
@@ -255,7 +256,7 @@ def synthesize(
 class _Outcome:
     """What either path (repair, column generation) hands to the common end of ``synthesize``."""
 
-    schedule: Schedule  # described on the topology, without stats
+    schedule: Schedule  # not yet described on the topology, without stats
     z: float  # LP optimum found, Gbit/s per block
     bound: float  # proven upper bound on it
     link_duals: np.ndarray
@@ -314,7 +315,7 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
         built = merged_schedule(before, kept, schedule_from_placement(network, pool, fresh, meta), meta)
     else:
         built = schedule_from_placement(network, pool, placement, meta)
-    schedule = describe_on(built, network.topology)
+    schedule = built
     columns = len(state.master.tensor)
     warm_stats = (("kept_fraction", 1.0), ("warm_columns", float(columns)), ("reused_previous", 0.0),
                   ("restarted", 1.0), ("warm_fallback", 0.0), ("warm_abandoned_pivots", 0.0), ("repaired", 1.0),
@@ -344,13 +345,13 @@ def _generated(network: Network, previous: Schedule | None, chunks: int, options
         flow = LPFlow.of(pool, solution.x, solution.z)
     placement: Placement | None
     if reused:
-        schedule = describe_on(Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
-                                        previous.transfers, meta), topology)  # type: ignore[union-attr]
+        schedule = Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
+                            previous.transfers, meta)  # type: ignore[union-attr]
         placement = before.placement if before is not None else None
     else:
         placement = deep_dive(flow.pair, flow.path, flow.share, pool.paths, network.capacity, chunks,
                               lp_rate=solution.z)
-        schedule = describe_on(schedule_from_placement(network, pool, placement, meta), topology)
+        schedule = schedule_from_placement(network, pool, placement, meta)
     warm_stats: tuple[tuple[str, float], ...] = ()
     if warm is not None:
         warm_stats = (("kept_fraction", warm.kept_fraction), ("warm_columns", float(warm.columns)),
