@@ -102,6 +102,20 @@ def test_repair_declines_what_it_cannot_prove(healthy64) -> None:
     assert recovered.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
 
 
+def test_a_change_that_touches_most_pairs_is_not_repaired(healthy64) -> None:
+    """Every link 10 % slower (as measured capacities that all drift a little): every pair is affected,
+    so the repair is declined at once, and column generation finds the optimum (the old one × 0.9)."""
+    topology, previous = healthy64
+    slower = topology.with_capacities(topology.capacities_gbps * 0.9, name=topology.name + "+slower")
+    state = recall(previous)
+    network = build_network(slower)
+    assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
+    warm = synthesize(slower, previous=previous)
+    validate(warm, slower)
+    assert warm.meta.stat("repair_declined") == 1.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(0.9 * previous.meta.throughput_bound_gbs, rel=1e-9)
+
+
 def test_no_change_is_not_a_repair(healthy64) -> None:
     topology, previous = healthy64
     state = recall(previous)

@@ -61,7 +61,7 @@ from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.rounding import route_load
 
-__all__ = ["Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround", "paths_crossing"]
+__all__ = ["MAX_AFFECTED", "Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround", "paths_crossing"]
 
 _INF = highspy.kHighsInf
 _BASIC, _LOWER, _UPPER = (highspy.HighsBasisStatus.kBasic, highspy.HighsBasisStatus.kLower,
@@ -69,6 +69,7 @@ _BASIC, _LOWER, _UPPER = (highspy.HighsBasisStatus.kBasic, highspy.HighsBasisSta
 _OVER = 1e-9  # relative: a link this far over its capacity is violated
 _NEAR_BUSIEST = 0.5  # links the crash loads to this fraction of the busiest start as rows
 _MAX_ROUNDS = 25  # lazy-row rounds before giving up (each adds at least one row)
+MAX_AFFECTED = 0.25  # share of all (source, destination) pairs above which a repair is not tried
 
 
 @dataclass(frozen=True, eq=False)
@@ -294,11 +295,15 @@ def _pad(links: np.ndarray, width: int) -> np.ndarray:
 
 def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
            placement_pairs: np.ndarray | None = None, placement_paths: np.ndarray | None = None,
-           tolerance: float = 1e-7, reduced_cost_tolerance: float = 1e-9, seed: int = 0) -> Repair | None:
+           tolerance: float = 1e-7, reduced_cost_tolerance: float = 1e-9, seed: int = 0,
+           max_affected: float = MAX_AFFECTED) -> Repair | None:
     """The repair of ``flow`` (optimal at ``old_capacity``) for ``capacity``, or None when it cannot be
     proven optimal (see the module docstring). ``placement_*``: the previous rounded chunks' pairs
     and paths; a pair whose chunks cross a changed link is re-routed too. ``pool`` is not changed:
-    routes that pricing finds go into a copy, returned with the repair."""
+    routes that pricing finds go into a copy, returned with the repair. A change that affects more
+    than ``max_affected`` of all pairs is declined at once: the route-level LP grows with the
+    affected pairs (~7 routes each) and would cost more than the master (e.g. a controller's
+    measured capacities that all drift a little; 512 GPUs under Fail2 affect 1 % of the pairs)."""
     n_links = len(capacity)
     changed = changed_links(capacity, old_capacity)
     if not np.any(changed) or flow.z <= 0:
@@ -309,13 +314,13 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
     if placement_pairs is not None and placement_paths is not None:
         affected = np.concatenate([affected, placement_pairs[crossing[placement_paths]]])
     affected = np.unique(affected)
-    if affected.size == 0:
-        return None
+    n = pool.n_ranks
+    if affected.size == 0 or affected.size > max_affected * n * (n - 1):
+        return None  # nothing to repair, or so much that the route-level LP would outgrow the master
     candidate_pair, candidate_path = _candidates(pool, affected, flow)
     route_links = paths[candidate_path]
     first = np.searchsorted(candidate_pair, affected)
     last = np.searchsorted(candidate_pair, affected, side="right")
-    n = pool.n_ranks
     is_affected = np.zeros(n * n, dtype=bool)
     is_affected[affected] = True
     kept = ~is_affected[flow.pair]
