@@ -28,7 +28,7 @@ optimum, proven, and no master is solved. Otherwise :func:`repair` returns None
 and the caller runs column generation from the previous columns (:mod:`.state`).
 
 What makes it fast (rail_optimized, Fail2, 512 GPUs: 2.7 k affected pairs and
-20 k routes; measured 63 pivots where the slack basis takes 3.3 k):
+20 k routes; measured 53–63 pivots where the slack basis takes 3.3 k):
 
 * Crash basis. A greedy gives every affected pair one route (pairs in small
   batches, in random order, each on the route whose busiest link would be least
