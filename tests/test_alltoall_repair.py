@@ -12,9 +12,9 @@ from mccl.schedule import validate
 from mccl.synth.alltoall import compact_lp, synthesize
 from mccl.synth.alltoall.network import build_network
 from mccl.synth.alltoall.pricing import Pricer
-from mccl.synth.alltoall.repair import changed_links, repair
+from mccl.synth.alltoall.repair import repair
 from mccl.synth.alltoall.state import recall
-from mccl.topology import Topology, fail1, fail2, fail3, rail_optimized
+from mccl.topology import Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def test_a_repair_that_needs_new_routes_prices_them() -> None:
 
 def test_recovery_and_chains_reach_the_cold_optimum(healthy64) -> None:
     """Healthy → Fail2 (repaired) → Fail2+Fail1 → healthy again: each step warm from the last, each at the
-    cold optimum. The way back raises capacities, which scaling the old flow down cannot use: the
-    repair is declined there unless it proves the optimum, and column generation takes over."""
+    cold optimum. The way back raises the NIC's capacity again; the pairs on the links the Fail2 optimum
+    saturates (its host's NICs) are re-routed too, the rest scales up, and the repair proves it."""
     topology, previous = healthy64
     steps = [fail2(topology), fail1(fail2(topology)), topology]
     for faulty in steps:
@@ -85,21 +85,42 @@ def test_recovery_and_chains_reach_the_cold_optimum(healthy64) -> None:
         assert warm.meta.throughput_bound_gbs == pytest.approx(synthesize(faulty).meta.throughput_bound_gbs, rel=1e-9)
         assert warm.meta.stat("repaired") + warm.meta.stat("repair_declined") <= 1.0
         previous = warm
+    assert previous.meta.stat("repaired") == 1.0
     assert previous.meta.throughput_bound_gbs == pytest.approx(healthy64[1].meta.throughput_bound_gbs, rel=1e-9)
 
 
-def test_repair_declines_what_it_cannot_prove(healthy64) -> None:
-    """Back to healthy from a Fail2 solution: the unaffected pairs sit on the peers' full NICs, so the
-    repair LP cannot reach the healthy optimum and its Lagrangian bound does not close: None."""
+def test_the_way_back_from_a_repair_re_routes_its_detours(healthy64) -> None:
+    """Fail3 then healthy again: the pairs the Fail3 repair sent around gpu0 are remembered as detoured,
+    and when capacity comes back they are re-routed again, so the repair reaches the healthy optimum
+    (without them, the pairs it had detoured would hold the others back, and it would be declined)."""
     topology, previous = healthy64
-    faulty = synthesize(fail2(topology), previous=previous)
+    faulty = synthesize(fail3(topology), previous=previous)
+    assert faulty.meta.stat("repaired") == 1.0
+    detoured = recall(faulty).detoured
+    assert detoured.size == faulty.meta.stat("repaired_pairs") and recall(previous).detoured.size == 0
+    back = synthesize(topology, previous=faulty)
+    validate(back, topology)
+    assert back.meta.stat("repaired") == 1.0
+    assert back.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
     state = recall(faulty)
     network = build_network(topology)
-    assert np.any(changed_links(network.capacity, state.capacity))
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
-    recovered = synthesize(topology, previous=faulty)
-    assert recovered.meta.stat("repair_declined") == 1.0 and recovered.meta.stat("repaired") == 0.0
-    assert recovered.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
+
+
+def test_repair_declines_what_it_cannot_prove() -> None:
+    """A ToR's uplink to one aggregation switch at 5 %: the pairs on it move, but the optimum would also
+    move pairs that never crossed it, which the repair keeps in place; its bound does not close, so it
+    returns None, and column generation reaches the optimum."""
+    topology = rail_optimized(1, 4, 8)
+    previous = synthesize(topology)
+    slowed = degrade(topology, ("tor0.3", "agg2"), factor=0.05)
+    state = recall(previous)
+    network = build_network(slowed)
+    assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
+    warm = synthesize(slowed, previous=previous)
+    validate(warm, slowed)
+    assert warm.meta.stat("repair_declined") == 1.0 and warm.meta.stat("repaired") == 0.0
+    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(slowed).algbw_gbs, rel=1e-6)
 
 
 def test_a_change_that_touches_most_pairs_is_not_repaired(healthy64) -> None:

@@ -66,7 +66,7 @@ from mccl.topology import Topology
 __all__ = ["synthesize", "lp_optimum", "minimal_steps", "warm_pivot_budget"]
 
 MAX_CHUNKS = 64  # beyond this a block's chunks are too small to schedule sensibly
-_REPAIR_ROUNDING_GAP = 5e-3  # a repaired schedule's rounding gap below which its greedy rounding is kept
+_REPAIR_ROUNDING_GAP = 5e-3  # rounding error a repaired schedule tolerates (at least; else the previous gap)
 
 
 def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None, grouping: str,
@@ -285,11 +285,13 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
     assert previous is not None
     repaired = repair(state.flow, state.capacity, state.pool, Pricer(network, max_steps), network.capacity,
                       placement_pairs=previous.block, placement_paths=previous.path, tolerance=options.tolerance,
-                      reduced_cost_tolerance=options.reduced_cost_tolerance, seed=options.seed)
+                      reduced_cost_tolerance=options.reduced_cost_tolerance, seed=options.seed,
+                      detoured=state.detoured)
     if repaired is None:
         return None
     pool = repaired.pool
-    again = pairs_to_reround(repaired, previous.block, previous.path, network.capacity)
+    tolerated = max(1.0 - previous.rate / state.flow.z, _REPAIR_ROUNDING_GAP)
+    again = pairs_to_reround(repaired, previous, network.capacity, tolerated)
     rounding_again = np.zeros(network.n_ranks ** 2, dtype=bool)
     rounding_again[again] = True
     kept = ~rounding_again[previous.block]
@@ -298,10 +300,9 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
     flow = repaired.flow
     mine = rounding_again[flow.pair]
     # The load-balanced greedy first (a few ms); the LP dives (several times that) only when it rounds
-    # worse than the previous schedule did and worse than half the 1 % target.
+    # worse than tolerated: the previous schedule's gap, and at least half the 1 % target.
     arguments = (flow.pair[mine], flow.path[mine], flow.share[mine], pool.paths, network.capacity, chunks)
     fresh = deep_dive(*arguments, lp_rate=flow.z, base_load=base, max_lp_entries=0)
-    tolerated = max(1.0 - previous.rate / state.flow.z, _REPAIR_ROUNDING_GAP)
     if fresh.rate < flow.z * (1 - tolerated):
         dived = deep_dive(*arguments, lp_rate=flow.z, base_load=base)
         fresh = dived if dived.rate > fresh.rate else fresh
@@ -321,7 +322,7 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
                   ("restarted", 1.0), ("warm_fallback", 0.0), ("warm_abandoned_pivots", 0.0), ("repaired", 1.0),
                   ("repaired_pairs", float(len(repaired.affected))), ("rerounded_pairs", float(len(again))))
     return _Outcome(schedule, flow.z, repaired.bound, repaired.link_duals, columns, repaired.iterations, 0, True,
-                    fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement))
+                    fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement, repaired.affected))
 
 
 def _generated(network: Network, previous: Schedule | None, chunks: int, options: CGOptions, max_steps: int | None,

@@ -42,6 +42,12 @@ What makes it fast (rail_optimized, Fail2, 512 GPUs: 2.7 k affected pairs and
   links that set it join as rows, so that at the end every binding constraint
   is a row and the duals carry the whole certificate.
 
+Which pairs are affected: those whose routes (LP or rounded) cross a changed link. When some capacity
+grows (a recovery), also those crossing a link the old optimum saturates, and those that earlier
+repairs re-routed (``detoured``): the fault they went around may be the one that cleared. When an
+attempt's bound does not close and no route of an affected pair prices out, the pairs on the
+saturated links that the kept pairs load join, and the repair tries again, a few times at most.
+
 Rounding then keeps the previous chunks of the unaffected pairs (their shares
 did not change) and rounds only the affected pairs on top of them (see
 :func:`.pipeline.synthesize`).
@@ -59,7 +65,7 @@ from mccl.synth.alltoall.generation import lagrangian_bound, tie_epsilon
 from mccl.synth.alltoall.master import new_highs
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import Pricer
-from mccl.synth.alltoall.rounding import route_load
+from mccl.synth.alltoall.rounding import Placement, route_load
 
 __all__ = ["MAX_AFFECTED", "Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround", "paths_crossing"]
 
@@ -70,6 +76,7 @@ _OVER = 1e-9  # relative: a link this far over its capacity is violated
 _NEAR_BUSIEST = 0.5  # links the crash loads to this fraction of the busiest start as rows
 _MAX_ROUNDS = 25  # lazy-row rounds before giving up (each adds at least one row)
 MAX_AFFECTED = 0.25  # share of all (source, destination) pairs above which a repair is not tried
+_MAX_EXPANSIONS = 3  # attempts, each with more affected pairs, before a repair is declined
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +91,7 @@ class Repair:
     iterations: int  # simplex pivots of the repair LP, all its solves
     rows: int  # link rows it ended with
     pool: ColumnPool  # the pool the flow's path ids refer to (a copy when pricing added routes)
+    kept_load: np.ndarray  # θ · L_a: the LP's load of the pairs that kept their routes, Gbit/s
 
 
 def changed_links(capacity: np.ndarray, old_capacity: np.ndarray) -> np.ndarray:
@@ -105,15 +113,24 @@ def paths_crossing(route_links: np.ndarray, marked: np.ndarray) -> np.ndarray:
     return hit
 
 
-def pairs_to_reround(repaired: Repair, placement_pairs: np.ndarray, placement_paths: np.ndarray,
-                     capacity: np.ndarray) -> np.ndarray:
+def pairs_to_reround(repaired: Repair, previous: Placement, capacity: np.ndarray, tolerance: float) -> np.ndarray:
     """The pairs whose chunks the repaired schedule rounds again: the re-routed ones, and every pair
-    whose previous chunks cross a link the new optimum saturates. The previous chunks were rounded
-    for the old capacities, where such a link may have had slack to absorb their rounding error
-    (measured: up to 1.7 % over the LP's load at 64 GPUs under Fail2); rounded again, together with
-    the re-routed pairs, they keep the rounding gap as small as a cold run's."""
-    saturated = repaired.flow.load >= capacity * (1 - 1e-6)
-    crossing = pairs_crossing(placement_pairs, placement_paths, repaired.pool.paths, saturated)
+    whose previous chunks cross a link the new optimum saturates where the kept chunks load more than
+    the LP planned for them by over ``tolerance`` (relative). The previous chunks were rounded for the
+    old capacities, where such a link may have had slack to absorb their rounding error (measured:
+    up to 1.7 % over the LP's load at 64 GPUs under Fail2); rounded again, with the re-routed pairs,
+    they keep the gap within the tolerance, and the chunks whose error is already within it stay."""
+    paths = repaired.pool.paths
+    flow = repaired.flow
+    n_pairs = int(max(previous.block.max(initial=0), repaired.affected.max(initial=0))) + 1
+    affected = np.zeros(n_pairs, dtype=bool)
+    affected[repaired.affected] = True
+    gone = affected[previous.block]
+    rounded_kept = np.maximum(previous.load - route_load(paths[previous.path[gone]], previous.units[gone]
+                                                         / previous.chunks, len(capacity)), 0.0) * flow.z
+    saturated = flow.load >= capacity * (1 - 1e-6)
+    over = saturated & (rounded_kept > repaired.kept_load * (1 + tolerance) + 1e-9 * capacity)
+    crossing = pairs_crossing(previous.block, previous.path, paths, over)
     return np.union1d(repaired.affected, crossing)
 
 
@@ -296,27 +313,58 @@ def _pad(links: np.ndarray, width: int) -> np.ndarray:
 def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
            placement_pairs: np.ndarray | None = None, placement_paths: np.ndarray | None = None,
            tolerance: float = 1e-7, reduced_cost_tolerance: float = 1e-9, seed: int = 0,
-           max_affected: float = MAX_AFFECTED) -> Repair | None:
+           max_affected: float = MAX_AFFECTED, detoured: np.ndarray | None = None) -> Repair | None:
     """The repair of ``flow`` (optimal at ``old_capacity``) for ``capacity``, or None when it cannot be
     proven optimal (see the module docstring). ``placement_*``: the previous rounded chunks' pairs
     and paths; a pair whose chunks cross a changed link is re-routed too. ``pool`` is not changed:
-    routes that pricing finds go into a copy, returned with the repair. A change that affects more
-    than ``max_affected`` of all pairs is declined at once: the route-level LP grows with the
-    affected pairs (~7 routes each) and would cost more than the master (e.g. a controller's
-    measured capacities that all drift a little; 512 GPUs under Fail2 affect 1 % of the pairs)."""
-    n_links = len(capacity)
+    routes that pricing finds go into a copy, returned with the repair. ``detoured``: the pairs that
+    earlier repairs re-routed (since the last column generation); when capacity grows they are
+    re-routed again, since the fault they went around may be the one that cleared.
+
+    When an attempt's bound does not close although no route of an affected pair prices out, the
+    pairs that kept their routes hold it back: the pairs crossing the saturated links they load join
+    the affected ones, and the repair tries again (at most ``_MAX_EXPANSIONS`` times; e.g. a recovery
+    after a repair, whose detours were not on the changed links). A change that affects more than
+    ``max_affected`` of all pairs is declined: the route-level LP grows with the affected pairs (~7
+    routes each) and would cost more than the master (e.g. a controller's measured capacities that
+    all drift a little; 512 GPUs under Fail2 affect 1 % of the pairs)."""
     changed = changed_links(capacity, old_capacity)
     if not np.any(changed) or flow.z <= 0:
         return None
-    paths = pool.paths
-    crossing = paths_crossing(paths, changed)
-    affected = flow.pair[crossing[flow.path]]
-    if placement_pairs is not None and placement_paths is not None:
-        affected = np.concatenate([affected, placement_pairs[crossing[placement_paths]]])
-    affected = np.unique(affected)
+    marked = changed.copy()
+    if np.any(capacity > old_capacity * (1 + 1e-12)):
+        # More capacity somewhere (a recovery): the pairs held back by the links the old optimum
+        # saturates may now move, so they are re-routed too (and the rest can scale up).
+        marked |= flow.load >= old_capacity * (1 - 1e-6)
     n = pool.n_ranks
-    if affected.size == 0 or affected.size > max_affected * n * (n - 1):
-        return None  # nothing to repair, or so much that the route-level LP would outgrow the master
+    affected = np.zeros(0, dtype=np.int64)
+    if detoured is not None and np.any(capacity > old_capacity * (1 + 1e-12)):
+        affected = np.unique(np.asarray(detoured, dtype=np.int64))
+    tried = False
+    for _ in range(_MAX_EXPANSIONS):
+        crossing = paths_crossing(pool.paths, marked)
+        more = [flow.pair[crossing[flow.path]]]
+        if placement_pairs is not None and placement_paths is not None:
+            more.append(placement_pairs[crossing[placement_paths]])
+        grown = np.union1d(affected, np.concatenate(more))
+        if grown.size == 0 or (tried and grown.size == affected.size) or grown.size > max_affected * n * (n - 1):
+            return None  # nothing (more) to repair, or so much that the route-level LP would outgrow the master
+        affected, tried = grown, True
+        outcome = _attempt(flow, affected, marked, pool, pricer, capacity, tolerance, reduced_cost_tolerance, seed)
+        if outcome is None or isinstance(outcome, Repair):
+            return outcome
+        marked = marked | outcome
+    return None
+
+
+def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: ColumnPool, pricer: Pricer,
+             capacity: np.ndarray, tolerance: float, reduced_cost_tolerance: float,
+             seed: int) -> Repair | np.ndarray | None:
+    """One repair with these affected pairs: the proven Repair; or, when the affected pairs are routed
+    optimally but the bound does not close, the mask of the saturated links that pairs which kept
+    their routes load; or None when HiGHS fails."""
+    n, n_links = pool.n_ranks, len(capacity)
+    paths = pool.paths
     candidate_pair, candidate_path = _candidates(pool, affected, flow)
     route_links = paths[candidate_path]
     first = np.searchsorted(candidate_pair, affected)
@@ -332,7 +380,7 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
         utilization = np.nan_to_num(crash_load / capacity, nan=0.0, posinf=np.inf)
     lp = _RepairLP(np.searchsorted(affected, candidate_pair), len(affected), route_links, unaffected_load, capacity,
                    flow.z)
-    lp.add_links(np.flatnonzero(changed | (utilization >= _NEAR_BUSIEST * utilization.max())))
+    lp.add_links(np.flatnonzero(marked | (utilization >= _NEAR_BUSIEST * utilization.max())))
     if not lp.set_crash(choice, flow.z):
         return None
     sources = np.unique(affected // n)
@@ -351,8 +399,9 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
         mine = is_affected[pair]
         improving = mine & (batch.cost.ravel() < pair_duals[np.searchsorted(affected, pair)
                                                              .clip(0, len(affected) - 1)] - reduced_cost_tolerance)
-        if not np.any(improving):
-            return None  # the affected pairs are routed optimally; the unaffected ones would have to move
+        if not np.any(improving):  # the affected pairs are routed optimally; the others would have to move
+            load = values[1] * unaffected_load + route_load(lp.route_links, values[2:], n_links)
+            return (load >= capacity * (1 - 1e-6)) & (unaffected_load > 0)
         if not copied:
             pool, copied = pool.copy(), True
         new_path = pool.register_paths(batch.links[improving])
@@ -369,7 +418,8 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
     load = theta * unaffected_load + route_load(pool.paths[new_path], new_rate, n_links)
     flow = LPFlow(np.concatenate([flow.pair[kept], new_pair]), np.concatenate([flow.path[kept], new_path]),
                   np.concatenate([flow.share[kept], new_share]), z, load)
-    return Repair(flow, bound, affected, link_duals, theta, lp.iterations, lp.n_link_rows, pool)
+    return Repair(flow, bound, affected, link_duals, theta, lp.iterations, lp.n_link_rows, pool,
+                  theta * unaffected_load)
 
 
 def _solve_with_rows(lp: _RepairLP, unaffected_load: np.ndarray, capacity: np.ndarray) -> np.ndarray | None:

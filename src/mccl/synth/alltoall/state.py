@@ -67,19 +67,23 @@ class SolverState:
     master: MasterSnapshot  # its basis may be absent (a repaired run has none)
     flow: LPFlow  # the LP optimum per route
     placement: Placement | None  # the rounded chunks (None: the schedule came from elsewhere)
+    detoured: np.ndarray  # pairs re-routed by repairs since the last column generation
 
     @classmethod
     def take(cls, network: Network, max_steps: int | None, grouping: str, pool: ColumnPool,
              master: Master, flow: LPFlow, placement: Placement | None) -> SolverState:
         """The state after a run; it owns ``pool`` from now on (the run is over and adds nothing)."""
         return cls(network.ranks, network.link_ids, network.tail, network.head, network.capacity.copy(),
-                   max_steps, grouping, pool, master.snapshot(), flow, placement)
+                   max_steps, grouping, pool, master.snapshot(), flow, placement, np.zeros(0, dtype=np.int64))
 
-    def repaired(self, capacity: np.ndarray, pool: ColumnPool, flow: LPFlow, placement: Placement) -> SolverState:
+    def repaired(self, capacity: np.ndarray, pool: ColumnPool, flow: LPFlow, placement: Placement,
+                 rerouted: np.ndarray) -> SolverState:
         """The state of a run repaired from this one: the same columns without a basis, the repair's
-        pool (this one, or a copy with the routes its pricing found), the new flow and chunks."""
+        pool (this one, or a copy with the routes its pricing found), the new flow and chunks, and
+        the pairs it re-routed added to the detoured ones."""
         return replace(self, capacity=np.asarray(capacity, dtype=float).copy(), pool=pool,
-                       master=self.master.without_basis(), flow=flow, placement=placement)
+                       master=self.master.without_basis(), flow=flow, placement=placement,
+                       detoured=np.union1d(self.detoured, rerouted))
 
     def fits(self, network: Network, max_steps: int | None, grouping: str) -> bool:
         """Same ranks, same links between the same nodes, same pricing graph and commodity blocks:
