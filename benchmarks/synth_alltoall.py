@@ -12,7 +12,8 @@ so the synthesizer restarts from the solver state kept with it (columns, master
 basis, LP flow and chunks, ``mccl.synth.alltoall.state``: a fault on a tight
 link is repaired from the flow, ``mccl.synth.alltoall.repair``); "file warm" passes the same
 schedule read back from its JSON text, which carries only routes
-(``--file-warm-max-gpus`` bounds it). Writes a CSV and a PNG next to each other and
+(``--file-warm-max-gpus`` bounds it). "back": when the fault clears, the healthy
+fabric warm from the faulty warm schedule (a recovery), against the healthy cold time. Writes a CSV and a PNG next to each other and
 prints a table.
 
     python benchmarks/synth_alltoall.py --quick            # 16 and 32 GPUs, 1 repeat
@@ -85,10 +86,16 @@ def main() -> None:
             topo = healthy if scenario == "healthy" else apply_fault(healthy, scenario)
             cold_s, cold_cpu, cold = timed(lambda topo=topo: synthesize(topo), reps)
             validate(cold, topo)
+            if scenario == "healthy":
+                healthy_cold_cpu = cold_cpu
             warm_s = warm_cpu = warm = None
             if scenario != "healthy":
                 warm_s, warm_cpu, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
                 validate(warm, topo)
+            back_cpu = back = None
+            if warm is not None:  # the fault clears: back to healthy, warm from the faulty schedule
+                _, back_cpu, back = timed(lambda prev=warm, fabric=healthy: synthesize(fabric, previous=prev), reps)
+                validate(back, healthy)
             file_s = file_cpu = from_file = None
             if scenario != "healthy" and gpus <= args.file_warm_max_gpus:
                 file_s, file_cpu, from_file = timed(
@@ -124,6 +131,11 @@ def main() -> None:
                 "warm_repair_declined": warm.meta.stat("repair_declined") if warm else None,
                 "warm_repaired_pairs": warm.meta.stat("repaired_pairs") if warm else None,
                 "warm_rerounded_pairs": warm.meta.stat("rerounded_pairs") if warm else None,
+                "back_cpu_s": back_cpu, "back_lp_gbs": back.meta.throughput_bound_gbs if back else None,
+                "back_optimal": back.meta.stat("optimal") if back else None,
+                "back_repaired": back.meta.stat("repaired") if back else None,
+                "back_iterations": back.meta.stat("iterations") if back else None,
+                "back_gap": back.meta.stat("gap") if back else None,
                 "file_warm_lp_gbs": from_file.meta.throughput_bound_gbs if from_file else None,
                 "file_warm_optimal": from_file.meta.stat("optimal") if from_file else None,
                 "file_warm_fallback": from_file.meta.stat("warm_fallback") if from_file else None,
@@ -148,6 +160,11 @@ def main() -> None:
                       f"pivots {warm.meta.stat('iterations'):.0f}, re-routed / re-rounded pairs "
                       f"{warm.meta.stat('repaired_pairs'):.0f} / {warm.meta.stat('rerounded_pairs'):.0f}, "
                       f"algbw {warm.meta.achieved_gbs:.2f} GB/s, gap {100 * warm.meta.stat('gap'):.2f} %", flush=True)
+            if back is not None:
+                print(f"      back to healthy from it: {back_cpu:.3f} s CPU (healthy cold {healthy_cold_cpu:.3f} s, "
+                      f"{healthy_cold_cpu / back_cpu:.1f}x), LP {back.meta.throughput_bound_gbs:.6f} GB/s, "
+                      f"repaired {back.meta.stat('repaired'):.0f}, pivots {back.meta.stat('iterations'):.0f}, "
+                      f"gap {100 * back.meta.stat('gap'):.2f} %", flush=True)
             if from_file is not None:
                 print(f"      file warm: LP {from_file.meta.throughput_bound_gbs:.6f} GB/s (cold "
                       f"{meta.throughput_bound_gbs:.6f}), fallback {from_file.meta.stat('warm_fallback'):.0f}, "
