@@ -108,12 +108,13 @@ def test_the_way_back_from_a_repair_re_routes_its_detours(healthy64) -> None:
 
 
 def test_repair_declines_what_it_cannot_prove() -> None:
-    """A ToR's uplink to one aggregation switch at 5 %: the pairs on it move, but the optimum would also
-    move pairs that never crossed it, which the repair keeps in place; its bound does not close, so it
-    returns None, and column generation reaches the optimum."""
+    """A ToR uplink at 83 % and an NVSwitch port at 16 % (found by a random search on this fabric): the
+    pairs on them move, but the optimum would also move pairs that never crossed them, which the
+    repair keeps in place; its bound does not close, so it returns None, and column generation
+    reaches the optimum."""
     topology = rail_optimized(1, 4, 8)
     previous = synthesize(topology)
-    slowed = degrade(topology, ("tor0.3", "agg2"), factor=0.05)
+    slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
     state = recall(previous)
     network = build_network(slowed)
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None

@@ -39,11 +39,11 @@ def test_an_off_cut_fault_keeps_the_optimal_basis_and_takes_no_pivot(healthy64) 
 
 
 def test_a_change_the_repair_cannot_prove_restarts_from_the_slack_basis() -> None:
-    """A ToR uplink at 5 % (a tight link): the old basis is infeasible and the repair is declined
-    (``test_alltoall_repair``), so the master restarts over the old columns from the slack basis."""
+    """A ToR uplink and an NVSwitch port slowed (tight links): the old basis is infeasible and the repair
+    is declined (``test_alltoall_repair``), so the master restarts over the old columns from the slack basis."""
     topology = rail_optimized(1, 4, 8)
     previous = synthesize(topology)
-    slowed = degrade(topology, ("tor0.3", "agg2"), factor=0.05)
+    slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
     assert not recall(previous).basis_still_optimal(build_network(slowed).capacity)
     warm = synthesize(slowed, previous=previous)
     validate(warm, slowed)

@@ -286,7 +286,7 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
     repaired = repair(state.flow, state.capacity, state.pool, Pricer(network, max_steps), network.capacity,
                       placement_pairs=previous.block, placement_paths=previous.path, tolerance=options.tolerance,
                       reduced_cost_tolerance=options.reduced_cost_tolerance, seed=options.seed,
-                      detoured=state.detoured)
+                      detoured=state.detoured, known_prices=(state.master.link_duals,))
     if repaired is None:
         return None
     pool = repaired.pool

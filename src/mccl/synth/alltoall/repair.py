@@ -86,7 +86,7 @@ class Repair:
     flow: LPFlow  # every pair: the previous shares for the unaffected, the repair's for the affected
     bound: float  # the Lagrangian bound that proves flow.z optimal, Gbit/s per block
     affected: np.ndarray  # sorted pair ids (s * n + d) that were re-routed
-    link_duals: np.ndarray  # y_a ≥ 0 per network link
+    link_duals: np.ndarray  # y_a ≥ 0 per network link: the prices whose bound proves the optimum
     theta: float  # the unaffected pairs' scale
     iterations: int  # simplex pivots of the repair LP, all its solves
     rows: int  # link rows it ended with
@@ -313,13 +313,17 @@ def _pad(links: np.ndarray, width: int) -> np.ndarray:
 def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
            placement_pairs: np.ndarray | None = None, placement_paths: np.ndarray | None = None,
            tolerance: float = 1e-7, reduced_cost_tolerance: float = 1e-9, seed: int = 0,
-           max_affected: float = MAX_AFFECTED, detoured: np.ndarray | None = None) -> Repair | None:
+           max_affected: float = MAX_AFFECTED, detoured: np.ndarray | None = None,
+           known_prices: tuple[np.ndarray, ...] = ()) -> Repair | None:
     """The repair of ``flow`` (optimal at ``old_capacity``) for ``capacity``, or None when it cannot be
     proven optimal (see the module docstring). ``placement_*``: the previous rounded chunks' pairs
     and paths; a pair whose chunks cross a changed link is re-routed too. ``pool`` is not changed:
     routes that pricing finds go into a copy, returned with the repair. ``detoured``: the pairs that
     earlier repairs re-routed (since the last column generation); when capacity grows they are
-    re-routed again, since the fault they went around may be the one that cleared.
+    re-routed again, since the fault they went around may be the one that cleared. ``known_prices``:
+    link prices to try for the certificate when the repair LP's own duals do not prove its optimum
+    (any prices give a valid bound; the optimal duals of a degenerate LP need not be the ones HiGHS
+    returns, e.g. on the way back to healthy, where the last master's duals do prove it).
 
     When an attempt's bound does not close although no route of an affected pair prices out, the
     pairs that kept their routes hold it back: the pairs crossing the saturated links they load join
@@ -350,7 +354,8 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
         if grown.size == 0 or (tried and grown.size == affected.size) or grown.size > max_affected * n * (n - 1):
             return None  # nothing (more) to repair, or so much that the route-level LP would outgrow the master
         affected, tried = grown, True
-        outcome = _attempt(flow, affected, marked, pool, pricer, capacity, tolerance, reduced_cost_tolerance, seed)
+        outcome = _attempt(flow, affected, marked, pool, pricer, capacity, tolerance, reduced_cost_tolerance, seed,
+                           known_prices)
         if outcome is None or isinstance(outcome, Repair):
             return outcome
         marked = marked | outcome
@@ -358,8 +363,8 @@ def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pri
 
 
 def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: ColumnPool, pricer: Pricer,
-             capacity: np.ndarray, tolerance: float, reduced_cost_tolerance: float,
-             seed: int) -> Repair | np.ndarray | None:
+             capacity: np.ndarray, tolerance: float, reduced_cost_tolerance: float, seed: int,
+             known_prices: tuple[np.ndarray, ...]) -> Repair | np.ndarray | None:
     """One repair with these affected pairs: the proven Repair; or, when the affected pairs are routed
     optimally but the bound does not close, the mask of the saturated links that pairs which kept
     their routes load; or None when HiGHS fails."""
@@ -385,12 +390,19 @@ def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: Colum
         return None
     sources = np.unique(affected // n)
     bound, copied = np.inf, False
+    proven_by = np.zeros(n_links)
     for _ in range(_MAX_ROUNDS):
         values = _solve_with_rows(lp, unaffected_load, capacity)
         if values is None:
             return None
         pair_duals, link_duals = lp.duals()
-        bound = min(bound, lagrangian_bound(pricer, link_duals, capacity))
+        bound, proven_by = min((bound, proven_by), (lagrangian_bound(pricer, link_duals, capacity), link_duals),
+                               key=lambda pair: pair[0])
+        for prices in known_prices:
+            if values[0] > 0 and values[0] >= bound * (1 - tolerance):
+                break
+            bound, proven_by = min((bound, proven_by), (lagrangian_bound(pricer, prices, capacity), prices),
+                                   key=lambda pair: pair[0])
         if values[0] > 0 and values[0] >= bound * (1 - tolerance):
             break
         # Not proven: price routes for the affected pairs at the LP's duals (route-level column generation).
@@ -418,7 +430,7 @@ def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: Colum
     load = theta * unaffected_load + route_load(pool.paths[new_path], new_rate, n_links)
     flow = LPFlow(np.concatenate([flow.pair[kept], new_pair]), np.concatenate([flow.path[kept], new_path]),
                   np.concatenate([flow.share[kept], new_share]), z, load)
-    return Repair(flow, bound, affected, link_duals, theta, lp.iterations, lp.n_link_rows, pool,
+    return Repair(flow, bound, affected, proven_by, theta, lp.iterations, lp.n_link_rows, pool,
                   theta * unaffected_load)
 
 
