@@ -42,6 +42,15 @@ def poll_until(client: ControllerClient, timeout_s: float = 10.0):
     raise AssertionError("no schedule arrived")
 
 
+def wait_for_samples(clients: list[ControllerClient], count: int, timeout_s: float = 10.0) -> None:
+    """Until the service has taken ``count`` telemetry samples in all."""
+    deadline = time.monotonic() + timeout_s
+    while clients[0].status()["stats"]["samples"] < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the service took fewer than {count} samples in {timeout_s:g} s")
+        time.sleep(0.01)
+
+
 @pytest.fixture()
 def service():
     manager = ScheduleManager(TOPOLOGY, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
@@ -59,8 +68,12 @@ def test_round_trip_telemetry_in_new_schedule_out(service):
         assert clients[0].register(schedule) == 1
         for client in clients:
             assert client.poll() is None  # nothing newer than what it runs
+            assert client.telemetry_ready(timeout_s=5.0)  # else the first samples would be dropped
         for seq in range(1, 5):
             clients[seq % 4].submit(round_of(seq, slow=False))
+        # Each client has its own socket, and the service takes them in turn: without this wait a
+        # slow round could be counted before another client's healthy one and become the reference.
+        wait_for_samples(clients, sum(client.sent_samples for client in clients))
         for seq in range(5, 12):
             clients[seq % 4].submit(round_of(seq, slow=True))
         received = [poll_until(client) for client in clients]
@@ -75,6 +88,23 @@ def test_round_trip_telemetry_in_new_schedule_out(service):
     finally:
         for client in clients:
             client.close()
+
+
+def test_telemetry_is_ready_only_with_a_controller_to_send_to(service):
+    with socket_module.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    lonely = ControllerClient(nobody, "job", 0, timeout_s=0.3, interval_s=0.01)
+    connected = ControllerClient(service.address, "job", 1, timeout_s=10.0, interval_s=0.01)
+    try:
+        assert not lonely.telemetry_ready(timeout_s=0.1)
+        lonely.submit(round_of(1, slow=False))
+        assert lonely.dropped > 0 and lonely.sent_samples == 0  # dropped and counted, not queued
+        assert connected.telemetry_ready(timeout_s=5.0)
+    finally:
+        lonely.close()
+        connected.close()
+    assert not lonely.telemetry_ready()
 
 
 def test_fail_static_when_the_service_dies():

@@ -147,6 +147,15 @@ class ControllerClient:
     def status(self) -> dict[str, Any]:
         return self.request("status")
 
+    def telemetry_ready(self, timeout_s: float = 0.0) -> bool:
+        """Whether telemetry can go out now, waiting up to ``timeout_s`` for the connection to the
+        controller. Samples submitted while it cannot are dropped and counted in ``dropped``, never
+        queued (a rank must not block on, or pile up for, a controller that is not there)."""
+        with self._telemetry_lock:
+            if self._closed:
+                return False
+            return bool(self._telemetry.poll(max(int(timeout_s * 1000), 0), zmq.POLLOUT))
+
     def close(self) -> None:
         with self._request_lock, self._telemetry_lock:
             if self._closed:
