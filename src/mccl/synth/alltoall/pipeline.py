@@ -313,10 +313,9 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
     meta = ScheduleMeta("alltoall.cg", topology=network.topology.name, inputs=inputs,
                         throughput_bound_gbs=network.n_ranks * repaired.bound / 8.0)
     if before is not None and len(before.chunks) == len(previous.block):
-        built = merged_schedule(before, kept, schedule_from_placement(network, pool, fresh, meta), meta)
+        schedule = merged_schedule(before, kept, schedule_from_placement(network, pool, fresh, meta), meta)
     else:
-        built = schedule_from_placement(network, pool, placement, meta)
-    schedule = built
+        schedule = schedule_from_placement(network, pool, placement, meta)
     columns = len(state.master.tensor)
     warm_stats = (("kept_fraction", 1.0), ("warm_columns", float(columns)), ("reused_previous", 0.0),
                   ("restarted", 1.0), ("warm_fallback", 0.0), ("warm_abandoned_pivots", 0.0), ("repaired", 1.0),

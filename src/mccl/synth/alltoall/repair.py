@@ -57,24 +57,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
 from mccl.synth.alltoall.build import LPFlow
 from mccl.synth.alltoall.generation import lagrangian_bound, tie_epsilon
-from mccl.synth.alltoall.master import new_highs
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import Pricer
+from mccl.synth.alltoall.repairlp import RepairLP, crash, solve_with_rows
 from mccl.synth.alltoall.rounding import Placement, route_load
 
 __all__ = ["MAX_AFFECTED", "Repair", "repair", "changed_links", "pairs_crossing", "pairs_to_reround", "paths_crossing"]
 
-_INF = highspy.kHighsInf
-_BASIC, _LOWER, _UPPER = (highspy.HighsBasisStatus.kBasic, highspy.HighsBasisStatus.kLower,
-                          highspy.HighsBasisStatus.kUpper)
-_OVER = 1e-9  # relative: a link this far over its capacity is violated
 _NEAR_BUSIEST = 0.5  # links the crash loads to this fraction of the busiest start as rows
-_MAX_ROUNDS = 25  # lazy-row rounds before giving up (each adds at least one row)
+_MAX_ROUNDS = 25  # pricing rounds of one attempt before giving up
 MAX_AFFECTED = 0.25  # share of all (source, destination) pairs above which a repair is not tried
 _MAX_EXPANSIONS = 3  # attempts, each with more affected pairs, before a repair is declined
 
@@ -154,162 +149,6 @@ def _candidates(pool: ColumnPool, affected: np.ndarray, flow: LPFlow) -> tuple[n
     return key // width, key % width
 
 
-def _crash(route_links: np.ndarray, first: np.ndarray, last: np.ndarray, base: np.ndarray, capacity: np.ndarray,
-           demand: float, rng: np.random.Generator, batch: int = 16) -> np.ndarray:
-    """One route per affected pair (index into the candidates): in random order, ``batch`` pairs at a
-    time, each on the candidate whose busiest link would be least utilised by ``demand`` more."""
-    load = base.copy()
-    choice = np.empty(len(first), dtype=np.int64)
-    order = rng.permutation(len(first))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for group in np.array_split(order, max(len(order) // batch, 1)):
-            counts = last[group] - first[group]
-            owner = np.repeat(np.arange(len(group)), counts)
-            entries = np.repeat(first[group], counts) + np.arange(int(counts.sum())) - np.repeat(
-                np.cumsum(counts) - counts, counts)
-            links = route_links[entries]
-            safe = np.maximum(links, 0)
-            util = np.where(links >= 0, (load[safe] + demand) / capacity[safe], 0.0)
-            util = np.nan_to_num(util, nan=np.inf).max(axis=1)
-            order_in = np.lexsort((util, owner))
-            head = np.ones(len(order_in), dtype=bool)
-            head[1:] = owner[order_in][1:] != owner[order_in][:-1]
-            picked = entries[order_in[head]]
-            choice[group] = picked
-            load += route_load(route_links[picked], np.full(len(picked), demand), len(load))
-    return choice
-
-
-class _RepairLP:
-    """The repair LP in HiGHS: columns z, θ, then one per candidate route; rows: one per affected
-    pair, the θ row, then link rows as they are added."""
-
-    def __init__(self, pair_row: np.ndarray, n_pairs: int, route_links: np.ndarray, unaffected_load: np.ndarray,
-                 capacity: np.ndarray, z_old: float) -> None:
-        self.load = unaffected_load  # L_a, Gbit/s
-        self.capacity = capacity
-        self.scale = float(np.max(capacity))
-        self.n_pairs = n_pairs
-        self.row_of_link = np.full(len(capacity), -1, dtype=np.int64)
-        self.links: list[np.ndarray] = []
-        self.iterations = 0
-        model = new_highs()
-        model.setOptionValue("presolve", "off")  # keeps the crash basis
-        model.setOptionValue("simplex_strategy", 4)  # primal simplex from the (primal feasible) crash
-        model.setOptionValue("threads", 1)
-        model.setOptionValue("dual_feasibility_tolerance", 1e-9)
-        model.setOptionValue("primal_feasibility_tolerance", 1e-9)
-        model.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        rows = n_pairs + 1
-        model.addRows(rows, np.zeros(rows), np.full(rows, _INF), 0, np.zeros(0, np.int32), np.zeros(0, np.int32),
-                      np.zeros(0))
-        model.addCols(1, np.ones(1), np.zeros(1), np.full(1, _INF), rows, np.zeros(1, np.int32),
-                      np.arange(rows, dtype=np.int32), np.full(rows, -1.0))  # z
-        model.addCols(1, np.zeros(1), np.zeros(1), np.full(1, _INF), 1, np.zeros(1, np.int32),
-                      np.array([n_pairs], dtype=np.int32), np.array([z_old / self.scale]))  # θ
-        self.model = model
-        self.theta_max = np.inf
-        self.n_routes = 0
-        self.route_links = np.zeros((0, route_links.shape[1]), dtype=route_links.dtype)
-        self.add_routes(pair_row, route_links)
-
-    def add_routes(self, pair_row: np.ndarray, route_links: np.ndarray) -> None:
-        """Columns for more routes: 1 in their pair's row, β on the link rows present."""
-        k = len(pair_row)
-        width = max(self.route_links.shape[1], route_links.shape[1])
-        self.route_links = np.vstack([_pad(self.route_links, width), _pad(route_links, width)])
-        self.n_routes += k
-        member = (route_links >= 0) & (self.row_of_link[np.maximum(route_links, 0)] >= 0)
-        route = np.broadcast_to(np.arange(k)[:, None], route_links.shape)[member]
-        key, counts = np.unique(route.astype(np.int64) * len(self.capacity) + route_links[member],
-                                return_counts=True)
-        column = np.concatenate([np.arange(k), key // len(self.capacity)])
-        row = np.concatenate([pair_row, self.row_of_link[key % len(self.capacity)]])
-        value = np.concatenate([np.ones(k), counts.astype(float)])
-        order = np.lexsort((row, column))
-        starts = np.searchsorted(column[order], np.arange(k))
-        self.model.addCols(k, np.zeros(k), np.zeros(k), np.full(k, _INF), len(order), starts.astype(np.int32),
-                           row[order].astype(np.int32), value[order])
-
-    @property
-    def n_link_rows(self) -> int:
-        return int(sum(len(part) for part in self.links))
-
-    def add_links(self, links: np.ndarray) -> None:
-        """Rows ``θ L_a + Σ β_a f ≤ cap_a`` for ``links`` (not rows yet), then θ's bound over the rest."""
-        first_row = self.n_pairs + 1 + self.n_link_rows
-        self.row_of_link[links] = first_row + np.arange(len(links))
-        self.links.append(links)
-        new = np.zeros(len(self.capacity), dtype=bool)
-        new[links] = True
-        member = (self.route_links >= 0) & new[np.maximum(self.route_links, 0)]
-        route = np.broadcast_to(np.arange(self.n_routes)[:, None], self.route_links.shape)[member]
-        key, counts = np.unique(self.route_links[member].astype(np.int64) * (self.n_routes + 2) + route + 2,
-                                return_counts=True)
-        row = self.row_of_link[key // (self.n_routes + 2)]
-        column = key % (self.n_routes + 2)
-        with_load = links[self.load[links] > 0]
-        row = np.concatenate([self.row_of_link[with_load], row])
-        column = np.concatenate([np.ones(len(with_load), dtype=np.int64), column])
-        value = np.concatenate([self.load[with_load] / self.scale, counts.astype(float)])
-        order = np.lexsort((column, row))
-        starts = np.searchsorted(row[order], first_row + np.arange(len(links)))
-        self.model.addRows(len(links), np.full(len(links), -_INF), self.capacity[links] / self.scale, len(order),
-                           starts.astype(np.int32), column[order].astype(np.int32), value[order])
-        outside = (self.row_of_link < 0) & (self.load > 0)
-        self.theta_max = float(np.min(self.capacity[outside] / self.load[outside])) if np.any(outside) else np.inf
-        self.model.changeColBounds(1, 0.0, self.theta_max if np.isfinite(self.theta_max) else _INF)
-
-    def set_crash(self, choice: np.ndarray, z_old: float) -> bool:
-        """Start from the basis of the crash routes ``choice`` (see the module docstring)."""
-        rows = np.concatenate(self.links)
-        crossing = route_load(self.route_links[choice], np.ones(len(choice)), len(self.capacity))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z_limit = self.capacity[rows] / (self.load[rows] / z_old + crossing[rows])
-        z_limit = np.nan_to_num(z_limit, nan=np.inf)
-        column_status = [_LOWER] * (2 + self.n_routes)
-        column_status[0] = _BASIC
-        for route in (choice + 2).tolist():
-            column_status[route] = _BASIC
-        row_status = [_LOWER] * (self.n_pairs + 1) + [_BASIC] * len(rows)
-        tight = int(np.argmin(z_limit))
-        if z_limit[tight] / z_old < self.theta_max:
-            column_status[1] = _BASIC
-            row_status[self.n_pairs + 1 + tight] = _UPPER
-        else:
-            column_status[1] = _UPPER
-        basis = highspy.HighsBasis()
-        basis.col_status = column_status
-        basis.row_status = row_status
-        basis.valid = True
-        return self.model.setBasis(basis) == highspy.HighsStatus.kOk
-
-    def solve(self) -> np.ndarray | None:
-        """Column values (z and f in Gbit/s, θ as is), or None when HiGHS did not reach optimality."""
-        self.model.run()
-        self.iterations += int(self.model.getInfo().simplex_iteration_count)
-        if self.model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return None
-        values = np.asarray(self.model.getSolution().col_value, dtype=float).copy()
-        values[0] *= self.scale
-        values[2:] *= self.scale
-        return values
-
-    def duals(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(pair duals α_p ≥ 0, link duals y_a ≥ 0 per network link)`` of the last solve."""
-        dual = np.asarray(self.model.getSolution().row_dual, dtype=float)
-        links = np.zeros(len(self.capacity))
-        inside = self.row_of_link >= 0
-        links[inside] = np.maximum(dual[self.row_of_link[inside]], 0.0)
-        return np.maximum(-dual[: self.n_pairs], 0.0), links
-
-
-def _pad(links: np.ndarray, width: int) -> np.ndarray:
-    if links.shape[1] >= width:
-        return links
-    return np.hstack([links, np.full((len(links), width - links.shape[1]), -1, dtype=links.dtype)])
-
-
 def repair(flow: LPFlow, old_capacity: np.ndarray, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
            placement_pairs: np.ndarray | None = None, placement_paths: np.ndarray | None = None,
            tolerance: float = 1e-7, reduced_cost_tolerance: float = 1e-9, seed: int = 0,
@@ -379,20 +218,20 @@ def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: Colum
     kept = ~is_affected[flow.pair]
     unaffected_load = np.maximum(flow.load - route_load(paths[flow.path[~kept]], flow.share[~kept] * flow.z, n_links),
                                  0.0)
-    choice = _crash(route_links, first, last, unaffected_load, capacity, flow.z, np.random.default_rng(seed))
+    choice = crash(route_links, first, last, unaffected_load, capacity, flow.z, np.random.default_rng(seed))
     crash_load = unaffected_load + route_load(route_links[choice], np.full(len(choice), flow.z), n_links)
     with np.errstate(divide="ignore", invalid="ignore"):
         utilization = np.nan_to_num(crash_load / capacity, nan=0.0, posinf=np.inf)
-    lp = _RepairLP(np.searchsorted(affected, candidate_pair), len(affected), route_links, unaffected_load, capacity,
+    lp = RepairLP(np.searchsorted(affected, candidate_pair), len(affected), route_links, unaffected_load, capacity,
                    flow.z)
     lp.add_links(np.flatnonzero(marked | (utilization >= _NEAR_BUSIEST * utilization.max())))
-    if not lp.set_crash(choice, flow.z):
+    if not lp.setcrash(choice, flow.z):
         return None
     sources = np.unique(affected // n)
     bound, copied = np.inf, False
     proven_by = np.zeros(n_links)
     for _ in range(_MAX_ROUNDS):
-        values = _solve_with_rows(lp, unaffected_load, capacity)
+        values = solve_with_rows(lp, unaffected_load, capacity)
         if values is None:
             return None
         pair_duals, link_duals = lp.duals()
@@ -432,22 +271,3 @@ def _attempt(flow: LPFlow, affected: np.ndarray, marked: np.ndarray, pool: Colum
                   np.concatenate([flow.share[kept], new_share]), z, load)
     return Repair(flow, bound, affected, proven_by, theta, lp.iterations, lp.n_link_rows, pool,
                   theta * unaffected_load)
-
-
-def _solve_with_rows(lp: _RepairLP, unaffected_load: np.ndarray, capacity: np.ndarray) -> np.ndarray | None:
-    """Solve, adding the links over capacity (and those that set θ's bound when it binds) as rows
-    until none is left; the column values, or None when HiGHS fails or the rounds run out."""
-    for _ in range(_MAX_ROUNDS):
-        values = lp.solve()
-        if values is None:
-            return None
-        theta = float(values[1])
-        load = theta * unaffected_load + route_load(lp.route_links, values[2:], len(capacity))
-        join = (lp.row_of_link < 0) & (load > capacity * (1 + _OVER))
-        if np.isfinite(lp.theta_max) and theta >= lp.theta_max * (1 - _OVER):
-            safe = np.where(unaffected_load > 0, unaffected_load, 1.0)
-            join |= (lp.row_of_link < 0) & (unaffected_load > 0) & (capacity / safe <= lp.theta_max * (1 + _OVER))
-        if not np.any(join):
-            return values
-        lp.add_links(np.flatnonzero(join))
-    return None
