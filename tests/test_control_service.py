@@ -107,6 +107,28 @@ def test_telemetry_is_ready_only_with_a_controller_to_send_to(service):
     assert not lonely.telemetry_ready()
 
 
+def test_a_poll_before_the_controller_listens_is_sent_again_not_waited_out():
+    """A rank that polls before it is connected must not wait out the timeout for an answer to a
+    request that never left (it used to: the controller then counted as lost 10 s into a run)."""
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    client = ControllerClient(endpoint, "job", 0, timeout_s=0.5, interval_s=0.01)
+    server = None
+    try:
+        assert client.poll() is None  # nobody listens yet: nothing goes out
+        time.sleep(0.2)
+        server = ControllerService(ScheduleManager(TOPOLOGY), endpoint).start()
+        deadline = time.monotonic() + 1.5  # three timeouts
+        while time.monotonic() < deadline:
+            assert client.poll() is None  # answered "nothing new", never "did not answer"
+            time.sleep(0.01)
+    finally:
+        client.close()
+        if server is not None:
+            server.stop()
+
+
 def test_fail_static_when_the_service_dies():
     manager = ScheduleManager(TOPOLOGY)
     server = ControllerService(manager, "tcp://127.0.0.1:*").start()

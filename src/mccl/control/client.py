@@ -10,12 +10,14 @@ imports neither torch nor the runtime. One client per rank and communicator.
 * ``poll`` never blocks: it reads the reply to its previous request, and sends a
   new request at most every ``interval_s``. A request unanswered for ``timeout_s``
   raises :class:`~mccl.errors.ControllerError` — the runtime then keeps its last
-  schedule (fail-static), as it does for every later call.
+  schedule (fail-static), as it does for every later call. A request that cannot
+  go out (not connected yet) is not counted as sent: the next poll sends it again,
+  and only ``timeout_s`` of that raises too (before, a first poll that raced the
+  connection waited out the whole timeout for a reply that could never come).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -50,7 +52,8 @@ class ControllerClient:
         self._telemetry = self._socket(send_hwm)
         self._telemetry_lock = threading.Lock()
         self._request_lock = threading.Lock()
-        self._sent_at: float | None = None
+        self._sent_at: float | None = None  # when the unanswered request went out
+        self._unsent_since: float | None = None  # since when a request could not go out (not connected)
         self._lost: str | None = None
         self._closed = False
 
@@ -97,10 +100,17 @@ class ControllerClient:
                 self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s"
                 raise ControllerError(self._lost)
             if self._sent_at is None and found is None:
-                with contextlib.suppress(zmq.Again):  # not connected (yet): counted as sent, the timeout applies
+                try:
                     self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank,
                                                have=self.have), zmq.NOBLOCK)
-                self._sent_at = now
+                    self._sent_at, self._unsent_since = now, None
+                except zmq.Again:  # not connected (yet): sent again on the next poll, lost after timeout_s of that
+                    if self._unsent_since is None:
+                        self._unsent_since = now
+                    elif now - self._unsent_since > self.timeout_s:
+                        self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
+                                      "(not connected)")
+                        raise ControllerError(self._lost) from None
             return found
 
     def _take(self, reply: dict[str, Any]) -> Schedule | None:
