@@ -31,7 +31,7 @@ from pathlib import Path
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.errors import SynthesisError
-from mccl.schedule import dumps_schedule, loads_schedule, validate
+from mccl.schedule import Schedule, dumps_schedule, loads_schedule, validate
 from mccl.synth.alltoall import compact_lp, synthesize
 from mccl.topology import Topology, apply_fault, rail_optimized
 
@@ -43,6 +43,21 @@ def fabric(gpus: int) -> Topology:
     if hosts <= 32:
         return rail_optimized(1, hosts, 8)
     return rail_optimized(hosts // 32, 32, 8)
+
+
+def outcome(prefix: str, schedule: Schedule | None, stats: tuple[str, ...]) -> dict[str, float | None]:
+    """CSV columns ``<prefix>_lp_gbs``, ``<prefix>_algbw_gbs`` and ``<prefix>_<stat>`` of one warm run
+    (all None when it did not run). A file warm start's ``fallback`` / ``abandoned_pivots`` are its
+    ``warm_fallback`` / ``warm_abandoned_pivots`` stats."""
+    names = {"fallback": "warm_fallback", "abandoned_pivots": "warm_abandoned_pivots"}
+    meta = schedule.meta if schedule is not None else None
+    columns: dict[str, float | None] = {
+        f"{prefix}_lp_gbs": meta.throughput_bound_gbs if meta else None,
+        f"{prefix}_algbw_gbs": meta.achieved_gbs if meta else None,
+    }
+    for stat in stats:
+        columns[f"{prefix}_{stat}"] = meta.stat(names.get(stat, stat)) if meta else None
+    return columns
 
 
 def timed(function, repeats: int):  # type: ignore[no-untyped-def]
@@ -121,26 +136,11 @@ def main() -> None:
                 "compact_over_cold_cpu": compact_cpu / cold_cpu if compact_cpu else None,
                 "compact_gbs": compact_gbs, "lp_gbs": meta.throughput_bound_gbs, "algbw_gbs": meta.achieved_gbs,
                 "gap": meta.stat("gap"), "columns": meta.stat("columns"), "repeats": reps,
-                "warm_lp_gbs": warm.meta.throughput_bound_gbs if warm else None,
-                "warm_optimal": warm.meta.stat("optimal") if warm else None,
-                "warm_restarted": warm.meta.stat("restarted") if warm else None,
-                "warm_iterations": warm.meta.stat("iterations") if warm else None,
-                "warm_gap": warm.meta.stat("gap") if warm else None,
-                "warm_algbw_gbs": warm.meta.achieved_gbs if warm else None,
-                "warm_repaired": warm.meta.stat("repaired") if warm else None,
-                "warm_repair_declined": warm.meta.stat("repair_declined") if warm else None,
-                "warm_repaired_pairs": warm.meta.stat("repaired_pairs") if warm else None,
-                "warm_rerounded_pairs": warm.meta.stat("rerounded_pairs") if warm else None,
-                "back_cpu_s": back_cpu, "back_lp_gbs": back.meta.throughput_bound_gbs if back else None,
-                "back_optimal": back.meta.stat("optimal") if back else None,
-                "back_repaired": back.meta.stat("repaired") if back else None,
-                "back_iterations": back.meta.stat("iterations") if back else None,
-                "back_gap": back.meta.stat("gap") if back else None,
-                "file_warm_lp_gbs": from_file.meta.throughput_bound_gbs if from_file else None,
-                "file_warm_optimal": from_file.meta.stat("optimal") if from_file else None,
-                "file_warm_fallback": from_file.meta.stat("warm_fallback") if from_file else None,
-                "file_warm_abandoned_pivots": from_file.meta.stat("warm_abandoned_pivots") if from_file else None,
-                "file_warm_iterations": from_file.meta.stat("iterations") if from_file else None,
+                **outcome("warm", warm, ("optimal", "restarted", "iterations", "gap", "repaired", "repair_declined",
+                                         "repaired_pairs", "rerounded_pairs")),
+                "back_cpu_s": back_cpu,
+                **outcome("back", back, ("optimal", "repaired", "iterations", "gap")),
+                **outcome("file_warm", from_file, ("optimal", "fallback", "abandoned_pivots", "iterations")),
                 "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             rows.append(row)
