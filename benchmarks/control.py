@@ -164,7 +164,7 @@ def ingest(quick: bool) -> list[dict]:
 
 
 def live(runs: int) -> list[dict]:
-    from mccl.demo import DemoConfig, run_demo
+    from mccl.experiments.demo import DemoConfig, run_demo
 
     rows = []
     for run in range(runs):

@@ -53,7 +53,7 @@ def test_core_packages_do_not_load_torch_or_zmq():
 
 def test_control_does_not_load_torch_or_the_runtime():
     code = ("import sys, mccl.control, mccl.cli.main;"
-            "bad = [m for m in ('torch', 'mccl.runtime', 'mccl.demo') if m in sys.modules]; print(bad);"
+            "bad = [m for m in ('torch', 'mccl.runtime', 'mccl.experiments.demo') if m in sys.modules]; print(bad);"
             "sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -3,10 +3,10 @@
 import pytest
 
 from mccl.cli.main import main
+from mccl.experiments.mccs import ring_reversal
+from mccl.experiments.plotting import plot_report
+from mccl.experiments.scenarios import fig2_degradation
 from mccl.schedule import Collective
-from mccl.sim.mccs import ring_reversal
-from mccl.sim.plotting import plot_report
-from mccl.sim.scenarios import fig2_degradation
 
 
 @pytest.fixture(scope="module")

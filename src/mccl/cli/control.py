@@ -42,7 +42,7 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
 @click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
 def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
     """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
-    from mccl.demo import DemoConfig, run_demo
+    from mccl.experiments.demo import DemoConfig, run_demo
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
                         **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
@@ -50,7 +50,7 @@ def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
     _print_report(report)
 
 
-def _print_report(report) -> None:  # noqa: ANN001 - mccl.demo.DemoReport, imported lazily
+def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoReport, imported lazily
     config = report.config
     versions = {swap.switch_after: swap for swap in report.swaps}
     table = Table(title=f"AllGather {format_size(config.size_bytes)} per rank, {config.ranks} ranks on "

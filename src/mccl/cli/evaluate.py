@@ -9,11 +9,11 @@ import click
 from rich.table import Table
 
 from mccl.cli.common import SizeParam, console, format_size, load_topology_arg
+from mccl.experiments.scenarios import chain_summary
 from mccl.schedule import Collective, load_schedule, validate
 from mccl.sim import evaluate
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import SimOptions
-from mccl.sim.scenarios import chain_summary
 from mccl.synth import allgather_cut_bound
 
 __all__ = ["eval_command"]

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from mccl.cli.common import console, format_size
-from mccl.sim.scenarios import PIPELINED_SCENARIOS, SCENARIOS
+from mccl.experiments.scenarios import PIPELINED_SCENARIOS, SCENARIOS
 
 __all__ = ["sim_command"]
 
@@ -39,6 +39,6 @@ def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None
     for when, what in report.events:
         console.print(f"  t = {when:g} s: {what}")
     if out_dir is not None:
-        from mccl.sim.plotting import plot_report
+        from mccl.experiments.plotting import plot_report
 
         console.print(f"plot: {plot_report(report, out_dir)}")

@@ -181,7 +181,7 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
 
 
 def _mccs(**options: object) -> ScenarioReport:
-    from mccl.sim.mccs import ring_reversal
+    from mccl.experiments.mccs import ring_reversal
 
     return ring_reversal(**options)  # type: ignore[arg-type]
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 
+from mccl.experiments.scenarios import MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective
 from mccl.sim.closedloop import ControlHook, ControlView
 from mccl.sim.engine import simulate
 from mccl.sim.inputs import BackgroundFlow, CollectiveOp, Job, path_links
-from mccl.sim.scenarios import MiB, ScenarioReport, ScenarioRow
 from mccl.synth import naive_ring, ring_schedule
 from mccl.topology import switch_ring
 
