@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from mccl.experiments.scenarios import MiB, ScenarioReport, ScenarioRow
+from mccl.experiments.report import MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective
 from mccl.sim.closedloop import ControlHook, ControlView
 from mccl.sim.engine import simulate

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mccl.experiments.scenarios import ScenarioReport
+from mccl.experiments.report import ScenarioReport
 
 __all__ = ["plot_report"]
 

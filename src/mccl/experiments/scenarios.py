@@ -20,9 +20,10 @@ re-optimized AllGather then reaches 5.5× instead of 6.4× the static ring.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from mccl.errors import SynthesisError
+from mccl.experiments.mccs import ring_reversal
+from mccl.experiments.report import NOT_YET, MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective, Schedule, validate
 from mccl.sim.analytic import busbw_factor
 from mccl.sim.engine import simulate_schedule
@@ -32,33 +33,6 @@ from mccl.synth import allgather_cut_bound, direct_alltoall, nccl_ring, optimize
 from mccl.topology import Topology, apply_fault, degrade, rail_optimized
 
 __all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "PIPELINED_SCENARIOS", "fig2_degradation", "fig9_failures", "chain_summary", "MiB"]
-
-MiB = 2**20
-NOT_YET = "not yet available"
-
-
-@dataclass(frozen=True)
-class ScenarioRow:
-    scenario: str  # the fabric state (or time window)
-    collective: Collective
-    schedule: str
-    fabric: str
-    size_bytes: float  # nccl-tests S
-    algbw_gbs: float | None
-    busbw_gbs: float | None
-    note: str = ""
-    speedup: float | None = None  # over the scenario's baseline row
-    chain: str = ""  # the critical chain, summarized: its length and the link it waited on most
-
-
-@dataclass(frozen=True)
-class ScenarioReport:
-    name: str
-    title: str
-    rows: tuple[ScenarioRow, ...]
-    timeline: tuple[tuple[float, float, str], ...] = ()  # (end time s, algbw GB/s, schedule) per collective
-    events: tuple[tuple[float, str], ...] = field(default=())  # (time s, what happened)
-
 
 def _simulated(scenario: str, schedule: Schedule, runs_on: Topology, size: float, label: str,
                note: str = "", baseline: float | None = None, *, options: SimOptions) -> ScenarioRow:
@@ -180,16 +154,10 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
                           tuple(rows))
 
 
-def _mccs(**options: object) -> ScenarioReport:
-    from mccl.experiments.mccs import ring_reversal
-
-    return ring_reversal(**options)  # type: ignore[arg-type]
-
-
 PIPELINED_SCENARIOS = ("fig2", "fig9")  # the ones that take ``slices``
 
 SCENARIOS: dict[str, Callable[..., ScenarioReport]] = {
     "fig2": fig2_degradation,
     "fig9": fig9_failures,
-    "mccs-reversal": _mccs,
+    "mccs-reversal": ring_reversal,
 }
