@@ -10,6 +10,15 @@ from hypothesis import strategies as st
 
 from mccl.topology import Node, NodeKind, Topology, rail_optimized, single_switch, spine_leaf, switch_ring
 
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``slow`` test counts as ``multiprocess`` too: ``pytest -m "not multiprocess"`` is the one fast loop
+    (README.md), ``-m slow`` or ``-m "multiprocess and not slow"`` pick the two kinds apart."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.multiprocess)
+
 # The suite (CI, the README's command) draws a fixed sequence of examples, so that a red run
 # means a regression, not an unlucky draw. HYPOTHESIS_PROFILE=explore draws fresh, more
 # numerous examples when hunting bugs; what it finds becomes a fixed @example.

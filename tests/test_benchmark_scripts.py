@@ -10,6 +10,8 @@ import pytest
 BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py"))
 SCRIPTS = [path for path in BENCHMARKS if "argparse" in path.read_text()]
 
+pytestmark = pytest.mark.multiprocess  # every script starts in an interpreter of its own
+
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)

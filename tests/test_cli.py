@@ -64,6 +64,7 @@ def _csv_rows(path):
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow  # `mccl sim`: fig2 synthesized and simulated
 def test_synth_direct_and_sim(capsys, tmp_path):
     code, out, _ = run(capsys, "synth", "direct", "--topology", "rail_optimized(1,2,8)", "--out", str(tmp_path / "a.json"))
     assert code == 0 and "100.00 GB/s" in out
@@ -97,6 +98,7 @@ def test_schedule_that_does_not_fit_the_topology(capsys, tmp_path):
     assert code == 2 and "does not start at the sender's GPU" in err or "uses link" in err
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_console_script_runs():
     result = subprocess.run([sys.executable, "-m", "mccl.cli.main", "topo", "show", "single_switch(3,100)"],

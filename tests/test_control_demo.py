@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess  # the demo: a controller process and gloo ranks
+
 
 @pytest.mark.timeout(180)
 def test_demo_quick_closes_the_loop():

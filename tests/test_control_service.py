@@ -207,6 +207,7 @@ def test_bind_errors_are_named(service):
         ControllerService(ScheduleManager(TOPOLOGY), service.address)
 
 
+@pytest.mark.multiprocess
 def test_controller_command_serves_and_bad_input_is_one_line():
     import subprocess
     import sys

@@ -186,6 +186,7 @@ def test_cycle_finder_finds_cycles():
     assert sorted(map(sorted, _cycles(graph))) == [["a", "b", "c"], ["d", "e"]]
 
 
+@pytest.mark.multiprocess  # a fresh interpreter
 def test_core_packages_do_not_load_torch_or_zmq():
     code = ("import sys, mccl.topology, mccl.schedule, mccl.synth, mccl.sim;"
             "bad = [m for m in ('torch', 'zmq') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
@@ -193,6 +194,7 @@ def test_core_packages_do_not_load_torch_or_zmq():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.multiprocess  # a fresh interpreter
 def test_control_does_not_load_torch_or_the_runtime():
     code = ("import sys, mccl.control, mccl.cli.main;"
             "bad = [m for m in ('torch', 'mccl.runtime', 'mccl.experiments.demo') if m in sys.modules]; print(bad);"

@@ -18,7 +18,7 @@ from mccl.schedule import Chunks, validate
 from mccl.synth import check_ranks, direct_alltoall, locality_ring, naive_ring, nccl_ring, ring_schedule
 from mccl.topology import rail_optimized, single_switch
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]  # gloo ranks in processes of their own
 
 SIZES = (1, 7, 1001)  # elements per rank (AllGather input, AllToAll block, ReduceScatter output)
 

@@ -21,7 +21,7 @@ from mccl.schedule import Transfers, dumps_schedule, loads_schedule
 from mccl.synth import direct_alltoall, naive_ring, nccl_ring
 from mccl.topology import single_switch
 
-pytestmark = pytest.mark.timeout(200)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]  # gloo ranks in processes of their own
 
 N = 4
 

@@ -1,9 +1,10 @@
-"""The pure half of the runtime: chunk layout, per-rank plans, and import hygiene (no processes)."""
+"""The pure half of the runtime: chunk layout, per-rank plans (no ranks), and import hygiene (a fresh interpreter)."""
 
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +73,7 @@ def test_relays_and_dependencies():
     assert all(op.deps for op in forwarded)
 
 
+@pytest.mark.multiprocess
 def test_import_mccl_does_not_load_torch_and_init_is_lazy():
     code = ("import sys, mccl; assert 'torch' not in sys.modules; f = mccl.init; "
             "assert 'torch' in sys.modules and f.__module__ == 'mccl.runtime.api'")

@@ -8,7 +8,7 @@ import pytest
 
 from mccl.runtime.launch import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]  # gloo ranks in processes of their own
 
 
 def _paced(rank: int, world: int) -> dict:

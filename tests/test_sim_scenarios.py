@@ -14,6 +14,7 @@ def fig2_report():
     return fig2_degradation()
 
 
+@pytest.mark.slow  # fig2: 4 fabric states synthesized and simulated
 def test_fig2_static_schedules_collapse_to_the_bottleneck(fig2_report):
     report = fig2_report
     nccl = {row.scenario: row.algbw_gbs for row in report.rows
@@ -28,6 +29,7 @@ def test_fig2_static_schedules_collapse_to_the_bottleneck(fig2_report):
     assert all(row.note == "not yet available" for row in pending)
 
 
+@pytest.mark.slow
 def test_fig2_reoptimized_schedules_recover_most_of_the_bound(fig2_report):
     """At 88 % the re-optimized schedules run > 6x the static NCCL ones (paper: up to 7.1x); the
     AllGather stays under its cut bound. Pipelining chunks in slices is what lets deep trees get there."""
@@ -54,6 +56,7 @@ def test_mccs_ring_reversal_timeline(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # fig2 again, through the CLI
 def test_cli_sim_prints_and_plots(capsys, tmp_path):
     assert main(["sim", "fig2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
