@@ -10,6 +10,13 @@ from hypothesis import strategies as st
 
 from mccl.topology import Node, NodeKind, Topology, rail_optimized, single_switch, spine_leaf, switch_ring
 
+# The suite (CI, the README's command) draws a fixed sequence of examples, so that a red run
+# means a regression, not an unlucky draw. HYPOTHESIS_PROFILE=explore draws fresh, more
+# numerous examples when hunting bugs; what it finds becomes a fixed @example.
+settings.register_profile("default", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, max_examples=300, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -18,13 +25,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("multiprocess"):
             item.add_marker(pytest.mark.multiprocess)
-
-# The suite (CI, the README's command) draws a fixed sequence of examples, so that a red run
-# means a regression, not an unlucky draw. HYPOTHESIS_PROFILE=explore draws fresh, more
-# numerous examples when hunting bugs; what it finds becomes a fixed @example.
-settings.register_profile("default", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, max_examples=300, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")
