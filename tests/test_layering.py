@@ -60,7 +60,8 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _imports(name: str, path: Path) -> set[str]:
+@cache
+def _imports(name: str, path: Path) -> frozenset[str]:
     """What ``name`` imports, as written: ``from a.b import c`` is a.b.c when that is a module of mccl, else a.b."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     names: set[str] = set()
@@ -74,7 +75,7 @@ def _imports(name: str, path: Path) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 names.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in _modules() else base)
-    return names
+    return frozenset(names)
 
 
 def _module_of(name: str) -> str:
