@@ -32,7 +32,8 @@ from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
 from mccl.control.drift import drift_test, measured_capacities, overlay_map, profile
-from mccl.synth import nccl_ring, optimize
+from mccl.synth import optimize
+from mccl.synth.ring import nccl_ring
 from mccl.topology import rail_optimized
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,7 +56,7 @@ def telemetry_round(n: int, seq: int, rng: np.random.Generator, slow: bool, nois
 
 def detection(trials: int) -> list[dict]:
     topology = rail_optimized(1, 2, 8)
-    schedule = optimize(topology, "allgather").with_meta(version=1)
+    schedule = optimize(topology, "allgather").schedule.with_meta(version=1)
     rows = []
     for alpha in ALPHAS:
         latencies, false_flags = [], []
@@ -122,7 +123,7 @@ def _drift_only(cut, capacities) -> float:
 
 def ingest(quick: bool) -> list[dict]:
     topology = rail_optimized(1, 2, 8)
-    schedule = optimize(topology, "allgather").with_meta(version=1)
+    schedule = optimize(topology, "allgather").schedule.with_meta(version=1)
     rng = np.random.default_rng(0)
     batch = telemetry_round(16, 10, rng, slow=False)  # 272 samples
     manager = ScheduleManager(topology, ControlConfig(settle_collectives=0))

@@ -51,7 +51,8 @@ def _bench_rank(rank: int, n: int, sizes: list[int], quick: bool) -> dict:
     import mccl
     import mccl.runtime.backend as mb
     from mccl.runtime import MemorySink, TelemetryConfig
-    from mccl.synth import direct_alltoall, naive_ring
+    from mccl.synth.direct import direct_alltoall
+    from mccl.synth.ring import naive_ring
     from mccl.topology import single_switch
 
     warnings.filterwarnings("ignore")
@@ -162,7 +163,7 @@ def _swap_timings(rank, n, topology, count):
     import torch
 
     import mccl
-    from mccl.synth import naive_ring
+    from mccl.synth.ring import naive_ring
 
     comm = mccl.init(topology=topology, schedules=[naive_ring(topology, "allgather")])
     x, out = torch.ones(1024), torch.empty(1024 * n)
@@ -241,7 +242,8 @@ def _python_work_us(n: int = 8, calls: int = 2000) -> dict[str, float]:
 
     from mccl.runtime import executor
     from mccl.runtime.plan import build_plan
-    from mccl.synth import direct_alltoall, naive_ring
+    from mccl.synth.direct import direct_alltoall
+    from mccl.synth.ring import naive_ring
     from mccl.topology import single_switch
 
     topology = single_switch(n, 100)

@@ -35,7 +35,8 @@ from standin import hierarchical_allgather  # noqa: E402
 from mccl.errors import SynthesisError  # noqa: E402
 from mccl.schedule import Collective, Schedule  # noqa: E402
 from mccl.sim import Job, SimOptions, evaluate, simulate  # noqa: E402
-from mccl.synth import nccl_ring, optimize  # noqa: E402
+from mccl.synth import optimize  # noqa: E402
+from mccl.synth.ring import nccl_ring
 from mccl.topology import Topology, apply_fault, rail_optimized  # noqa: E402
 
 MiB = 2**20
@@ -103,7 +104,7 @@ def synthesized(gpus: int, fault: str | None, repeat: int, bar_s: float | None) 
     label = f"AllGather synthesized{' ' + fault if fault else ''}"
     rows: list[dict[str, object]] = []
     try:
-        rows.append(measure(label, fabric, lambda: optimize(fabric, Collective.ALLGATHER), 0, repeat, bar_s))
+        rows.append(measure(label, fabric, lambda: optimize(fabric, Collective.ALLGATHER).schedule, 0, repeat, bar_s))
     except SynthesisError as error:
         if "not available" not in str(error):
             raise
@@ -156,7 +157,7 @@ def main() -> None:
     fabric16 = hpn(16)
     for slices in (1, 2, 4, 8):  # store-and-forward (1) vs pipelined slices of each chunk (mccl.sim.compiled)
         add(measure(f"slices: AllGather synthesized, slices={slices}", fabric16,
-                    lambda: optimize(fabric16, Collective.ALLGATHER), 0, args.repeat,
+                    lambda: optimize(fabric16, Collective.ALLGATHER).schedule, 0, args.repeat,
                     options=SimOptions(slices=slices)))
     for gpus in (128, 512) if args.quick else (128, 512, 2048):
         add(analytic_row(gpus, 1.0 if gpus == 2048 else None))

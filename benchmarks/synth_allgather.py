@@ -45,7 +45,7 @@ def run_size(gpus: int, repeat: int) -> list[dict]:
             times, cpu, schedule = [], [], None
             for _ in range(repeat):
                 start, start_cpu = time.perf_counter(), time.process_time()
-                schedule = synthesize(topology, previous=healthy if mode == "warm" else None)
+                schedule = synthesize(topology, previous=healthy if mode == "warm" else None).schedule
                 times.append(time.perf_counter() - start)
                 cpu.append(time.process_time() - start_cpu)
             validate(schedule, topology)

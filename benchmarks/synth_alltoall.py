@@ -7,8 +7,8 @@ time on the same instance (while it fits its limit), the LP bound and the
 rounded schedule's algbw with its gap. Times are medians of ``--repeats`` runs,
 wall and CPU time of this process (the machine is shared; CPU time is steadier).
 
-Two warm starts: "warm" passes the healthy schedule object this process made,
-so the synthesizer restarts from the solver state kept with it (columns, master
+Two warm starts: "warm" passes the healthy synthesis result this process made,
+so the synthesizer restarts from the solver state its result carries (columns, master
 basis, LP flow and chunks, ``mccl.synth.alltoall.state``: a fault on a tight
 link is repaired from the flow, ``mccl.synth.alltoall.repair``); "file warm" passes the same
 schedule read back from its JSON text, which carries only routes
@@ -95,26 +95,29 @@ def main() -> None:
     for gpus in sizes:
         reps = repeats if gpus < 256 else min(repeats, args.repeats_large)
         healthy = fabric(gpus)
-        healthy_schedule = synthesize(healthy)
-        healthy_file = loads_schedule(dumps_schedule(healthy_schedule))  # routes only, no solver state
+        healthy_result = synthesize(healthy)  # carries its solver state (warm_state)
+        healthy_file = loads_schedule(dumps_schedule(healthy_result.schedule))  # routes only, no solver state
         for scenario in FAULTS:
             topo = healthy if scenario == "healthy" else apply_fault(healthy, scenario)
-            cold_s, cold_cpu, cold = timed(lambda topo=topo: synthesize(topo), reps)
+            cold_s, cold_cpu, cold = timed(lambda topo=topo: synthesize(topo).schedule, reps)
             validate(cold, topo)
             if scenario == "healthy":
                 healthy_cold_cpu = cold_cpu
             warm_s = warm_cpu = warm = None
             if scenario != "healthy":
-                warm_s, warm_cpu, warm = timed(lambda topo=topo, prev=healthy_schedule: synthesize(topo, previous=prev), reps)
+                warm_s, warm_cpu, warm_result = timed(
+                    lambda topo=topo, prev=healthy_result: synthesize(topo, previous=prev), reps)
+                warm = warm_result.schedule
                 validate(warm, topo)
             back_cpu = back = None
             if warm is not None:  # the fault clears: back to healthy, warm from the faulty schedule
-                _, back_cpu, back = timed(lambda prev=warm, fabric=healthy: synthesize(fabric, previous=prev), reps)
+                _, back_cpu, back = timed(
+                    lambda prev=warm_result, fabric=healthy: synthesize(fabric, previous=prev).schedule, reps)
                 validate(back, healthy)
             file_s = file_cpu = from_file = None
             if scenario != "healthy" and gpus <= args.file_warm_max_gpus:
                 file_s, file_cpu, from_file = timed(
-                    lambda topo=topo, prev=healthy_file: synthesize(topo, previous=prev), 1)
+                    lambda topo=topo, prev=healthy_file: synthesize(topo, previous=prev).schedule, 1)
                 validate(from_file, topo)
             compact_s = compact_cpu = compact_gbs = None
             if compact_fits and gpus <= args.compact_max_gpus:

@@ -80,7 +80,7 @@ def run(base: Topology, seed: int, trials: int, exact: bool) -> str:
         topology = draw(base, rng)
         start = time.perf_counter()
         try:
-            schedule = optimize(topology, "allgather")
+            schedule = optimize(topology, "allgather").schedule
             validate(schedule, topology)
         except MCCLError:
             fails += 1
@@ -113,7 +113,7 @@ def main() -> None:
     for seed in range(args.big):
         topology = draw(big, np.random.default_rng(seed))
         start = time.perf_counter()
-        schedule = optimize(topology, "allgather")
+        schedule = optimize(topology, "allgather").schedule
         elapsed = time.perf_counter() - start
         validate(schedule, topology)
         print(f"{big.name} seed {seed}: {elapsed:.2f} s  loss vs cut {schedule.meta.stat('rounding_gap'):.3%}  "

@@ -15,7 +15,7 @@ from mccl.topology import Topology
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=small_topologies(), chunks=st.integers(1, 10))
 def test_cg_matches_compact_lp_on_random_fabrics(topology: Topology, chunks: int) -> None:
-    schedule = synthesize(topology, chunks=chunks)
+    schedule = synthesize(topology, chunks=chunks).schedule
     validate(schedule, topology)
     meta = schedule.meta
     assert meta.throughput_bound_gbs == pytest.approx(compact_lp(topology).algbw_gbs, rel=1e-6)
@@ -33,6 +33,6 @@ def test_warm_start_after_a_degradation_reaches_the_cold_optimum(topology: Topol
     capacities = topology.capacities_gbps.copy()
     capacities[link] *= factor
     degraded = topology.with_capacities(capacities, name=topology.name + "+degrade")
-    warm = synthesize(degraded, previous=previous)
+    warm = synthesize(degraded, previous=previous).schedule
     validate(warm, degraded)
     assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(degraded).algbw_gbs, rel=1e-6)

@@ -13,7 +13,6 @@ from mccl.synth.alltoall import compact_lp, synthesize
 from mccl.synth.alltoall.network import build_network
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.repair import repair
-from mccl.synth.alltoall.state import recall
 from mccl.topology import Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 
@@ -44,17 +43,17 @@ def test_fail2_is_repaired_to_the_cold_optimum_and_keeps_most_chunks(healthy64) 
     faulty = fail2(topology)
     warm = synthesize(faulty, previous=previous)
     cold = synthesize(faulty)
-    validate(warm, faulty)
-    stats = dict(warm.meta.stats)
+    validate(warm.schedule, faulty)
+    stats = dict(warm.schedule.meta.stats)
     assert stats["repaired"] == 1.0 and stats["repair_declined"] == 0.0 and stats["optimal"] == 1.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(cold.meta.throughput_bound_gbs, rel=1e-9)
-    assert stats["iterations"] < cold.meta.stat("iterations")
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(cold.schedule.meta.throughput_bound_gbs, rel=1e-9)
+    assert stats["iterations"] < cold.schedule.meta.stat("iterations")
     assert stats["rounding_gap"] <= 0.01
     assert 0 < stats["repaired_pairs"] <= stats["rerounded_pairs"] < 64 * 63
-    before, after = _pair_chunks(previous), _pair_chunks(warm)
+    before, after = _pair_chunks(previous.schedule), _pair_chunks(warm.schedule)
     changed = sum(before[pair] != after[pair] for pair in before)
     assert changed <= stats["rerounded_pairs"]
-    assert warm.meta.bottleneck_cut  # from the repair LP's duals
+    assert warm.schedule.meta.bottleneck_cut  # from the repair LP's duals
 
 
 def test_a_repair_that_needs_new_routes_prices_them() -> None:
@@ -64,11 +63,11 @@ def test_a_repair_that_needs_new_routes_prices_them() -> None:
     previous = synthesize(topology)
     faulty = fail3(topology)
     warm = synthesize(faulty, previous=previous)
-    validate(warm, faulty)
-    assert warm.meta.stat("repaired") == 1.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(faulty).algbw_gbs, rel=1e-6)
-    state = recall(warm)
-    assert len(state.pool.paths) > len(recall(previous).pool.paths)  # the priced routes, in a copy
+    validate(warm.schedule, faulty)
+    assert warm.schedule.meta.stat("repaired") == 1.0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(faulty).algbw_gbs, rel=1e-6)
+    state = warm.warm_state
+    assert len(state.pool.paths) > len(previous.warm_state.pool.paths)  # the priced routes, in a copy
     assert state.master.col_status is None  # a repaired state keeps columns, not a basis
 
 
@@ -80,13 +79,13 @@ def test_recovery_and_chains_reach_the_cold_optimum(healthy64) -> None:
     steps = [fail2(topology), fail1(fail2(topology)), topology]
     for faulty in steps:
         warm = synthesize(faulty, previous=previous)
-        validate(warm, faulty)
-        assert warm.meta.stat("optimal") == 1.0
-        assert warm.meta.throughput_bound_gbs == pytest.approx(synthesize(faulty).meta.throughput_bound_gbs, rel=1e-9)
-        assert warm.meta.stat("repaired") + warm.meta.stat("repair_declined") <= 1.0
+        validate(warm.schedule, faulty)
+        assert warm.schedule.meta.stat("optimal") == 1.0
+        assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(synthesize(faulty).schedule.meta.throughput_bound_gbs, rel=1e-9)
+        assert warm.schedule.meta.stat("repaired") + warm.schedule.meta.stat("repair_declined") <= 1.0
         previous = warm
-    assert previous.meta.stat("repaired") == 1.0
-    assert previous.meta.throughput_bound_gbs == pytest.approx(healthy64[1].meta.throughput_bound_gbs, rel=1e-9)
+    assert previous.schedule.meta.stat("repaired") == 1.0
+    assert previous.schedule.meta.throughput_bound_gbs == pytest.approx(healthy64[1].schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_the_way_back_from_a_repair_re_routes_its_detours(healthy64) -> None:
@@ -95,14 +94,14 @@ def test_the_way_back_from_a_repair_re_routes_its_detours(healthy64) -> None:
     (without them, the pairs it had detoured would hold the others back, and it would be declined)."""
     topology, previous = healthy64
     faulty = synthesize(fail3(topology), previous=previous)
-    assert faulty.meta.stat("repaired") == 1.0
-    detoured = recall(faulty).detoured
-    assert detoured.size == faulty.meta.stat("repaired_pairs") and recall(previous).detoured.size == 0
+    assert faulty.schedule.meta.stat("repaired") == 1.0
+    detoured = faulty.warm_state.detoured
+    assert detoured.size == faulty.schedule.meta.stat("repaired_pairs") and previous.warm_state.detoured.size == 0
     back = synthesize(topology, previous=faulty)
-    validate(back, topology)
-    assert back.meta.stat("repaired") == 1.0
-    assert back.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
-    state = recall(faulty)
+    validate(back.schedule, topology)
+    assert back.schedule.meta.stat("repaired") == 1.0
+    assert back.schedule.meta.throughput_bound_gbs == pytest.approx(previous.schedule.meta.throughput_bound_gbs, rel=1e-9)
+    state = faulty.warm_state
     network = build_network(topology)
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
 
@@ -115,13 +114,13 @@ def test_repair_declines_what_it_cannot_prove() -> None:
     topology = rail_optimized(1, 4, 8)
     previous = synthesize(topology)
     slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
-    state = recall(previous)
+    state = previous.warm_state
     network = build_network(slowed)
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
     warm = synthesize(slowed, previous=previous)
-    validate(warm, slowed)
-    assert warm.meta.stat("repair_declined") == 1.0 and warm.meta.stat("repaired") == 0.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(synthesize(slowed).meta.throughput_bound_gbs, rel=1e-9)
+    validate(warm.schedule, slowed)
+    assert warm.schedule.meta.stat("repair_declined") == 1.0 and warm.schedule.meta.stat("repaired") == 0.0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(synthesize(slowed).schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_a_change_that_touches_most_pairs_is_not_repaired(healthy64) -> None:
@@ -129,18 +128,18 @@ def test_a_change_that_touches_most_pairs_is_not_repaired(healthy64) -> None:
     so the repair is declined at once, and column generation finds the optimum (the old one × 0.9)."""
     topology, previous = healthy64
     slower = topology.with_capacities(topology.capacities_gbps * 0.9, name=topology.name + "+slower")
-    state = recall(previous)
+    state = previous.warm_state
     network = build_network(slower)
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
     warm = synthesize(slower, previous=previous)
-    validate(warm, slower)
-    assert warm.meta.stat("repair_declined") == 1.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(0.9 * previous.meta.throughput_bound_gbs, rel=1e-9)
+    validate(warm.schedule, slower)
+    assert warm.schedule.meta.stat("repair_declined") == 1.0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(0.9 * previous.schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_no_change_is_not_a_repair(healthy64) -> None:
     topology, previous = healthy64
-    state = recall(previous)
+    state = previous.warm_state
     network = build_network(topology)
     assert repair(state.flow, state.capacity, state.pool, Pricer(network), network.capacity) is None
 
@@ -158,12 +157,12 @@ def test_chained_changes_on_random_fabrics_reach_the_compact_optimum(topology: T
         capacities[np.array(links)] *= np.array(factors)
         changed = topology.with_capacities(capacities.copy(), name=f"{topology.name}+change{step}")
         warm = synthesize(changed, previous=previous)
-        validate(warm, changed)
-        assert warm.meta.stat("optimal") == 1.0
-        assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(changed).algbw_gbs, rel=1e-6), \
-            dict(warm.meta.stats)
+        validate(warm.schedule, changed)
+        assert warm.schedule.meta.stat("optimal") == 1.0
+        assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(changed).algbw_gbs, rel=1e-6), \
+            dict(warm.schedule.meta.stats)
         # Rounding on such tiny fabrics can lose several % at K = 10 (see test_alltoall_props); the gap is exact.
-        meta = warm.meta
+        meta = warm.schedule.meta
         assert meta.stat("gap") == pytest.approx(1 - meta.achieved_gbs / meta.throughput_bound_gbs, abs=1e-12)
         previous = warm
 
@@ -187,7 +186,7 @@ def test_faults_and_recoveries_in_a_row_on_a_rail_fabric_stay_optimal(data) -> N
             capacities[np.array(links)] = nominal[np.array(links)] * np.array(factors)
         changed = topology.with_capacities(capacities.copy(), name=f"{topology.name}+step{step}")
         warm = synthesize(changed, previous=previous)
-        validate(warm, changed)
-        assert warm.meta.stat("optimal") == 1.0
-        assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(changed).algbw_gbs, rel=1e-6)
+        validate(warm.schedule, changed)
+        assert warm.schedule.meta.stat("optimal") == 1.0
+        assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(changed).algbw_gbs, rel=1e-6)
         previous = warm

@@ -1,8 +1,6 @@
-"""Warm restarts from the solver state kept with an in-process schedule (``mccl.synth.alltoall.state``)."""
+"""Warm restarts from the solver state a synthesis result carries (``mccl.synth.alltoall.state``)."""
 
 from __future__ import annotations
-
-import gc
 
 import numpy as np
 import pytest
@@ -12,9 +10,7 @@ from hypothesis import strategies as st
 from conftest import small_topologies
 from mccl.schedule import dumps_schedule, loads_schedule, validate
 from mccl.synth.alltoall import compact_lp, synthesize
-from mccl.synth.alltoall import state as state_module
 from mccl.synth.alltoall.network import build_network
-from mccl.synth.alltoall.state import MAX_STATES, recall
 from mccl.topology import Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 
@@ -27,15 +23,15 @@ def healthy64():
 def test_an_off_cut_fault_keeps_the_optimal_basis_and_takes_no_pivot(healthy64) -> None:
     """Fail1 slows an NVSwitch port that no optimal solution saturates: the old basis stays optimal."""
     topology, previous = healthy64
-    state = recall(previous)
+    state = previous.warm_state
     assert state is not None and state.fits(build_network(fail1(topology)), None, "tensor")
     assert state.basis_still_optimal(build_network(fail1(topology)).capacity)
     warm = synthesize(fail1(topology), previous=previous)
-    validate(warm, fail1(topology))
-    assert warm.meta.stat("restarted") == 1.0
-    assert warm.meta.stat("iterations") == 0.0
-    assert warm.meta.stat("optimal") == 1.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(previous.meta.throughput_bound_gbs, rel=1e-9)
+    validate(warm.schedule, fail1(topology))
+    assert warm.schedule.meta.stat("restarted") == 1.0
+    assert warm.schedule.meta.stat("iterations") == 0.0
+    assert warm.schedule.meta.stat("optimal") == 1.0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(previous.schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_a_change_the_repair_cannot_prove_restarts_from_the_slack_basis() -> None:
@@ -44,29 +40,29 @@ def test_a_change_the_repair_cannot_prove_restarts_from_the_slack_basis() -> Non
     topology = rail_optimized(1, 4, 8)
     previous = synthesize(topology)
     slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
-    assert not recall(previous).basis_still_optimal(build_network(slowed).capacity)
+    assert not previous.warm_state.basis_still_optimal(build_network(slowed).capacity)
     warm = synthesize(slowed, previous=previous)
-    validate(warm, slowed)
-    assert warm.meta.stat("restarted") == 1.0 and warm.meta.stat("repair_declined") == 1.0
-    assert warm.meta.stat("iterations") > 0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(synthesize(slowed).meta.throughput_bound_gbs, rel=1e-9)
+    validate(warm.schedule, slowed)
+    assert warm.schedule.meta.stat("restarted") == 1.0 and warm.schedule.meta.stat("repair_declined") == 1.0
+    assert warm.schedule.meta.stat("iterations") > 0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(synthesize(slowed).schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_states_chain_and_are_not_shared_between_restarts(healthy64) -> None:
     """A warm result keeps its own state (Fail2 then Fail1 on top of it), and restarting from a state
     twice gives the same result: restarts copy the pool and never change the state."""
     topology, previous = healthy64
-    columns_before = len(recall(previous).pool)
+    columns_before = len(previous.warm_state.pool)
     first = synthesize(fail2(topology), previous=previous)
     second = synthesize(fail2(topology), previous=previous)
-    assert len(recall(previous).pool) == columns_before
-    assert first.meta.throughput_bound_gbs == second.meta.throughput_bound_gbs
-    assert first.transfers == second.transfers
+    assert len(previous.warm_state.pool) == columns_before
+    assert first.schedule.meta.throughput_bound_gbs == second.schedule.meta.throughput_bound_gbs
+    assert first.schedule.transfers == second.schedule.transfers
     both = fail1(fail2(topology))
     chained = synthesize(both, previous=first)
-    validate(chained, both)
-    assert chained.meta.stat("restarted") == 1.0
-    assert chained.meta.throughput_bound_gbs == pytest.approx(synthesize(both).meta.throughput_bound_gbs, rel=1e-9)
+    validate(chained.schedule, both)
+    assert chained.schedule.meta.stat("restarted") == 1.0
+    assert chained.schedule.meta.throughput_bound_gbs == pytest.approx(synthesize(both).schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
 def test_a_state_whose_blocks_changed_does_not_fit() -> None:
@@ -74,12 +70,12 @@ def test_a_state_whose_blocks_changed_does_not_fit() -> None:
     blocks, so the warm start seeds from the routes instead, and still reaches the optimum."""
     topology = rail_optimized(1, 2, 4)
     previous = synthesize(topology, grouping="host")
-    assert recall(previous).fits(build_network(fail2(topology)), None, "host")
-    assert not recall(previous).fits(build_network(fail3(topology)), None, "host")
+    assert previous.warm_state.fits(build_network(fail2(topology)), None, "host")
+    assert not previous.warm_state.fits(build_network(fail3(topology)), None, "host")
     warm = synthesize(fail3(topology), previous=previous, grouping="host")
-    validate(warm, fail3(topology))
-    assert warm.meta.stat("restarted") == 0.0
-    assert warm.meta.throughput_bound_gbs == pytest.approx(compact_lp(fail3(topology)).algbw_gbs, rel=1e-6)
+    validate(warm.schedule, fail3(topology))
+    assert warm.schedule.meta.stat("restarted") == 0.0
+    assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(fail3(topology)).algbw_gbs, rel=1e-6)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,24 +91,22 @@ def test_restart_after_any_capacity_change_reaches_the_compact_optimum(topology:
     changed = topology.with_capacities(capacities, name=topology.name + "+change")
     optimum = compact_lp(changed).algbw_gbs
     restarted = synthesize(changed, previous=previous)
-    from_file = synthesize(changed, previous=loads_schedule(dumps_schedule(previous)))
+    from_file = synthesize(changed, previous=loads_schedule(dumps_schedule(previous.schedule)))
     for warm, kind in ((restarted, 1.0), (from_file, 0.0)):
-        validate(warm, changed)
-        assert warm.meta.stat("restarted") == kind
-        assert warm.meta.throughput_bound_gbs == pytest.approx(optimum, rel=1e-6)
+        validate(warm.schedule, changed)
+        assert warm.schedule.meta.stat("restarted") == kind
+        assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(optimum, rel=1e-6)
 
 
-def test_a_schedule_from_a_file_has_no_state_and_states_go_with_their_schedules() -> None:
-    """(Last in this file: filling the registry drops the other tests' states.)"""
+def test_the_state_travels_with_the_result_and_a_file_has_none() -> None:
+    """The warm state is a field of the result: a re-versioned copy keeps it (the controller re-versions
+    every schedule it issues), a schedule read from a file has none and warm-starts from its routes."""
     topology = rail_optimized(1, 2, 4)
-    schedule = synthesize(topology)
-    assert recall(schedule) is not None
-    assert recall(loads_schedule(dumps_schedule(schedule))) is None
-    assert recall(schedule.with_meta()) is None  # another object: the state belongs to the one synthesized
-    key = id(schedule)
-    del schedule
-    gc.collect()
-    assert key not in state_module._STATES  # dropped with its schedule
-    live = [synthesize(topology) for _ in range(MAX_STATES + 2)]
-    assert recall(live[0]) is None and recall(live[1]) is None  # at most MAX_STATES, the oldest dropped
-    assert all(recall(schedule) is not None for schedule in live[2:])
+    result = synthesize(topology)
+    assert result.warm_state is not None
+    copy = result.with_version(7)
+    assert copy.warm_state is result.warm_state and copy.schedule.meta.version == 7
+    restarted = synthesize(fail2(topology), previous=copy)
+    from_file = synthesize(fail2(topology), previous=loads_schedule(dumps_schedule(copy.schedule)))
+    assert restarted.stats.warm.restarted and not from_file.stats.warm.restarted
+    assert restarted.bound_gbs == pytest.approx(from_file.bound_gbs, rel=1e-9)

@@ -4,7 +4,7 @@ import pytest
 
 from mccl.schedule import Collective
 from mccl.sim import busbw_factor, evaluate
-from mccl.synth import naive_ring
+from mccl.synth.ring import naive_ring
 from mccl.topology import degrade, single_switch, switch_ring
 
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from conftest import small_topologies
 from mccl.control.drift import CutProfile, drift_test, measured_capacities, merge_maps, overlay_map, profile
 from mccl.errors import ControllerError, Infeasible, SynthesisError
-from mccl.synth import naive_ring, nccl_ring, optimize
+from mccl.synth import optimize
+from mccl.synth.ring import naive_ring, nccl_ring
 from mccl.topology import degrade, fail2, rail_optimized
 
 
@@ -59,7 +60,7 @@ def test_base_slack_of_a_rounded_schedule_is_the_reference():
 
 
 def test_hpn_fail2_on_the_cut_triggers_and_the_healthy_fabric_does_not(hpn):
-    schedule = optimize(hpn, "allgather")
+    schedule = optimize(hpn, "allgather").schedule
     cut = profile(schedule, len(hpn.links))
     assert not drift_test(cut, hpn.capacities_gbps, 0.05).flagged
     assert not drift_test(cut, 0.3 * hpn.capacities_gbps, 0.05).flagged
@@ -80,7 +81,7 @@ def test_hpn_fail2_on_the_cut_triggers_and_the_healthy_fabric_does_not(hpn):
 def test_bad_inputs_are_named():
     with pytest.raises(ControllerError, match="positive"):
         drift_test(hand_profile(), np.array([100.0, 0.0, 100.0]), 0.2)
-    schedule = optimize(rail_optimized(1, 2, 2), "allgather")
+    schedule = optimize(rail_optimized(1, 2, 2), "allgather").schedule
     cut_type = type(schedule.meta.bottleneck_cut[0])
     with pytest.raises(ControllerError, match="outside"):
         profile(schedule.with_meta(bottleneck_cut=(cut_type(999, 0.0),)), 24)
@@ -92,7 +93,7 @@ def _ring(topology):
     try:
         return naive_ring(topology, "allgather")
     except (Infeasible, SynthesisError):
-        return optimize(topology, "allgather", chunks=2)
+        return optimize(topology, "allgather", chunks=2).schedule
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -147,7 +148,7 @@ def test_measured_capacities_properties(topology, data):
 def test_mapping_localizes_a_degraded_nic_on_hpn(hpn):
     """Every pair through gpu0's NIC cable at 1/8, all others healthy: the max rule puts the loss
     on gpu0's two NIC links only, exactly Fail2."""
-    schedule = optimize(hpn, "allgather")
+    schedule = optimize(hpn, "allgather").schedule
     n = schedule.n_ranks
     mapping = overlay_map(schedule, hpn)
     inter = np.ones((n, n))

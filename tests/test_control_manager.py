@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from mccl.control import ControlConfig, Sample, ScheduleManager
-from mccl.errors import ControllerError, SynthesisError
+from mccl.errors import ControllerError, InvalidOptions
 from mccl.schedule import link_load, steady_state_algbw, validate
-from mccl.synth import direct_alltoall, optimize
+from mccl.synth import AllToAllOptions, optimize
+from mccl.synth.direct import direct_alltoall
 from mccl.topology import fail2, rail_optimized
 
 
@@ -47,7 +48,7 @@ def fail2_seen(topology, schedule):
 @pytest.fixture(scope="module")
 def hpn_schedule():
     topology = rail_optimized(1, 2, 8)
-    return topology, optimize(topology, "allgather").with_meta(version=1)
+    return topology, optimize(topology, "allgather").schedule.with_meta(version=1)
 
 
 def test_fail2_is_detected_resynthesized_validated_and_versioned(hpn_schedule):
@@ -70,7 +71,7 @@ def test_fail2_is_detected_resynthesized_validated_and_versioned(hpn_schedule):
     old = steady_state_algbw(link_load(schedule, len(real.links)), real.capacities_gbps, 16)
     new = steady_state_algbw(link_load(issued, len(real.links)), real.capacities_gbps, 16)
     assert new > 5 * old
-    assert new == pytest.approx(optimize(real, "allgather").meta.achieved_gbs, rel=0.02)
+    assert new == pytest.approx(optimize(real, "allgather").achieved_gbs, rel=0.02)
     # the same measurements keep flagging nothing: the new schedule fits them
     for seq in range(12, 20):
         manager.ingest(samples(16, seq, slow_rank=0))
@@ -108,15 +109,13 @@ def test_degradation_that_clears_during_synthesis_is_aborted(hpn_schedule):
 
 
 def test_unavailable_synthesizer_keeps_the_schedule_and_logs_once(caplog):
-    """A collective whose synthesizer is missing from a build (optimize() says "not available")."""
+    """A collective configured with a method that does not make it (here: a name nothing registers):
+    ``optimize`` raises SynthesisUnavailable, and the manager keeps the schedule and says so once."""
     topology = rail_optimized(1, 2, 2)
     schedule = direct_alltoall(topology).with_meta(version=1)
-
-    def missing(*args, **kwargs):
-        raise SynthesisError("alltoall column generation is not available in this build")
-
-    manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.05, warmup=1, settle_collectives=0),
-                              synthesize=missing)
+    config = ControlConfig(alpha=1.0, gamma=0.05, warmup=1, settle_collectives=0,
+                           methods={"alltoall": "alltoall.missing"})
+    manager = ScheduleManager(topology, config)
     manager.register("job", schedule)
     manager.ingest(samples(4, 1))
     for round_ in range(3):
@@ -128,13 +127,50 @@ def test_unavailable_synthesizer_keeps_the_schedule_and_logs_once(caplog):
     assert sum("not available" in record.message for record in caplog.records) == 1
 
 
+def test_options_go_to_their_own_collective_only(hpn_schedule):
+    """An AllToAll-only option configured for AllToAll leaves AllGather re-synthesis alone (it used to be
+    applied to every collective and broke it)."""
+    topology, schedule = hpn_schedule
+    config = ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1,
+                           synth_options={"alltoall": AllToAllOptions(chunks=4, time_limit_s=5.0)})
+    manager = ScheduleManager(topology, config)
+    manager.register("job", schedule)
+    for seq in range(1, 5):
+        manager.ingest(samples(16, seq))
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    with pytest.raises(InvalidOptions, match="chunks"):
+        ControlConfig(synth_options={"alltoall": AllToAllOptions(chunks=0)})
+
+
+def test_alltoall_warm_state_is_kept_through_the_manager():
+    """Two re-syntheses in a row through the manager: the second restarts from the solver state of the
+    first (the manager keeps the synthesis result, not a re-versioned copy that lost it)."""
+    topology = rail_optimized(1, 2, 8)
+    schedule = optimize(topology, "alltoall").schedule.with_meta(version=1)
+    manager = fail2_seen(topology, schedule)
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    first = manager.active_result("job", "alltoall")
+    assert first is not None and first.warm_state is not None and first.schedule.meta.version == 2
+    assert not first.stats.warm.restarted  # the registered schedule had no state: warm from its routes
+    assert 85 < first.bound_gbs < 95  # the measured fabric: Fail2's 89.06 GB/s, up to the EWMA's estimate
+    for seq in range(12, 30):  # the cable is repaired
+        manager.ingest(samples(16, seq))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    second = manager.active_result("job", "alltoall")
+    assert second.schedule.meta.version == 3
+    assert second.stats.warm.restarted or second.stats.warm.repaired  # from the first one's state
+    assert second.bound_gbs == pytest.approx(100.0, rel=1e-4)  # healthy 2x8 optimum, up to the EWMA
+
+
 def test_register_rules(hpn_schedule):
     topology, schedule = hpn_schedule
     manager = ScheduleManager(topology)
     assert manager.register("job", schedule) == 1
     assert manager.register("job", schedule.with_meta(version=0)) == 1  # older: ignored
     with pytest.raises(ControllerError, match="ranks"):
-        manager.register("job", optimize(topology, "allgather", topology.gpus[:8]))
+        manager.register("job", optimize(topology, "allgather", topology.gpus[:8]).schedule)
     with pytest.raises(ControllerError, match="gamma"):
         ScheduleManager(topology, ControlConfig(gamma=0.0))
     assert manager.ingest(samples(16, 50, communicator="unknown")) == 0 and manager.samples_ignored > 0

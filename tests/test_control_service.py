@@ -60,7 +60,7 @@ def service():
 
 
 def test_round_trip_telemetry_in_new_schedule_out(service):
-    schedule = optimize(TOPOLOGY, "allgather").with_meta(version=1)
+    schedule = optimize(TOPOLOGY, "allgather").schedule.with_meta(version=1)
     clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=0.01,
                                  timeout_s=10.0)  # a loaded 2-core machine can starve the service thread
                for rank in range(4)]
@@ -195,7 +195,7 @@ def test_bad_messages_are_answered_and_counted(service):
 def test_register_of_an_invalid_schedule_is_refused(service):
     client = ControllerClient(service.address, "job", 0)
     try:
-        other = optimize(rail_optimized(1, 2, 4), "allgather")  # GPUs the service's fabric lacks
+        other = optimize(rail_optimized(1, 2, 4), "allgather").schedule  # GPUs the service's fabric lacks
         with pytest.raises(ControllerError, match="refused"):
             client.register(other)
     finally:
@@ -228,7 +228,7 @@ def test_controller_command_serves_and_bad_input_is_one_line():
                 break
             except ControllerError:
                 assert time.monotonic() < deadline and process.poll() is None
-        assert client.register(optimize(TOPOLOGY, "allgather").with_meta(version=3)) == 3
+        assert client.register(optimize(TOPOLOGY, "allgather").schedule.with_meta(version=3)) == 3
     finally:
         client.close()
         process.terminate()

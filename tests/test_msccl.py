@@ -10,7 +10,9 @@ import pytest
 
 from mccl.errors import InvalidSchedule
 from mccl.schedule import Collective, to_msccl_xml, validate
-from mccl.synth import direct_alltoall, nccl_ring, synthesize_alltoall
+from mccl.synth.alltoall import synthesize as synthesize_alltoall
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import nccl_ring
 from mccl.synth.treepack import synthesize
 from mccl.topology import degrade, fail2, rail_optimized, single_switch
 
@@ -153,21 +155,21 @@ def _simulate(coll: str, n: int, tbs: dict, sizes: dict) -> None:
 @pytest.fixture(scope="module")
 def hpn_tree():
     hpn = rail_optimized(1, 2, 8)
-    return synthesize(hpn)
+    return synthesize(hpn).schedule
 
 
 def _schedules():
     hpn = rail_optimized(1, 2, 8)
-    healthy = synthesize(hpn)
+    healthy = synthesize(hpn).schedule
     yield "treepack-hpn", healthy
-    yield "treepack-fail2", synthesize(fail2(hpn), previous=healthy)
+    yield "treepack-fail2", synthesize(fail2(hpn), previous=healthy).schedule
     for degradation in (0.5, 0.75, 0.88):
         yield f"treepack-nic-{degradation}", synthesize(degrade(hpn, ("gpu0", "tor0.0"), factor=1 - degradation,
-                                                                duplex=True))
-    yield "treepack-32-latency", synthesize(rail_optimized(1, 4, 8), latency_aware=True)
+                                                                duplex=True)).schedule
+    yield "treepack-32-latency", synthesize(rail_optimized(1, 4, 8), latency_aware=True).schedule
     yield "ring-8-chunks", nccl_ring(hpn, Collective.ALLGATHER, chunks=8)  # > 64 steps per connection
     yield "alltoall-pxn", direct_alltoall(hpn, chunks=2)  # relays keep chunks in scratch
-    yield "alltoall-cg-fail2", synthesize_alltoall(fail2(hpn))  # column generation: multi-hop relays, uneven chunks
+    yield "alltoall-cg-fail2", synthesize_alltoall(fail2(hpn)).schedule  # column generation: multi-hop relays, uneven chunks
 
 
 @pytest.mark.parametrize(("label", "schedule"), list(_schedules()), ids=lambda x: x if isinstance(x, str) else "")

@@ -6,11 +6,11 @@ import pytest
 
 from mccl.schedule import Collective, validate
 from mccl.sim import evaluate
-from mccl.synth import (
-    allgather_cut_bound,
+from mccl.synth import allgather_cut_bound
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import (
     cross_rack_flows,
     cross_rack_ratio,
-    direct_alltoall,
     locality_order,
     locality_ring,
     naive_ring,

@@ -15,7 +15,9 @@ import pytest
 
 from mccl.runtime.launch import run_ranks
 from mccl.schedule import Chunks, validate
-from mccl.synth import check_ranks, direct_alltoall, locality_ring, naive_ring, nccl_ring, ring_schedule
+from mccl.synth.common import check_ranks
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import locality_ring, naive_ring, nccl_ring, ring_schedule
 from mccl.topology import rail_optimized, single_switch
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]  # gloo ranks in processes of their own

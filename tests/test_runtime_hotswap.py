@@ -18,7 +18,8 @@ import pytest
 
 from mccl.runtime.launch import run_ranks
 from mccl.schedule import Transfers, dumps_schedule, loads_schedule
-from mccl.synth import direct_alltoall, naive_ring, nccl_ring
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import naive_ring, nccl_ring
 from mccl.topology import single_switch
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]  # gloo ranks in processes of their own

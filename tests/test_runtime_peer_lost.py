@@ -19,7 +19,8 @@ def _rank(rank: int, world_size: int, kind: str) -> dict:
 
     import mccl
     from mccl.errors import PeerLost
-    from mccl.synth import direct_alltoall, naive_ring
+    from mccl.synth.direct import direct_alltoall
+    from mccl.synth.ring import naive_ring
     from mccl.topology import single_switch
 
     topology = single_switch(world_size, 100)

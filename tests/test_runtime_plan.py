@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from mccl.runtime.plan import build_plan, chunk_layout
 from mccl.schedule import validate
-from mccl.synth import direct_alltoall, naive_ring, nccl_ring
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import naive_ring, nccl_ring
 from mccl.topology import rail_optimized, single_switch
 
 

@@ -17,7 +17,7 @@ def _paced(rank: int, world: int) -> dict:
 
     from mccl.errors import MCCLError
     from mccl.runtime import MemorySink, TelemetryConfig, init
-    from mccl.synth import naive_ring
+    from mccl.synth.ring import naive_ring
     from mccl.topology import rail_optimized
 
     topology = rail_optimized(1, 2, 1)  # two hosts, one GPU each: the pair is inter-host

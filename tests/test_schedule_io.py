@@ -4,7 +4,8 @@ import pytest
 
 from mccl.errors import InvalidSchedule, ScheduleFileError
 from mccl.schedule import Collective, dump_schedule, dumps_schedule, load_schedule, loads_schedule, validate
-from mccl.synth import direct_alltoall, nccl_ring
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import nccl_ring
 
 
 @pytest.mark.parametrize("collective", [Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE])

@@ -26,7 +26,8 @@ from mccl.sim import (
     simulate,
     simulate_schedule,
 )
-from mccl.synth import direct_alltoall, naive_ring, ring_schedule
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import naive_ring, ring_schedule
 from mccl.topology import Router, single_switch, spine_leaf, switch_ring
 
 GB = 1e9

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conftest import BUILDER_CASES, small_topologies
-from mccl.errors import Infeasible, SynthesisError, TopologyError
+from mccl.errors import Infeasible, InvalidOptions, SynthesisError, TopologyError
 from mccl.schedule import Collective, link_load, steady_state_algbw, validate
-from mccl.synth import allgather_cut_bound, nccl_ring, optimize
+from mccl.synth import allgather_cut_bound, optimize
+from mccl.synth.ring import nccl_ring
 from mccl.synth.treepack import reversed_topology, synthesize, synthesize_reducescatter
 from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
 
@@ -33,7 +34,7 @@ def _check_optimal(schedule, topology, *, max_gap: float) -> None:
 
 @pytest.mark.parametrize("topology", CASES, ids=lambda t: t.name)
 def test_builders_optimal_within_rounding(topology: Topology) -> None:
-    schedule = synthesize(topology)
+    schedule = synthesize(topology).schedule
     _check_optimal(schedule, topology, max_gap=0.02)
     assert schedule.collective is Collective.ALLGATHER
     counts = np.bincount(schedule.chunks.source, minlength=schedule.n_ranks)
@@ -47,19 +48,19 @@ def test_builders_optimal_within_rounding(topology: Topology) -> None:
 def test_random_small_topologies(topology: Topology) -> None:
     """Random fabrics (switches may be unbalanced: one-way extra links): valid, fractional optimum exact,
     achieved = bound × (1 - reported gap)."""
-    reduce = synthesize_reducescatter(topology, chunks=3)
+    reduce = synthesize_reducescatter(topology, chunks=3).schedule
     validate(reduce, topology)
     assert reduce.meta.throughput_bound_gbs == pytest.approx(allgather_cut_bound(reversed_topology(topology)).algbw_gbs,
                                                              rel=1e-9)
     assert reduce.meta.achieved_gbs <= reduce.meta.throughput_bound_gbs * (1 + 1e-9)
-    schedule = synthesize(topology, chunks=4)
+    schedule = synthesize(topology, chunks=4).schedule
     # With k = 4 trees per source each cut link can lose up to one tree's worth to the floor: the gap
     # is honest but not tiny on 1-3-link cuts (300 examples at chunks=10: median 0.4 %, max 6.5 %).
     _check_optimal(schedule, topology, max_gap=0.5)
 
 
 def test_hpn_within_one_percent_and_beats_ring(hpn: Topology) -> None:
-    schedule = synthesize(hpn)
+    schedule = synthesize(hpn).schedule
     assert schedule.meta.throughput_bound_gbs == pytest.approx(437.333, abs=1e-3)  # (2880+400)/15 Gbit/s × 16 / 8
     assert schedule.meta.achieved_gbs >= 0.99 * schedule.meta.throughput_bound_gbs
     ring = nccl_ring(hpn, Collective.ALLGATHER)
@@ -74,9 +75,9 @@ def _on(schedule, topology: Topology) -> float:
 @pytest.mark.parametrize("degradation", [0.50, 0.75, 0.88])
 def test_fail2_degradations_beat_static(hpn: Topology, degradation: float) -> None:
     faulted = degrade(hpn, ("gpu0", "tor0.0"), factor=1 - degradation, duplex=True)
-    static_tree = synthesize(hpn)
+    static_tree = synthesize(hpn).schedule
     static_ring = nccl_ring(hpn, Collective.ALLGATHER)
-    fresh = synthesize(faulted, previous=static_tree)
+    fresh = synthesize(faulted, previous=static_tree).schedule
     _check_optimal(fresh, faulted, max_gap=0.01)
     bound = fresh.meta.throughput_bound_gbs
     for static in (static_tree, static_ring):
@@ -89,10 +90,10 @@ def test_fail2_degradations_beat_static(hpn: Topology, degradation: float) -> No
 @pytest.mark.parametrize("fault", [fail1, fail2, fail3], ids=["Fail1", "Fail2", "Fail3"])
 def test_warm_start_same_throughput_as_cold(fault) -> None:
     healthy = rail_optimized(1, 4, 8)
-    previous = synthesize(healthy)
+    previous = synthesize(healthy).schedule
     faulted = fault(healthy)
-    cold = synthesize(faulted)
-    warm = synthesize(faulted, previous=previous)
+    cold = synthesize(faulted).schedule
+    warm = synthesize(faulted, previous=previous).schedule
     validate(warm, faulted)
     assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
     kept = warm.meta.stat("kept_fraction")
@@ -102,18 +103,18 @@ def test_warm_start_same_throughput_as_cold(fault) -> None:
 
 
 def test_reducescatter_warm_start(hpn: Topology) -> None:
-    previous = synthesize_reducescatter(hpn)
+    previous = synthesize_reducescatter(hpn).schedule
     faulted = fail2(hpn)
-    warm = synthesize_reducescatter(faulted, previous=previous)
+    warm = synthesize_reducescatter(faulted, previous=previous).schedule
     validate(warm, faulted)
-    cold = synthesize_reducescatter(faulted)
+    cold = synthesize_reducescatter(faulted).schedule
     assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
     assert warm.meta.stat("kept_fraction") > 0.5
 
 
 def test_latency_aware_variant_reports_depth(hpn: Topology) -> None:
-    plain = synthesize(hpn)
-    shallow = synthesize(hpn, latency_aware=True)
+    plain = synthesize(hpn).schedule
+    shallow = synthesize(hpn, latency_aware=True).schedule
     _check_optimal(shallow, hpn, max_gap=0.01)
     assert shallow.meta.achieved_gbs == pytest.approx(plain.meta.achieved_gbs)
     for schedule in (plain, shallow):
@@ -124,7 +125,7 @@ def test_latency_aware_variant_reports_depth(hpn: Topology) -> None:
 
 @pytest.mark.parametrize("chunks", [1, 2, 3])
 def test_chunk_budget(hpn: Topology, chunks: int) -> None:
-    schedule = synthesize(hpn, chunks=chunks)
+    schedule = synthesize(hpn, chunks=chunks).schedule
     validate(schedule, hpn)
     assert len(schedule.chunks) <= chunks * schedule.n_ranks
     assert schedule.meta.stat("trees_per_source") <= chunks
@@ -132,17 +133,17 @@ def test_chunk_budget(hpn: Topology, chunks: int) -> None:
 
 @pytest.mark.parametrize("topology", [BUILDER_CASES[0], BUILDER_CASES[3], BUILDER_CASES[5]], ids=lambda t: t.name)
 def test_reducescatter_reversed_trees(topology: Topology) -> None:
-    schedule = synthesize_reducescatter(topology)
+    schedule = synthesize_reducescatter(topology).schedule
     validate(schedule, topology)
     assert schedule.collective is Collective.REDUCESCATTER
     bound = allgather_cut_bound(reversed_topology(topology)).algbw_gbs
     assert schedule.meta.throughput_bound_gbs == pytest.approx(bound, rel=1e-9)
     assert schedule.meta.achieved_gbs >= 0.98 * bound
-    assert optimize(topology, "reducescatter").meta.achieved_gbs == pytest.approx(schedule.meta.achieved_gbs)
+    assert optimize(topology, "reducescatter").schedule.meta.achieved_gbs == pytest.approx(schedule.meta.achieved_gbs)
 
 
 def test_optimize_routes_allgather(hpn: Topology) -> None:
-    schedule = optimize(hpn, "allgather", chunks=4)
+    schedule = optimize(hpn, "allgather", chunks=4).schedule
     validate(schedule, hpn)
     assert schedule.meta.synthesizer == "allgather.treepack"
 
@@ -154,7 +155,7 @@ def test_disconnected_ranks_refused() -> None:
     chain = Topology.from_edges("chain", nodes, edges)
     with pytest.raises(Infeasible, match="disconnected ranks"):
         synthesize(chain, ["g0", "g2"])
-    validate(synthesize(chain), chain)
+    validate(synthesize(chain).schedule, chain)
 
 
 def test_zero_capacity_cannot_reach_synthesis(hpn: Topology) -> None:
@@ -171,5 +172,5 @@ def test_bad_previous_schedules_refused(hpn: Topology) -> None:
         synthesize(hpn, previous=synthesize(other))
     with pytest.raises(SynthesisError, match="same ranks"):
         synthesize(hpn, previous=synthesize(hpn, list(hpn.gpus[:8])))
-    with pytest.raises(SynthesisError, match="chunks must be"):
+    with pytest.raises(InvalidOptions, match="option .chunks. of .treepack."):
         synthesize(hpn, chunks=11)

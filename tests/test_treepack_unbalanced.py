@@ -33,7 +33,7 @@ LOWER_RATE = [1.0] * 6 + [0.2159] + [1.0] * 5 + [0.6149] + [1.0] * 5 + [0.3397] 
 
 
 def _check(topology: Topology) -> dict[str, float]:
-    schedule = optimize(topology, "allgather")
+    schedule = optimize(topology, "allgather").schedule
     validate(schedule, topology)
     meta = schedule.meta
     bound = allgather_cut_bound(topology).algbw_gbs

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import small_topologies
 from mccl.schedule import Collective, link_load, validate
-from mccl.synth import nccl_ring
+from mccl.synth.ring import nccl_ring
 from mccl.synth.treepack import synthesize, synthesize_reducescatter
 from mccl.synth.treepack.forest import forest_of, lower_rows, tree_depths
 from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
@@ -44,10 +44,10 @@ def _check_warm(warm, cold, topology: Topology, *, repaired: bool = True) -> Non
 @pytest.mark.parametrize("shape", [(1, 4, 8), (2, 2, 4)], ids=lambda s: "x".join(map(str, s)))
 def test_warm_repair_under_paper_faults(fault, shape) -> None:
     healthy = rail_optimized(*shape)
-    previous = synthesize(healthy)
+    previous = synthesize(healthy).schedule
     faulted = fault(healthy)
-    cold = synthesize(faulted)
-    warm = synthesize(faulted, previous=previous)
+    cold = synthesize(faulted).schedule
+    warm = synthesize(faulted, previous=previous).schedule
     _check_warm(warm, cold, faulted)
     assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
     assert 0.3 <= warm.meta.stat("reused_trees_fraction") < 1.0  # some trees kept whole, some repaired
@@ -56,8 +56,8 @@ def test_warm_repair_under_paper_faults(fault, shape) -> None:
 
 def test_warm_on_unchanged_fabric_keeps_every_tree() -> None:
     healthy = rail_optimized(1, 4, 8)
-    previous = synthesize(healthy)
-    warm = synthesize(healthy, previous=previous)
+    previous = synthesize(healthy).schedule
+    warm = synthesize(healthy, previous=previous).schedule
     _check_warm(warm, previous, healthy)
     assert warm.meta.stat("reused_trees_fraction") == 1.0
     assert warm.meta.stat("repaired_trees") == 0.0
@@ -66,23 +66,23 @@ def test_warm_on_unchanged_fabric_keeps_every_tree() -> None:
 
 @pytest.mark.parametrize("degradation", [0.5, 0.88])
 def test_reducescatter_warm_repair(hpn: Topology, degradation: float) -> None:
-    previous = synthesize_reducescatter(hpn)
+    previous = synthesize_reducescatter(hpn).schedule
     faulted = degrade(hpn, ("gpu0", "tor0.0"), factor=1 - degradation, duplex=True)
-    cold = synthesize_reducescatter(faulted)
-    warm = synthesize_reducescatter(faulted, previous=previous)
+    cold = synthesize_reducescatter(faulted).schedule
+    warm = synthesize_reducescatter(faulted, previous=previous).schedule
     _check_warm(warm, cold, faulted)
     assert warm.collective is Collective.REDUCESCATTER
 
 
 def test_warm_with_more_chunks_than_before_and_latency_aware(hpn: Topology) -> None:
     """k grows from 2 to the best k ≤ 10: the extra trees are repaired from copies of kept ones."""
-    previous = synthesize(hpn, chunks=2)
+    previous = synthesize(hpn, chunks=2).schedule
     faulted = fail2(hpn)
-    cold = synthesize(faulted)
-    warm = synthesize(faulted, previous=previous)
+    cold = synthesize(faulted).schedule
+    warm = synthesize(faulted, previous=previous).schedule
     _check_warm(warm, cold, faulted)
     assert warm.meta.stat("trees_per_source") > 2
-    shallow = synthesize(faulted, previous=previous, latency_aware=True)
+    shallow = synthesize(faulted, previous=previous, latency_aware=True).schedule
     _check_warm(shallow, cold, faulted)
 
 
@@ -90,7 +90,7 @@ def test_warm_from_a_ring(hpn: Topology) -> None:
     """Another synthesizer's AllGather (rings: each chunk a chain) seeds the repair just as well."""
     ring = nccl_ring(hpn, Collective.ALLGATHER)
     faulted = fail1(hpn)
-    _check_warm(synthesize(faulted, previous=ring), synthesize(faulted), faulted)
+    _check_warm(synthesize(faulted, previous=ring).schedule, synthesize(faulted).schedule, faulted)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -103,9 +103,9 @@ def test_warm_equals_cold_on_random_degradations(topology: Topology, data: st.Da
     degraded = topology.with_capacities(topology.capacities_gbps * np.array(factors))
     chunks = data.draw(st.integers(1, 10))
     for synth in (synthesize, synthesize_reducescatter):
-        previous = synth(topology, chunks=data.draw(st.integers(1, 10)))
-        cold = synth(degraded, chunks=chunks)
-        _check_warm(synth(degraded, previous=previous, chunks=chunks), cold, degraded, repaired=False)
+        previous = synth(topology, chunks=data.draw(st.integers(1, 10))).schedule
+        cold = synth(degraded, chunks=chunks).schedule
+        _check_warm(synth(degraded, previous=previous, chunks=chunks).schedule, cold, degraded, repaired=False)
 
 
 def _one_way_fabric() -> Topology:
@@ -126,9 +126,9 @@ def test_stuck_repair_falls_back_to_cold_packing() -> None:
     fabric = _one_way_fabric()
     factors = [2.0, 0.1, 2.0, 2.0, 1.0, 2.0, 0.25, 2.0, 2.0, 2.0, 1.0, 1.0, 2.0, 0.1, 0.5, 0.9, 0.25, 1.0, 0.1, 0.5, 0.5]
     degraded = fabric.with_capacities(fabric.capacities_gbps * np.array(factors))
-    previous = synthesize(fabric, chunks=7)
-    cold = synthesize(degraded)
-    warm = synthesize(degraded, previous=previous)
+    previous = synthesize(fabric, chunks=7).schedule
+    cold = synthesize(degraded).schedule
+    warm = synthesize(degraded, previous=previous).schedule
     _check_warm(warm, cold, degraded, repaired=False)
     assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("reused_trees_fraction") == 0.0
     assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
@@ -150,7 +150,7 @@ def test_tree_depths_flags_non_trees() -> None:
 def test_forest_round_trip(hpn: Topology, reduce: bool) -> None:
     """Reading a schedule's trees and lowering all of them again gives the same loads and a valid schedule."""
     synth = synthesize_reducescatter if reduce else synthesize
-    schedule = synth(hpn)
+    schedule = synth(hpn).schedule
     collective = schedule.collective
     forest = forest_of(schedule, collective)
     assert forest.valid.all()

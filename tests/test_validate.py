@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from conftest import small_topologies
 from mccl.errors import Infeasible, InvalidSchedule, TopologyError
 from mccl.schedule import Chunks, Collective, Schedule, TransferList, TransferOp, Transfers, validate
-from mccl.synth import allgather_cut_bound, direct_alltoall, naive_ring, nccl_ring
+from mccl.synth import allgather_cut_bound
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import naive_ring, nccl_ring
 from mccl.topology import Router, single_switch
 
 

@@ -16,6 +16,8 @@ __all__ = [
     "ScheduleFileError",
     "SynthesisError",
     "Infeasible",
+    "SynthesisUnavailable",
+    "InvalidOptions",
     "ControllerError",
     "PeerLost",
 ]
@@ -47,6 +49,29 @@ class SynthesisError(MCCLError):
 
 class Infeasible(SynthesisError):
     """The requested collective cannot be carried out on the given topology."""
+
+
+class SynthesisUnavailable(SynthesisError):
+    """No registered synthesizer makes ``collective`` (or none called ``method``).
+
+    Callers decide on the fields, never on the message: the controller keeps the current
+    schedule of a collective nothing can re-synthesize."""
+
+    def __init__(self, collective: str, method: str | None, available: tuple[str, ...]) -> None:
+        self.collective, self.method, self.available = collective, method, available
+        what = f"synthesizer {method!r}" if method else "a synthesizer"
+        offer = ", ".join(available) if available else "none"
+        super().__init__(f"{what} for {collective} is not available (available for {collective}: {offer})")
+
+
+class InvalidOptions(SynthesisError):
+    """A synthesizer's options are wrong: an unknown name, a value out of range, the options
+    class of another method. ``option`` is None when the whole options object is the problem."""
+
+    def __init__(self, method: str, option: str | None, reason: str) -> None:
+        self.method, self.option, self.reason = method, option, reason
+        where = f"option {option!r} of {method!r}" if option else f"options of {method!r}"
+        super().__init__(f"{where}: {reason}")
 
 
 class ControllerError(MCCLError):

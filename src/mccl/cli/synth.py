@@ -8,11 +8,11 @@ import click
 
 from mccl.cli.common import console, load_topology_arg
 from mccl.schedule import Collective, Schedule, dump_schedule, validate
-from mccl.synth import direct_alltoall, locality_ring, naive_ring, nccl_ring
+from mccl.synth import DirectOptions, RingOptions, optimize
 
 __all__ = ["synth_group"]
 
-_RINGS = {"nccl": nccl_ring, "naive": naive_ring, "locality": locality_ring}
+_RINGS = ("locality", "naive", "nccl")  # registered as ring.<kind>
 
 
 @click.group("synth")
@@ -44,7 +44,7 @@ _out = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), re
 @_topology_option
 @_fault_option
 @click.option("--collective", type=click.Choice(["allgather", "reducescatter", "allreduce"]), default="allgather")
-@click.option("--kind", type=click.Choice(sorted(_RINGS)), default="nccl", help="Ring construction.")
+@click.option("--kind", type=click.Choice(_RINGS), default="nccl", help="Ring construction.")
 @click.option("--channels", type=click.IntRange(min=1), default=None, help="Rings (NCCL channels); default GPUs per host.")
 @click.option("--chunks", type=click.IntRange(min=1), default=1, help="Chunks per block and ring.")
 @_ranks
@@ -53,12 +53,10 @@ def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, cha
          ranks: str | None, out: Path) -> None:
     """Ring schedules: NCCL-style rail rings, the naive rank-order ring, the locality-aware ring."""
     fabric = load_topology_arg(topology, faults)
-    options = {"chunks": chunks}
-    if kind != "naive":
-        options["channels"] = channels
-    elif channels not in (None, 1):
+    if kind == "naive" and channels not in (None, 1):
         raise click.UsageError("the naive ring has one channel")
-    schedule = _RINGS[kind](fabric, Collective(collective), _ranks_option(ranks), **options)
+    schedule = optimize(fabric, Collective(collective), _ranks_option(ranks), method=f"ring.{kind}",
+                        options=RingOptions(chunks=chunks, channels=channels)).schedule
     validate(schedule, fabric)
     _report(schedule, out)
 
@@ -73,6 +71,7 @@ def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, cha
 def direct(topology: str, faults: tuple[str, ...], chunks: int, pxn: bool, ranks: str | None, out: Path) -> None:
     """NCCL-style AllToAll: direct all-pairs sends."""
     fabric = load_topology_arg(topology, faults)
-    schedule = direct_alltoall(fabric, _ranks_option(ranks), chunks=chunks, pxn=pxn)
+    schedule = optimize(fabric, Collective.ALLTOALL, _ranks_option(ranks), method="alltoall.direct",
+                        options=DirectOptions(chunks=chunks, pxn=pxn)).schedule
     validate(schedule, fabric)
     _report(schedule, out)

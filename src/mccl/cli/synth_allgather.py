@@ -8,8 +8,9 @@ import click
 
 from mccl.cli.common import console, load_topology_arg
 from mccl.cli.synth import synth_group
-from mccl.schedule import dump_schedule, load_schedule, to_msccl_xml, validate
-from mccl.synth.treepack import MAX_CHUNKS, synthesize
+from mccl.schedule import Collective, dump_schedule, load_schedule, to_msccl_xml, validate
+from mccl.synth import TreePackOptions, optimize
+from mccl.synth.options import TREEPACK_MAX_CHUNKS as MAX_CHUNKS
 
 __all__ = ["allgather"]
 
@@ -32,22 +33,23 @@ def allgather(topology: str, faults: tuple[str, ...], warm: Path | None, chunks:
     fabric = load_topology_arg(topology, faults)
     previous = load_schedule(warm) if warm is not None else None
     chosen = None if ranks is None else [gpu.strip() for gpu in ranks.split(",") if gpu.strip()]
-    schedule = synthesize(fabric, chosen, previous=previous, chunks=chunks, latency_aware=latency_aware)
+    result = optimize(fabric, Collective.ALLGATHER, chosen, previous=previous,
+                      options=TreePackOptions(chunks=chunks, latency_aware=latency_aware))
+    schedule, stats = result.schedule, result.stats
     validate(schedule, fabric)
     dump_schedule(schedule, out)
     if xml is not None:
         xml.write_text(to_msccl_xml(schedule))
     meta = schedule.meta
-    stat = meta.stat
     cut = ", ".join(f"{c.link}({fabric.links[c.link].src}->{fabric.links[c.link].dst})" for c in meta.bottleneck_cut[:6])
     more = f" ... ({len(meta.bottleneck_cut)} links)" if len(meta.bottleneck_cut) > 6 else ""
     console.print(f"wrote {out}: allgather by {meta.synthesizer} on {meta.topology}, {schedule.n_ranks} ranks, "
-                  f"{int(stat('trees_per_source'))} chunks per source, {len(schedule.transfers)} transfers, "
-                  f"max depth {int(stat('max_depth'))}")
-    console.print(f"optimum {meta.throughput_bound_gbs:.2f} GB/s algbw; achieved {meta.achieved_gbs:.2f} GB/s "
-                  f"(rounding loss {100 * stat('rounding_gap'):.3f}%); solve time {stat('solve_time_s'):.3f} s")
-    if previous is not None:
-        console.print(f"warm start kept {100 * stat('kept_fraction'):.1f}% of the previous trees' links")
+                  f"{stats.trees_per_source} chunks per source, {len(schedule.transfers)} transfers, "
+                  f"max depth {stats.max_depth}")
+    console.print(f"optimum {result.bound_gbs:.2f} GB/s algbw; achieved {result.achieved_gbs:.2f} GB/s "
+                  f"(rounding loss {100 * stats.rounding_gap:.3f}%); solve time {stats.solve_time_s:.3f} s")
+    if previous is not None and stats.kept_fraction is not None:
+        console.print(f"warm start kept {100 * stats.kept_fraction:.1f}% of the previous trees' links")
     console.print(f"bottleneck cut [{cut}{more}]")
     if xml is not None:
         console.print(f"wrote {xml}: MSCCL XML")

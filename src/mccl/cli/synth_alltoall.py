@@ -12,8 +12,8 @@ import click
 
 from mccl.cli.common import console, load_topology_arg
 from mccl.cli.synth import _fault_option, _out, _ranks, _ranks_option, _report, _topology_option, synth_group
-from mccl.schedule import load_schedule, to_msccl_xml, validate
-from mccl.synth.alltoall import synthesize
+from mccl.schedule import Collective, load_schedule, to_msccl_xml, validate
+from mccl.synth import AllToAllOptions, optimize
 
 __all__ = ["alltoall"]
 
@@ -51,15 +51,16 @@ def alltoall(topology: str, faults: tuple[str, ...], warm: Path | None, time_lim
     """AllToAll by column generation (HiGHS), rounded to whole chunks."""
     fabric = load_topology_arg(topology, faults)
     previous = load_schedule(warm) if warm is not None else None
-    schedule = synthesize(fabric, _ranks_option(ranks), previous=previous, chunks=chunks, time_limit_s=time_limit,
-                          max_steps=_steps(max_steps), grouping=grouping)
+    result = optimize(fabric, Collective.ALLTOALL, _ranks_option(ranks), previous=previous,
+                      options=AllToAllOptions(chunks=chunks, time_limit_s=time_limit, max_steps=_steps(max_steps),
+                                              grouping=grouping))
+    schedule, stats = result.schedule, result.stats
     validate(schedule, fabric)
     _report(schedule, out)
     if msccl_xml is not None:
         msccl_xml.write_text(to_msccl_xml(schedule))
         console.print(f"wrote {msccl_xml}: MSCCL XML")
-    meta = schedule.meta
-    console.print(f"LP bound {meta.throughput_bound_gbs:.2f} GB/s; gap {100 * meta.stat('gap', 0.0):.2f}% "
-                  f"(rounding {100 * meta.stat('rounding_gap', 0.0):.2f}%); {meta.stat('columns', 0):.0f} columns, "
-                  f"{meta.stat('iterations', 0):.0f} simplex iterations, {meta.stat('solve_time_s', 0):.2f} s"
-                  + ("" if meta.stat("optimal") else " (stopped by the time limit)"))
+    console.print(f"LP bound {result.bound_gbs:.2f} GB/s; gap {100 * (result.gap or 0.0):.2f}% "
+                  f"(rounding {100 * stats.rounding_gap:.2f}%); {stats.columns} columns, "
+                  f"{stats.iterations} simplex iterations, {stats.solve_time_s:.2f} s"
+                  + ("" if result.optimal else " (stopped by the time limit)"))

@@ -4,15 +4,19 @@ It holds the active schedule of every (communicator, collective) with its versio
 folds telemetry into per-overlay-link EWMAs (:mod:`.ewma`), runs the drift test of
 Algorithm 1 (:mod:`.drift`) on the measured topology, and for a flagged schedule
 calls :func:`mccl.synth.optimize` with the measured capacities and the active
-schedule as ``previous`` (warm start). Every schedule it issues is validated
+schedule's synthesis result as ``previous`` (warm start: the result carries the
+solver state, so AllToAll restarts from its columns and basis or repairs the previous
+LP solution; a schedule registered by a rank has no result, and warm-starts from its
+routes). Every schedule it issues is validated
 against the nominal topology the executors hold (routes and correctness do not
 depend on capacities).
 
 Thrashing guard (§3.2): synthesis runs outside the manager's lock, so telemetry
 keeps arriving meanwhile; when it returns, the drift test is run again on the
 newest measurements, and if the degradation has cleared the new schedule is
-dropped ("aborted") and the current one kept. A synthesizer that is not available
-(``SynthesisError``) keeps the current schedule and is logged once.
+dropped ("aborted") and the current one kept. A collective no registered synthesizer
+makes (:class:`~mccl.errors.SynthesisUnavailable`) keeps the current schedule and is
+logged once.
 
 The EWMAs and their references persist across versions: the measured topology is
 always "nominal × what each overlay link delivers now relative to when healthy"
@@ -29,8 +33,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -45,9 +50,9 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.errors import ControllerError, MCCLError, SynthesisError
+from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, dumps_schedule, validate
-from mccl.synth import optimize
+from mccl.synth import SynthesisResult, optimize
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
@@ -62,13 +67,21 @@ class ControlConfig:
     on GPUs — here a sample is a whole saturated window, so larger values fit). ``gamma``: the
     drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
     fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
-    ``synth_options``: keyword options for :func:`mccl.synth.optimize`."""
+    ``methods``: the synthesizer per collective (default: :func:`mccl.synth.optimize`'s choice);
+    ``synth_options``: that method's options object per collective (e.g.
+    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own."""
 
     alpha: float = 0.3
     gamma: float = 0.2
     warmup: int = 3
     settle_collectives: int = 3
-    synth_options: tuple[tuple[str, object], ...] = ()
+    methods: Mapping[Collective, str] = field(default_factory=lambda: MappingProxyType({}))
+    synth_options: Mapping[Collective, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        for name in ("methods", "synth_options"):
+            given = getattr(self, name)
+            object.__setattr__(self, name, MappingProxyType({Collective(key): value for key, value in given.items()}))
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class Decision:
 @dataclass
 class _Active:
     schedule: Schedule
+    result: SynthesisResult | None  # what the controller synthesized it with (warm state); None when registered
     version: int
     text: str
     cut: CutProfile
@@ -120,7 +134,7 @@ class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
-                 synthesize: Callable[..., Schedule] = optimize) -> None:
+                 synthesize: Callable[..., SynthesisResult] = optimize) -> None:
         self.topology = topology
         self.config = config or ControlConfig()
         if self.config.gamma <= 0:
@@ -140,10 +154,11 @@ class ScheduleManager:
                text: str = "") -> None:
         self.events.append(Event(time.time(), kind, comm, collective.value, version, value, text))
 
-    def _activate(self, comm: _Communicator, schedule: Schedule, version: int, on: Topology) -> _Active:
+    def _activate(self, comm: _Communicator, schedule: Schedule, result: SynthesisResult | None, version: int,
+                  on: Topology) -> _Active:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
-        return _Active(schedule, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
+        return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
                        judge_after_seq=comm.last_seq + self.config.settle_collectives)
 
     def register(self, communicator: str, schedule: Schedule) -> int:
@@ -164,7 +179,7 @@ class ScheduleManager:
             current = comm.active.get(schedule.collective)
             if current is not None and current.version >= version:
                 return current.version
-            comm.active[schedule.collective] = self._activate(comm, schedule, version, self.topology)
+            comm.active[schedule.collective] = self._activate(comm, schedule, None, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
 
@@ -174,6 +189,14 @@ class ScheduleManager:
             comm = self._comms.get(communicator)
             active = comm.active.get(Collective(collective)) if comm else None
             return (active.version, active.text) if active else None
+
+    def active_result(self, communicator: str, collective: Collective | str) -> SynthesisResult | None:
+        """The synthesis result behind the active schedule (with its warm state), or None when the
+        active schedule was registered by a rank rather than synthesized here."""
+        with self._lock:
+            comm = self._comms.get(communicator)
+            active = comm.active.get(Collective(collective)) if comm else None
+            return active.result if active else None
 
     def versions(self, communicator: str) -> dict[str, int]:
         with self._lock:
@@ -248,21 +271,20 @@ class ScheduleManager:
                     decision: Decision) -> Schedule | None:
         measured = self.topology.with_capacities(decision.capacities_gbps, name=f"{self.topology.name}+measured")
         start = time.perf_counter()
+        previous = active.result if active.result is not None else active.schedule
         try:
-            schedule = self._synthesize(measured, kind, active.schedule.ranks, previous=active.schedule,
-                                        **dict(self.config.synth_options))
-            validate(schedule, self.topology)
-        except SynthesisError as error:
+            result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
+                                      method=self.config.methods.get(kind),
+                                      options=self.config.synth_options.get(kind))
+            validate(result.schedule, self.topology)
+        except SynthesisUnavailable as error:
             with self._lock:
-                if "not available" in str(error):
-                    self._unavailable.add((name, kind))
-                    log.warning("mccl controller: %s synthesis is not available (%s); keeping the current "
-                                "schedules of that collective", kind.value, error)
-                    self._event("unavailable", name, kind, active.version, text=str(error))
-                else:
-                    self._event("failed", name, kind, active.version, text=str(error))
+                self._unavailable.add((name, kind))
+                log.warning("mccl controller: %s synthesis is not available (%s); keeping the current "
+                            "schedules of that collective", kind.value, error)
+                self._event("unavailable", name, kind, active.version, text=str(error))
             return None
-        except MCCLError as error:
+        except (SynthesisError, MCCLError) as error:
             with self._lock:
                 self._event("failed", name, kind, active.version, text=str(error))
             return None
@@ -274,8 +296,9 @@ class ScheduleManager:
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
             version = active.version + 1
-            schedule = schedule.with_meta(version=version)
-            comm.active[kind] = self._activate(comm, schedule, version, measured)
+            result = result.with_version(version)
+            schedule = result.schedule
+            comm.active[kind] = self._activate(comm, schedule, result, version, measured)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms")
             return schedule

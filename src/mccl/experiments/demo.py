@@ -257,7 +257,7 @@ def run_demo(config: DemoConfig, *, progress=None) -> DemoReport:
         raise MCCLError(f"the demo runs 4 or 8 ranks, not {config.ranks}")
     say = progress or (lambda text: None)
     topology = parse_topology(config.topology_spec)
-    schedule = optimize(topology, "allgather").with_meta(version=1)
+    schedule = optimize(topology, "allgather").schedule.with_meta(version=1)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     context = mp.get_context("spawn")
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, config.alpha,

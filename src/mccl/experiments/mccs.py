@@ -25,7 +25,7 @@ from mccl.schedule import Collective
 from mccl.sim.closedloop import ControlHook, ControlView
 from mccl.sim.engine import simulate
 from mccl.sim.inputs import BackgroundFlow, CollectiveOp, Job, path_links
-from mccl.synth import naive_ring, ring_schedule
+from mccl.synth.ring import naive_ring, ring_schedule
 from mccl.topology import switch_ring
 
 __all__ = ["ring_reversal", "PAPER_GBS"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mccl.errors import SynthesisError
+from mccl.errors import SynthesisUnavailable
 from mccl.experiments.mccs import ring_reversal
 from mccl.experiments.report import NOT_YET, MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective, Schedule, validate
@@ -29,7 +29,9 @@ from mccl.sim.analytic import busbw_factor
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import SimOptions
 from mccl.sim.results import RunResult
-from mccl.synth import allgather_cut_bound, direct_alltoall, nccl_ring, optimize
+from mccl.synth import SynthesisResult, allgather_cut_bound, optimize
+from mccl.synth.direct import direct_alltoall
+from mccl.synth.ring import nccl_ring
 from mccl.topology import Topology, apply_fault, degrade, rail_optimized
 
 __all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "PIPELINED_SCENARIOS", "fig2_degradation", "fig9_failures", "chain_summary", "MiB"]
@@ -53,14 +55,14 @@ def chain_summary(run: RunResult, topology: Topology) -> str:
     return f"{len(run.critical_chain)} hops, {spent / run.time_s:.0%} on {where}"
 
 
-def _synthesized(topology: Topology, collective: Collective, previous: Schedule | None = None) -> Schedule | None:
-    """``optimize``'s schedule, or None while its synthesizer is not available."""
+def _synthesized(topology: Topology, collective: Collective,
+                 previous: SynthesisResult | None = None) -> SynthesisResult | None:
+    """``optimize``'s result (warm from ``previous``'s solver state), or None when no synthesizer
+    makes ``collective``."""
     try:
         return optimize(topology, collective, previous=previous)
-    except SynthesisError as error:
-        if "not available" in str(error):
-            return None
-        raise
+    except SynthesisUnavailable:
+        return None
 
 
 def _missing(scenario: str, collective: Collective, label: str, fabric: Topology, size: float) -> ScenarioRow:
@@ -97,13 +99,13 @@ def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int = 4) ->
             if static is None:
                 rows.append(_missing(state, collective, f"mccl {name} (Orig)", fabric, size))
             else:
-                rows.append(_simulated(state, static, fabric, size, f"mccl {name} (Orig)", "planned for healthy",
+                rows.append(_simulated(state, static.schedule, fabric, size, f"mccl {name} (Orig)", "planned for healthy",
                                        base.algbw_gbs, options=options))
             reopt = _synthesized(fabric, collective, previous=static) if static is not None else None
             if reopt is None:
                 rows.append(_missing(state, collective, f"mccl {name} (re-opt.)", fabric, size))
             else:
-                rows.append(_simulated(state, reopt, fabric, size, f"mccl {name} (re-opt.)", "", base.algbw_gbs,
+                rows.append(_simulated(state, reopt.schedule, fabric, size, f"mccl {name} (re-opt.)", "", base.algbw_gbs,
                                        options=options))
             if collective is Collective.ALLGATHER:
                 bound = allgather_cut_bound(fabric)
@@ -142,7 +144,7 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
                 if reopt is None:
                     rows.append(_missing(state, collective, f"mccl {name} (re-opt.)", fabric, size))
                 else:
-                    rows.append(_simulated(state, reopt, fabric, size, f"mccl {name} (re-opt.)", "",
+                    rows.append(_simulated(state, reopt.schedule, fabric, size, f"mccl {name} (re-opt.)", "",
                                            base.algbw_gbs, options=options))
                 if collective is Collective.ALLGATHER:
                     bound = allgather_cut_bound(fabric)

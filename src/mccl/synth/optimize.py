@@ -1,18 +1,21 @@
-"""``optimize()``: the one entry point the controller and the simulator call.
+"""``optimize()``: the one entry point the controller, the CLI and the experiments call.
 
-It picks the synthesizer for a collective: AllGather and ReduceScatter by
-spanning-tree packing, AllToAll by column generation, AllReduce as ReduceScatter +
-AllGather. ``previous`` is the schedule being replaced (for a warm start).
-Until a synthesizer lands, its collective raises :class:`SynthesisError` saying so.
+It looks the method up in :mod:`.registry` (by default the collective's optimal one:
+AllGather / ReduceScatter by spanning-tree packing, AllToAll by column generation,
+AllReduce as ReduceScatter + AllGather), resolves its typed options and runs it.
+``previous`` is what is being replaced: the :class:`~mccl.synth.result.SynthesisResult`
+kept from the last synthesis (a warm start from its solver state) or a schedule read
+from a file (a warm start from its routes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mccl.errors import SynthesisError
 from mccl.schedule import Collective, Schedule
-from mccl.synth.alltoall import synthesize as synthesize_alltoall
+from mccl.synth.options import resolve_options
+from mccl.synth.registry import method_for
+from mccl.synth.result import SynthesisResult
 from mccl.topology import Topology
 
 __all__ = ["optimize"]
@@ -23,19 +26,19 @@ def optimize(
     collective: Collective | str,
     ranks: Sequence[str] | None = None,
     *,
-    previous: Schedule | None = None,
-    **options: object,
-) -> Schedule:
-    """A throughput-optimized schedule for ``collective`` on ``topology`` (validated shape)."""
-    collective = Collective(collective)
-    if collective is Collective.ALLGATHER:
-        from mccl.synth.treepack import synthesize
+    method: str | None = None,
+    previous: SynthesisResult | Schedule | None = None,
+    options: object | None = None,
+    **overrides: object,
+) -> SynthesisResult:
+    """A schedule for ``collective`` on ``topology`` by ``method`` (default: the optimal one), with
+    its bound, gap and warm state.
 
-        return synthesize(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
-    if collective is Collective.REDUCESCATTER:
-        from mccl.synth.treepack import synthesize_reducescatter
-
-        return synthesize_reducescatter(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
-    if collective is Collective.ALLTOALL:
-        return synthesize_alltoall(topology, ranks, previous=previous, **options)  # type: ignore[arg-type]
-    raise SynthesisError(f"{collective.value} synthesis is not available yet")
+    ``options``: the method's options class (see :mod:`mccl.synth.options`); ``overrides``:
+    its fields by name (``chunks=4``). Raises :class:`~mccl.errors.SynthesisUnavailable` when no
+    such method makes the collective, :class:`~mccl.errors.InvalidOptions` for options it lacks.
+    """
+    kind = Collective(collective)
+    chosen = method_for(kind, method)
+    resolved = resolve_options(chosen.name, chosen.options, options, overrides)
+    return chosen.run(topology, kind, ranks, resolved, previous)

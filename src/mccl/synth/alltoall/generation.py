@@ -35,20 +35,9 @@ from mccl.errors import SynthesisError
 from mccl.synth.alltoall.master import Master, MasterSolution
 from mccl.synth.alltoall.pool import ColumnPool
 from mccl.synth.alltoall.pricing import PathBatch, Pricer
+from mccl.synth.options import CGOptions
 
 __all__ = ["CGOptions", "CGResult", "OutOfPivots", "add_columns", "lagrangian_bound", "run_generation", "tie_epsilon", "seed_columns"]
-
-
-@dataclass(frozen=True)
-class CGOptions:
-    """Knobs of the column-generation loop (defaults measured on rail-optimized fabrics)."""
-
-    tolerance: float = 1e-7  # stop when 1 - z_RMP / bound <= tolerance
-    reduced_cost_tolerance: float = 1e-9  # add a tree when its reduced cost < -this (α_c sum to 1); = HiGHS dual tolerance
-    smoothing: float = 0.5  # Wentges λ; 0 prices at the RMP's duals only
-    diversity: int = 2  # extra randomly tie-broken trees per tensor per round
-    max_rounds: int = 10_000
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,7 +131,7 @@ def seed_columns(pricer: Pricer, pool: ColumnPool, capacity: np.ndarray, *, roun
 
 
 def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: np.ndarray, *,
-                   options: CGOptions = CGOptions(), deadline: float | None = None,
+                   options: CGOptions | None = None, deadline: float | None = None,
                    center: tuple[float, np.ndarray] | None = None, pivot_budget: int | None = None) -> CGResult:
     """Column generation from the pool's current columns until LP optimality or ``deadline``.
 
@@ -150,6 +139,7 @@ def run_generation(master: Master, pool: ColumnPool, pricer: Pricer, capacity: n
     LP is solved (no schedule can be read off then), and :class:`OutOfPivots` when
     the master solves together take more than ``pivot_budget`` simplex pivots.
     """
+    options = CGOptions() if options is None else options
     rng = np.random.default_rng(options.seed)
     eps = tie_epsilon(pool.n_ranks)
     add_columns(master, pool)

@@ -48,7 +48,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mccl.errors import SynthesisError
 from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
 from mccl.synth.alltoall.build import LPFlow, merged_schedule, schedule_from_placement
 from mccl.synth.alltoall.generation import CGOptions, CGResult, OutOfPivots, run_generation, seed_columns
@@ -58,23 +57,25 @@ from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 from mccl.synth.alltoall.pricing import Pricer
 from mccl.synth.alltoall.repair import pairs_to_reround, repair
 from mccl.synth.alltoall.rounding import Placement, deep_dive, route_load
-from mccl.synth.alltoall.state import SolverState, recall, remember
+from mccl.synth.alltoall.state import SolverState
 from mccl.synth.alltoall.warm import WarmStart, check_previous, seed_from_schedule
 from mccl.synth.common import describe_on
+from mccl.synth.options import ALLTOALL_MAX_CHUNKS, AllToAllOptions, resolve_options
+from mccl.synth.result import AllToAllStats, AllToAllWarmStats, SynthesisResult, stats_from_pairs
 from mccl.topology import Topology
 
 __all__ = ["synthesize", "lp_optimum", "minimal_steps", "warm_pivot_budget"]
 
-MAX_CHUNKS = 64  # beyond this a block's chunks are too small to schedule sensibly
+MAX_CHUNKS = ALLTOALL_MAX_CHUNKS
 _REPAIR_ROUNDING_GAP = 5e-3  # rounding error a repaired schedule tolerates (at least; else the previous gap)
 
 
-def _solve(network: Network, *, previous: Schedule | None, max_steps: int | None, grouping: str,
+def _solve(network: Network, *, previous: Schedule | None, state: SolverState | None, max_steps: int | None,
+           grouping: str,
            seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0,
            warm_pivots: int | None = None) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
-    state = recall(previous) if previous is not None else None
-    if state is not None and state.fits(network, max_steps, grouping):
+    if state is not None and previous is not None and state.fits(network, max_steps, grouping):
         # The previous run's columns and basis (:mod:`.state`): every previous route is among them.
         pool, master, _ = state.restart(network.capacity)
         routes = len(previous.chunks)  # type: ignore[union-attr]
@@ -127,7 +128,7 @@ def lp_optimum(topology: Topology, ranks: Sequence[str] | None = None, *, max_st
                grouping: str = "tensor") -> float:
     """The AllToAll LP optimum as algbw in GB/s (column generation run to optimality)."""
     network = build_network(topology, ranks)
-    _, result, _, _ = _solve(network, previous=None, max_steps=max_steps, grouping=grouping, seed_rounds=4,
+    _, result, _, _ = _solve(network, previous=None, state=None, max_steps=max_steps, grouping=grouping, seed_rounds=4,
                              options=CGOptions(), deadline=None)
     return network.n_ranks * result.solution.z / 8.0
 
@@ -171,59 +172,42 @@ def synthesize(
     topology: Topology,
     ranks: Sequence[str] | None = None,
     *,
-    previous: Schedule | None = None,
-    chunks: int = 10,
-    time_limit_s: float | None = None,
-    max_steps: int | str | None = None,
-    grouping: str = "tensor",
-    seed_rounds: int = 8,
-    warm_seed_rounds: int = 1,
-    options: CGOptions | None = None,
-    warm_pivots: int | None = None,
-) -> Schedule:
+    previous: SynthesisResult | Schedule | None = None,
+    options: AllToAllOptions | None = None,
+    **overrides: object,
+) -> SynthesisResult:
     """A throughput-optimized AllToAll schedule (see the module docstring).
 
-    ``previous``: the schedule being replaced (warm start; its ranks are used).
-    ``chunks``: K, units per block (each block gets at most K chunks).
-    ``time_limit_s``: budget for the column generation; the best schedule found
-    by then is returned with its proven gap in ``meta.stats``.
-    ``max_steps``: None (unbounded), an int m ≥ 1, or "auto" (App. D search).
-    ``seed_rounds`` / ``warm_seed_rounds``: multiplicative-weights rounds of first
-    columns, cold / on top of the previous routes when warm (they also give the
-    stabilization center its first finite bound).
-    ``warm_pivots``: simplex pivots the first master of a warm start from a
-    schedule's routes may take before the run falls back to the cold path
-    (default :func:`warm_pivot_budget`; a schedule with kept solver state restarts
-    from it and is not limited).
+    ``previous``: what is being replaced (warm start; its ranks are used): a
+    :class:`SynthesisResult` of this synthesizer restarts from its solver state
+    (``warm_state``), a bare schedule (e.g. from a file) seeds from its routes.
+    ``options``: :class:`~mccl.synth.options.AllToAllOptions`; ``overrides``: its fields
+    by name (``chunks=4``).
     """
     started = time.perf_counter()
-    if not 1 <= int(chunks) <= MAX_CHUNKS or int(chunks) != chunks:
-        raise SynthesisError(f"chunks must be an integer in 1..{MAX_CHUNKS}, got {chunks}")
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise SynthesisError(f"time_limit_s must be positive, got {time_limit_s}")
-    if warm_pivots is not None and (not isinstance(warm_pivots, int) or warm_pivots < 1):
-        raise SynthesisError(f"warm_pivots must be a positive integer or None, got {warm_pivots!r}")
+    chosen = resolve_options("alltoall.cg", AllToAllOptions, options, overrides)
+    chunks, time_limit_s, grouping = chosen.chunks, chosen.time_limit_s, chosen.grouping
+    state = previous.warm_state if isinstance(previous, SynthesisResult) else None
+    if isinstance(previous, SynthesisResult):
+        previous = previous.schedule
     if previous is not None:
         ranks = check_previous(previous, ranks, topology)
-    if max_steps == "auto":
-        max_steps = minimal_steps(topology, ranks)
-    elif max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise SynthesisError(f"max_steps must be a positive integer, 'auto' or None, got {max_steps!r}")
-    options = CGOptions() if options is None else options
+    max_steps = minimal_steps(topology, ranks) if chosen.max_steps == "auto" else chosen.max_steps
+    options = chosen.cg
     network = build_network(topology, ranks)
     deadline = None if time_limit_s is None else started + float(time_limit_s)
     inputs = [("chunks", str(int(chunks))), ("grouping", grouping), ("warm", "true" if previous is not None else "false"),
               ("max_steps", "none" if max_steps is None else str(max_steps))]
     if time_limit_s is not None:
         inputs.append(("time_limit_s", f"{time_limit_s:g}"))
-    state = recall(previous) if previous is not None else None
     outcome, declined = None, False
     if state is not None and _repairable(state, network, max_steps, grouping, int(chunks)):
         outcome = _repaired(network, state, int(chunks), options, max_steps, tuple(inputs), previous)
         declined = outcome is None
     if outcome is None:
-        outcome = _generated(network, previous, int(chunks), options, max_steps, grouping, tuple(inputs), deadline,
-                             seed_rounds=seed_rounds, warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
+        outcome = _generated(network, previous, state, int(chunks), options, max_steps, grouping, tuple(inputs),
+                             deadline, seed_rounds=chosen.seed_rounds, warm_seed_rounds=chosen.warm_seed_rounds,
+                             warm_pivots=chosen.warm_pivots)
     load = link_load(outcome.schedule, len(topology.links))
     schedule = describe_on(outcome.schedule, topology, load=load)
     duals = outcome.link_duals
@@ -248,8 +232,12 @@ def synthesize(
     if previous is not None:
         stats += list(outcome.warm_stats) + [("repair_declined", 1.0 if declined else 0.0)]
     final = schedule.with_meta(stats=tuple(stats))
-    remember(final, outcome.state)
-    return final
+    warm_stats = None
+    if previous is not None:
+        warm_stats = stats_from_pairs(AllToAllWarmStats, stats)
+    return SynthesisResult(
+        schedule=final, method="alltoall.cg", bound_gbs=bound_gbs, achieved_gbs=achieved, optimal=outcome.optimal,
+        stats=replace(stats_from_pairs(AllToAllStats, stats), warm=warm_stats), warm_state=outcome.state)
 
 
 @dataclass(frozen=True, eq=False)
@@ -324,13 +312,13 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
                     fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement, repaired.affected))
 
 
-def _generated(network: Network, previous: Schedule | None, chunks: int, options: CGOptions, max_steps: int | None,
+def _generated(network: Network, previous: Schedule | None, state: SolverState | None, chunks: int, options: CGOptions, max_steps: int | None,
                grouping: str, inputs: tuple[tuple[str, str], ...], deadline: float | None, *, seed_rounds: int,
                warm_seed_rounds: int, warm_pivots: int | None) -> _Outcome:
     """The column-generation path: cold, restarted from the previous solver state, or seeded from the
     previous schedule's routes (see ``_solve``)."""
     topology = network.topology
-    pool, result, master, warm = _solve(network, previous=previous, max_steps=max_steps, grouping=grouping,
+    pool, result, master, warm = _solve(network, previous=previous, state=state, max_steps=max_steps, grouping=grouping,
                                         seed_rounds=seed_rounds, options=options, deadline=deadline,
                                         warm_seed_rounds=warm_seed_rounds, warm_pivots=warm_pivots)
     solution = result.solution
@@ -338,7 +326,7 @@ def _generated(network: Network, previous: Schedule | None, chunks: int, options
                         throughput_bound_gbs=network.n_ranks * result.bound / 8.0)
     lp_gbs = network.n_ranks * solution.z / 8.0
     reused = _reusable(previous, warm, topology, lp_gbs, chunks, max_steps) if previous is not None else False
-    before = recall(previous) if previous is not None else None
+    before = state if previous is not None else None
     if before is not None and master.iterations == 0 and master.n_columns == len(before.master.tensor):
         flow = before.flow  # the old basis, no pivot, no new column: the very same solution
     else:
@@ -359,7 +347,7 @@ def _generated(network: Network, previous: Schedule | None, chunks: int, options
                       ("warm_fallback", 1.0 if warm.fell_back else 0.0),
                       ("warm_abandoned_pivots", float(warm.abandoned_pivots)), ("repaired", 0.0),
                       ("repaired_pairs", 0.0), ("rerounded_pairs", 0.0))
-    state = SolverState.take(network, max_steps, grouping, pool, master, flow, placement)
+    taken = SolverState.take(network, max_steps, grouping, pool, master, flow, placement)
     return _Outcome(schedule, solution.z, result.bound, solution.link_duals, master.n_columns, master.iterations,
                     result.rounds, result.optimal, placement.dives if placement is not None and not reused else 0,
-                    warm_stats, state)
+                    warm_stats, taken)

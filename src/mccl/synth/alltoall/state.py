@@ -9,14 +9,14 @@ path, :func:`.pipeline.warm_pivot_budget`). mccl-paper §4.2 keeps "valid routin
 iterations": the column pool and the optimal basis of the last master. That is
 what :class:`SolverState` holds, taken when ``synthesize`` returns.
 
-The Schedule IR stays as it is (a file has no solver state), so the state is
-kept next to the schedule object it produced, for as long as that object lives
-in this process (``remember`` / ``recall``; a weak reference drops it with the
-schedule, and at most ``MAX_STATES`` live ones are kept, the oldest dropped
-first, since one state at 512 GPUs holds ~4 M master entries and the pool's
-paths, ~100 MB). A schedule read from a file, or made by another synthesizer,
-has none: the warm start then seeds from its routes. The state never decides the result, only where the search starts:
-every warm run still prices to LP optimality and rounds and validates as usual.
+The Schedule IR stays as it is (a file has no solver state): the state travels
+in the :class:`~mccl.synth.result.SynthesisResult` beside the schedule it was taken
+with (``warm_state``), and whoever keeps the result (the controller keeps the active
+one) passes it back as ``previous``. One state at 512 GPUs holds ~4 M master entries
+and the pool's paths, ~100 MB, and is dropped with its result. A schedule read from a
+file, or made by another synthesizer, has none: the warm start then seeds from its
+routes. The state never decides the result, only where the search starts: every warm
+run still prices to LP optimality and rounds and validates as usual.
 
 The state also keeps the final LP solution per route (:class:`.build.LPFlow`)
 and the rounded chunks (:class:`.rounding.Placement`): a fault on a tight link
@@ -33,21 +33,18 @@ the slack basis with the old columns (see :mod:`.master`).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mccl.schedule import Schedule
 from mccl.synth.alltoall.build import LPFlow
 from mccl.synth.alltoall.master import Master, MasterSnapshot
 from mccl.synth.alltoall.network import Network
 from mccl.synth.alltoall.pool import ColumnPool, make_blocks
 from mccl.synth.alltoall.rounding import Placement
 
-__all__ = ["SolverState", "remember", "recall", "MAX_STATES"]
+__all__ = ["SolverState"]
 
-MAX_STATES = 16  # live schedules with a state; dead ones drop theirs at once
 _BASIC = 1  # highspy.HighsBasisStatus.kBasic
 _FIT_TOLERANCE = 1e-9  # relative: an old link load this far over the new capacity still fits
 
@@ -114,25 +111,3 @@ class SolverState:
         """A copy of the pool and a master over ``capacity`` with the old columns; whether the basis was kept."""
         keep = self.basis_still_optimal(capacity)
         return self.pool.copy(), Master.restart(self.master, capacity, keep_basis=keep), keep
-
-
-_STATES: dict[int, tuple[SolverState, weakref.finalize]] = {}
-
-
-def remember(schedule: Schedule, state: SolverState) -> None:
-    """Keep ``state`` for as long as ``schedule`` (this very object) lives, up to ``MAX_STATES`` states.
-
-    An evicted state's finalizer is detached: otherwise, when its schedule died later, it would drop
-    the entry of whichever new schedule had been given the same ``id`` meanwhile.
-    """
-    key = id(schedule)
-    _STATES[key] = (state, weakref.finalize(schedule, _STATES.pop, key, None))
-    while len(_STATES) > MAX_STATES:
-        _, finalizer = _STATES.pop(next(iter(_STATES)))
-        finalizer.detach()
-
-
-def recall(schedule: Schedule) -> SolverState | None:
-    """The state ``schedule`` was made with, if it was made by this process and is still kept."""
-    entry = _STATES.get(id(schedule))
-    return entry[0] if entry is not None else None

@@ -35,6 +35,8 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
+from mccl.synth.options import TREEPACK_MAX_CHUNKS, TreePackOptions, resolve_options
+from mccl.synth.result import SynthesisResult, TreePackStats, stats_from_pairs
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
@@ -49,7 +51,7 @@ from mccl.topology import Link, Topology
 
 __all__ = ["synthesize", "synthesize_reducescatter", "reversed_topology"]
 
-MAX_CHUNKS = 10  # mccl-paper §6: "up to ten chunks"
+MAX_CHUNKS = TREEPACK_MAX_CHUNKS
 
 
 def reversed_topology(topology: Topology) -> Topology:
@@ -58,29 +60,37 @@ def reversed_topology(topology: Topology) -> Topology:
     return Topology(f"{topology.name}^T", topology.nodes, links)
 
 
-def synthesize(topology: Topology, ranks: Sequence[str] | None = None, *, previous: Schedule | None = None,
-               chunks: int = MAX_CHUNKS, latency_aware: bool = False) -> Schedule:
+def synthesize(topology: Topology, ranks: Sequence[str] | None = None, *,
+               previous: SynthesisResult | Schedule | None = None, options: TreePackOptions | None = None,
+               **overrides: object) -> SynthesisResult:
     """A throughput-optimal AllGather (up to the reported rounding loss), validated-shape.
 
-    ``chunks``: most chunks (trees) per source, 1…10. ``previous``: a schedule on the
-    same ranks to warm-start from. ``latency_aware``: shallow trees (Appendix C).
+    ``previous``: the result or schedule on the same ranks to warm-start from (its trees).
+    ``options``: :class:`~mccl.synth.options.TreePackOptions` (``chunks``: most trees per
+    source, 1…10; ``latency_aware``: shallow trees, Appendix C); ``overrides``: its fields.
     """
     chosen = check_ranks(topology, ranks)
-    return _run(topology, chosen, Collective.ALLGATHER, previous, chunks, latency_aware)
+    return _run(topology, chosen, Collective.ALLGATHER, _schedule_of(previous),
+                resolve_options("treepack", TreePackOptions, options, overrides))
 
 
 def synthesize_reducescatter(topology: Topology, ranks: Sequence[str] | None = None, *,
-                             previous: Schedule | None = None, chunks: int = MAX_CHUNKS,
-                             latency_aware: bool = False) -> Schedule:
+                             previous: SynthesisResult | Schedule | None = None,
+                             options: TreePackOptions | None = None, **overrides: object) -> SynthesisResult:
     """ReduceScatter as the AllGather trees of the reversed fabric, run backwards (REDUCE transfers)."""
     chosen = check_ranks(topology, ranks)
-    return _run(topology, chosen, Collective.REDUCESCATTER, previous, chunks, latency_aware)
+    return _run(topology, chosen, Collective.REDUCESCATTER, _schedule_of(previous),
+                resolve_options("treepack", TreePackOptions, options, overrides))
+
+
+def _schedule_of(previous: SynthesisResult | Schedule | None) -> Schedule | None:
+    """The packing warm-starts from the previous trees, which the schedule itself holds."""
+    return previous.schedule if isinstance(previous, SynthesisResult) else previous
 
 
 def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, previous: Schedule | None,
-         chunks: int, latency_aware: bool) -> Schedule:
-    if not 1 <= chunks <= MAX_CHUNKS:
-        raise SynthesisError(f"chunks must be 1..{MAX_CHUNKS} per source, got {chunks}")
+         options: TreePackOptions) -> SynthesisResult:
+    chunks, latency_aware = options.chunks, options.latency_aware
     start = time.perf_counter()
     fabric_topology = topology if collective is Collective.ALLGATHER else reversed_topology(topology)
     fabric = fabric_of(fabric_topology, ranks)
@@ -157,7 +167,9 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     stats["rounding_gap"] = max(0.0, 1.0 - achieved / schedule.meta.throughput_bound_gbs)
     meta = replace(schedule.meta, bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut_links),
                    stats=tuple(sorted(stats.items())))
-    return replace(schedule, meta=meta)
+    bound = float(schedule.meta.throughput_bound_gbs)
+    return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack", bound_gbs=bound,
+                           achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats))
 
 
 def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,
