@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mccl.schedule import Collective, Schedule
-from mccl.synth.options import resolve_options
-from mccl.synth.registry import method_for
+from mccl.synth.registry import run_method
 from mccl.synth.result import SynthesisResult
 from mccl.topology import Topology
 
@@ -38,7 +37,4 @@ def optimize(
     its fields by name (``chunks=4``). Raises :class:`~mccl.errors.SynthesisUnavailable` when no
     such method makes the collective, :class:`~mccl.errors.InvalidOptions` for options it lacks.
     """
-    kind = Collective(collective)
-    chosen = method_for(kind, method)
-    resolved = resolve_options(chosen.name, chosen.options, options, overrides)
-    return chosen.run(topology, kind, ranks, resolved, previous)
+    return run_method(topology, collective, ranks, method=method, previous=previous, options=options, **overrides)

@@ -19,12 +19,19 @@ from mccl.errors import InvalidOptions, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule
 from mccl.synth.compose import compose_allreduce
 from mccl.synth.direct import direct_alltoall
-from mccl.synth.options import AllToAllOptions, ComposedOptions, DirectOptions, RingOptions, TreePackOptions
+from mccl.synth.options import (
+    AllToAllOptions,
+    ComposedOptions,
+    DirectOptions,
+    RingOptions,
+    TreePackOptions,
+    resolve_options,
+)
 from mccl.synth.result import SynthesisResult
 from mccl.synth.ring import locality_ring, naive_ring, nccl_ring
 from mccl.topology import Topology
 
-__all__ = ["Method", "METHODS", "DEFAULT_METHODS", "method_for", "methods_for"]
+__all__ = ["Method", "METHODS", "DEFAULT_METHODS", "method_for", "methods_for", "run_method"]
 
 Previous = SynthesisResult | Schedule | None
 Runner = Callable[[Topology, Collective, "Sequence[str] | None", Any, Previous], SynthesisResult]
@@ -84,9 +91,7 @@ def _direct(topology: Topology, collective: Collective, ranks: Sequence[str] | N
 
 def _composed(topology: Topology, collective: Collective, ranks: Sequence[str] | None, options: ComposedOptions,
               previous: Previous) -> SynthesisResult:
-    from mccl.synth.optimize import optimize
-
-    return compose_allreduce(topology, ranks, options, previous, optimize)
+    return compose_allreduce(topology, ranks, options, previous, run_method)
 
 
 _RING_KINDS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
@@ -130,3 +135,13 @@ def method_for(collective: Collective | str, method: str | None = None) -> Metho
     if chosen is None or kind not in chosen.collectives:
         raise SynthesisUnavailable(kind.value, method, methods_for(kind))
     return chosen
+
+
+def run_method(topology: Topology, collective: Collective | str, ranks: Sequence[str] | None = None, *,
+               method: str | None = None, previous: Previous = None, options: object | None = None,
+               **overrides: object) -> SynthesisResult:
+    """Look ``method`` up, resolve its options and run it: :func:`mccl.synth.optimize`'s body (kept here so
+    that composed methods call back into the table without an import cycle)."""
+    kind = Collective(collective)
+    chosen = method_for(kind, method)
+    return chosen.run(topology, kind, ranks, resolve_options(chosen.name, chosen.options, options, overrides), previous)
