@@ -14,7 +14,6 @@ import heapq
 from dataclasses import dataclass
 
 import torch
-from torch._C._distributed_c10d import AllToAllOptions
 
 from mccl.errors import MCCLError
 from mccl.runtime.binding import Bound, copy_own_block
@@ -88,7 +87,6 @@ def run_exchange(transport, plan, bound: Bound, tensors, buffers: Buffers, meter
         copy_own_block(buffers, tensors)
     spans, ops = bound.spans, plan.ops
     itemsize = buffers.template.element_size()
-    options = AllToAllOptions()
     for step in bound.exchange:
         if step.packed:
             inp = (torch.cat([_view(tensors, spans[i]) for i in step.sends]) if step.sends
@@ -99,7 +97,7 @@ def run_exchange(transport, plan, bound: Bound, tensors, buffers: Buffers, meter
         if meters is not None:
             for i in step.sends:
                 meters.posted(ops[i].peer, spans[i][2] * itemsize)
-        wait(transport.group.alltoall_base(out, inp, step.out_split, step.in_split, options), None)
+        transport.native_all_to_all(out, inp, step.out_split, step.in_split)
         if meters is not None:
             for i in step.sends:
                 meters.completed(ops[i].peer, spans[i][2] * itemsize)
