@@ -362,8 +362,3 @@ class Communicator:
             self._telemetry.close()
         self._telemetry = TelemetryBuffer(sink, config)
         self._meters = Meters(self.name, self.rank, self._same_host(), self._telemetry, config)
-
-    def set_source(self, source: ScheduleSource | None) -> None:
-        """Attach the controller's schedule source (or detach it)."""
-        self._source = source
-        self.controller_lost = False
