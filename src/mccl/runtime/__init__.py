@@ -2,9 +2,12 @@
 
 Read first: ``api`` (the user API), ``communicator`` (sequence numbers, issuing,
 hot-swap callbacks), ``executor`` (a plan on point-to-point operations), ``plan``
-(Schedule → this rank's operations, pure), ``transport`` (gloo vs NCCL, named),
-``telemetry`` (passive measurement), ``hotswap`` (version agreement), ``sources``
-(the seams to the controller), ``backend`` (torch.distributed backend "mccl").
+(Schedule → this rank's operations, pure), ``binding`` (the per-size work, cached),
+``drivers`` (how operations are issued and waited for: one protocol, ``prepare`` →
+program, ``run``), ``transport`` (gloo vs NCCL, named), ``telemetry`` (passive
+measurement), ``hotswap`` (version agreement), ``sources`` (the seams to the
+controller), ``backend`` (torch.distributed backend "mccl"), ``torch_private``
+(every private torch API the runtime uses, and why).
 
 This package imports torch; ``import mccl`` does not load it until one of the names
 below is used (``mccl.init`` etc. are resolved lazily).

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from mccl.errors import MCCLError
+from mccl.runtime import torch_private
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
 from mccl.runtime.sources import ScheduleSource, TelemetrySink
@@ -49,7 +50,7 @@ def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | No
         raise MCCLError("mccl.init needs torch.distributed to be initialized (dist.init_process_group)")
     group = group or dist.group.WORLD
     transport = Transport(group)
-    store = dist.distributed_c10d._get_default_store()
+    store = torch_private.default_store()
     group_name = getattr(group, "group_name", "world") or "world"
     # a per-rank counter in the store: equal on every rank when every rank inits in the same order
     count = store.add(f"mccl/communicators/{group_name}/{transport.rank}", 1)

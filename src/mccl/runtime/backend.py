@@ -32,9 +32,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from mccl.errors import MCCLError
+from mccl.runtime import torch_private
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
 from mccl.runtime.transport import Transport
@@ -47,9 +47,10 @@ BACKEND = "mccl"
 def _done(result: list[torch.Tensor]) -> object:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(result)
-    return _create_work_from_future(future)
+    return torch_private.work_from_future(future)
 
 
+@torch_private.add_private_aliases  # torch may reach the gather and reduce-scatter by their private names
 class MCCLProcessGroup(dist.ProcessGroup):
     """A ProcessGroup whose collectives run through an mccl :class:`Communicator`."""
 
@@ -75,8 +76,6 @@ class MCCLProcessGroup(dist.ProcessGroup):
         work = self.communicator.all_gather_into_tensor(output, input, async_op=_is_async(opts))
         return self._work(work, [output])
 
-    _allgather_base = all_gather_single
-
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         work = self.communicator.all_to_all_single(output, input, list(output_split_sizes) or None,
                                                    list(input_split_sizes) or None, async_op=_is_async(opts))
@@ -88,8 +87,6 @@ class MCCLProcessGroup(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         work = self.communicator.reduce_scatter_tensor(output, input, op, async_op=_is_async(opts))
         return self._work(work, [output])
-
-    _reduce_scatter_base = reduce_scatter_single
 
     def allreduce(self, tensors, opts=None):
         if len(tensors) != 1:
@@ -113,7 +110,7 @@ def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> MCCL
 
 def register() -> None:
     """Register backend ``"mccl"`` with torch.distributed (idempotent)."""
-    if BACKEND.upper() in dist.Backend._plugins:
+    if BACKEND in dist.Backend.backend_list:  # register_backend adds the name here (public, unlike _plugins)
         return
     dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
 

@@ -2,24 +2,24 @@
 
 A training step repeats the same message sizes, so everything that depends only on
 the plan, the buffer kind and the block sizes — every operation's (tensor, start,
-length), the scratch a relay needs, the drivers' tables — is computed on the first
+length), the scratch a relay needs, each driver's program — is computed on the first
 call with those sizes (:class:`Bound`) and kept with the installed schedule; a call
 then checks its tensors' sizes and slices them.
+
+This module knows no driver: :attr:`Bound.programs` holds whatever a driver's
+``prepare`` returned, by driver name (see :mod:`mccl.runtime.drivers`), so drivers
+depend on the binding and never the other way round.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 
 from mccl.errors import MCCLError
 from mccl.runtime.buffers import Buffers
 from mccl.runtime.plan import Layout, RankPlan
-
-if TYPE_CHECKING:
-    from mccl.runtime.drivers import EagerTables, ExchangeStep
 
 __all__ = ["Bound", "bind", "regions", "allocate", "operation_views", "copy_own_block"]
 
@@ -32,15 +32,16 @@ class Bound:
     a training step repeats the same sizes, so a call then only slices its tensors.
     ``spans[i]``: operation i's (tensor index, start, length), None for an empty chunk;
     ``extent``: elements every tensor must hold (the end of its last span);
-    ``scratch``: the same for the scratch tensors the call allocates.
+    ``scratch``: the same for the scratch tensors the call allocates;
+    ``programs``: each driver's program for these sizes, by driver name, built by the
+    executor on the driver's first call (a hot swap installs a new plan, so a new cache).
     """
 
     layout: Layout
     spans: list[tuple[int, int, int] | None]
     extent: dict[int, int]
     scratch: dict[int, int]
-    exchange: list[ExchangeStep] | None = None  # built by the exchange driver on first use
-    eager: EagerTables | None = None  # built by the eager driver on first use
+    programs: dict[str, object] = field(default_factory=dict)
 
 
 def bind(plan: RankPlan, buffers: Buffers, cache: dict | None = None) -> Bound:
@@ -77,13 +78,15 @@ def bind(plan: RankPlan, buffers: Buffers, cache: dict | None = None) -> Bound:
     return bound
 
 
-def copy_own_block(buffers: Buffers, tensors) -> None:
+def copy_own_block(buffers: Buffers, tensors: list[torch.Tensor]) -> None:
+    """AllToAll: copy this rank's own block from the input to the output (no transfer moves it)."""
     if buffers.self_segments is not None and buffers.self_segments[0][2]:
         (in_index, in_start, length), (out_index, out_start, _) = buffers.self_segments
         tensors[out_index][out_start:out_start + length].copy_(tensors[in_index][in_start:in_start + length])
 
 
 def allocate(buffers: Buffers, bound: Bound) -> list[torch.Tensor]:
+    """The call's tensors, with the scratch ones (relays) allocated at the size the layout needs."""
     tensors = list(buffers.tensors)
     for index, elems in bound.scratch.items():
         tensors[index] = buffers.template.new_empty(elems)
@@ -91,6 +94,7 @@ def allocate(buffers: Buffers, bound: Bound) -> list[torch.Tensor]:
 
 
 def operation_views(bound: Bound, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Every operation's slice of the call's tensors; None for an empty chunk."""
     return [None if span is None else tensors[span[0]][span[1]:span[1] + span[2]] for span in bound.spans]
 
 

@@ -54,7 +54,7 @@ class Buffers:
     reducer: Reducer | None = None
     template: torch.Tensor | None = None  # a tensor of the call's dtype and device (new_empty, element_size)
     # AllToAll: this rank's own block in the input and the output, (tensor index, start, length);
-    # the executor copies it across (or lets gloo's alltoallv do so, see drivers.run_exchange)
+    # the executor copies it across (or lets gloo's alltoallv do so, see drivers.exchange)
     self_segments: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
 
 

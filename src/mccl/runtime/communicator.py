@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from mccl.errors import InvalidSchedule, MCCLError, PeerLost
-from mccl.runtime import executor
+from mccl.runtime import executor, torch_private
 from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
 from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
-from mccl.runtime.transport import Transport, wait
+from mccl.runtime.transport import Transport
 from mccl.schedule import Collective, Schedule, loads_schedule, validate
 from mccl.topology import Topology
 
@@ -241,7 +240,7 @@ class Communicator:
         future: torch.futures.Future = torch.futures.Future()
         self._ensure_worker()
         self._worker_queue.put((seq, run, future, result))
-        return _create_work_from_future(future)
+        return torch_private.work_from_future(future)
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
@@ -280,8 +279,8 @@ class Communicator:
                           input_split_sizes: Sequence[int] | None = None, *, async_op: bool = False):
         def body(seq: int, installed: Installed | None) -> None:
             if installed is None:
-                wait(self.transport.group.alltoall_base(output, input, list(output_split_sizes or []),
-                                                        list(input_split_sizes or []), dist.AllToAllOptions()), None)
+                self.transport.native_all_to_all(output, input, list(output_split_sizes or []),
+                                                 list(input_split_sizes or []))
                 return
             buffers = executor.all_to_all_buffers(installed.plan, output, input, output_split_sizes, input_split_sizes,
                                                   self._split_matrix, installed.layouts)
@@ -363,8 +362,3 @@ class Communicator:
             self._telemetry.close()
         self._telemetry = TelemetryBuffer(sink, config)
         self._meters = Meters(self.name, self.rank, self._same_host(), self._telemetry, config)
-
-    def set_source(self, source: ScheduleSource | None) -> None:
-        """Attach the controller's schedule source (or detach it)."""
-        self._source = source
-        self.controller_lost = False

@@ -5,15 +5,14 @@ tensor; senders read, receivers write these regions; a relay forwards from where
 received. Reducing receives land in a private buffer and are added in canonical
 order, so a sum is the same on every run. The per-size work is cached
 (:mod:`binding`); how operations are issued and waited for is a driver's job
-(:mod:`drivers`: eager and exchange on gloo, stepwise on NCCL and gloo).
+(:mod:`drivers`: eager and exchange on gloo, stepwise on NCCL and gloo), behind one
+protocol: ``prepare`` once per block sizes, ``run`` per call.
 """
 
 from __future__ import annotations
 
-import torch
-
 from mccl.errors import MCCLError
-from mccl.runtime.binding import Bound, allocate, bind, copy_own_block, operation_views, regions
+from mccl.runtime.binding import Bound, allocate, bind, regions
 from mccl.runtime.buffers import (
     REDUCERS,
     Buffers,
@@ -23,11 +22,11 @@ from mccl.runtime.buffers import (
     even_blocks,
     reduce_scatter_buffers,
 )
-from mccl.runtime.drivers import ExchangeStep, run_eager, run_exchange, run_stepwise
+from mccl.runtime.drivers import DRIVERS, ExchangeStep
 from mccl.runtime.plan import RankPlan
 from mccl.runtime.telemetry import Meters
-from mccl.runtime.transport import TAG_SPAN, Transport
-from mccl.schedule import Collective, TransferOp
+from mccl.runtime.transport import Transport
+from mccl.schedule import Collective
 
 __all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "regions", "execute", "default_driver", "all_gather_buffers",
            "all_to_all_buffers", "reduce_scatter_buffers", "all_reduce_buffers", "even_blocks", "REDUCERS"]
@@ -44,26 +43,16 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
     chosen = driver or default_driver(transport, plan)
-    if chosen in ("eager", "exchange") and not transport.dependency_driven:
+    runner = DRIVERS.get(chosen)
+    if runner is None:
+        raise MCCLError(f"unknown driver {chosen!r}: eager, exchange (gloo) or stepwise")
+    if runner.gloo_only and not transport.dependency_driven:
         raise MCCLError(f"the {chosen} driver needs a gloo transport")
     bound = bind(plan, buffers, layout_cache)
-    tensors = allocate(buffers, bound)
-    if chosen == "exchange":
-        run_exchange(transport, plan, bound, tensors, buffers, meters)
-    elif chosen in ("eager", "stepwise"):
-        copy_own_block(buffers, tensors)
-        views = operation_views(bound, tensors)
-        temps: dict[int, torch.Tensor] = {}
-        for op in plan.ops:
-            if views[op.index] is not None and not op.is_send and op.op is TransferOp.REDUCE:
-                temps[op.index] = torch.empty_like(views[op.index])
-        tag_base = (seq % 1024) * TAG_SPAN
-        if chosen == "eager":
-            run_eager(transport, plan, views, temps, buffers.reducer, tag_base, meters, bound)
-        else:
-            run_stepwise(transport, plan, views, temps, buffers.reducer, tag_base, meters)
-    else:
-        raise MCCLError(f"unknown driver {chosen!r}: eager, exchange (gloo) or stepwise")
+    program = bound.programs.get(chosen)
+    if program is None:
+        program = bound.programs[chosen] = runner.prepare(plan, bound, buffers)
+    runner.run(program, transport, allocate(buffers, bound), buffers, seq=seq, meters=meters)
     if buffers.finish is not None:
         buffers.finish()
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
 
 from mccl.errors import MCCLError, PeerLost
+from mccl.runtime import torch_private
 from mccl.runtime.throttle import Pacer
 
 __all__ = ["P2P", "Transport", "TAG_SPAN", "wait"]
@@ -104,24 +104,30 @@ class Transport:
         if self.backend != "nccl" or not ordered:
             return [self.post(op) for op in ordered]
         device = ordered[0].tensor.device
-        self.group._start_coalescing(device)
+        torch_private.start_coalescing(self.group, device)
         for op in ordered:
             self.post(op)
-        work = self.group._end_coalescing(device)
-        return [work]
+        return [torch_private.end_coalescing(self.group, device)]
 
     # torch's own collectives on the same group: the vendor path of mccl-paper §3
     def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:
-        options = ReduceScatterOptions()
+        options = dist.ReduceScatterOptions()
         options.reduceOp = op
         work = (self.group.reduce_scatter_single(output, input, options) if hasattr(self.group, "reduce_scatter_single")
-                else self.group._reduce_scatter_base(output, input, options))
+                else torch_private.reduce_scatter_base(self.group, output, input, options))
         wait(work, None)
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        work = (self.group.all_gather_single(output, input, AllgatherOptions())
-                if hasattr(self.group, "all_gather_single") else self.group._allgather_base(output, input))
+        work = (self.group.all_gather_single(output, input, torch_private.AllgatherOptions())
+                if hasattr(self.group, "all_gather_single") else torch_private.all_gather_base(self.group, output, input))
         wait(work, None)
+
+    def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int]) -> None:
+        """torch's alltoallv on the group, waited for (empty split lists: even blocks); the vendor
+        AllToAll and, on gloo, one step of the exchange driver."""
+        options = dist.AllToAllOptions()
+        wait(self.group.alltoall_base(output, input, output_split_sizes, input_split_sizes, options), None)
 
     def barrier(self) -> None:
         wait(self.group.barrier(), None)
@@ -140,10 +146,13 @@ def wait(work, peer: int | None) -> None:
 
 
 def _backend_name(group: object) -> str:
-    getter = getattr(group, "_get_backend_name", None) or getattr(group, "name", None)
-    if getter is None:
-        raise MCCLError(f"cannot tell the backend of {group!r}; pass backend='gloo' or 'nccl'")
-    name = str(getter()).lower()
+    name = torch_private.backend_name(group)
+    if name is None:
+        getter = getattr(group, "name", None)  # a bare c10d Backend
+        if getter is None:
+            raise MCCLError(f"cannot tell the backend of {group!r}; pass backend='gloo' or 'nccl'")
+        name = str(getter())
+    name = name.lower()
     if name == "undefined":
         return dist.get_backend(group)
     return name
