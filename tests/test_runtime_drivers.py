@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 from mccl.runtime import executor  # noqa: E402
 from mccl.runtime.drivers import DRIVERS  # noqa: E402
 from mccl.runtime.plan import build_plan  # noqa: E402
-from mccl.synth import direct_alltoall, naive_ring  # noqa: E402
+from mccl.synth.direct import direct_alltoall  # noqa: E402
+from mccl.synth.ring import naive_ring  # noqa: E402
 from mccl.topology import single_switch  # noqa: E402
 
 RUNTIME = Path(__file__).resolve().parents[1] / "src" / "mccl" / "runtime"
