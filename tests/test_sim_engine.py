@@ -11,21 +11,18 @@ from mccl.schedule import Chunks, Collective, Schedule, TransferList, validate
 from mccl.sim import (
     BackgroundFlow,
     CapacityChange,
-    Cause,
     CollectiveOp,
     ControlHook,
-    EcmpPaths,
     Job,
-    PinnedPaths,
     SimOptions,
-    ecmp_route,
     evaluate,
-    flow_key,
     gray_failure,
-    path_links,
     simulate,
     simulate_schedule,
 )
+from mccl.sim.ecmp import EcmpPaths, PinnedPaths, ecmp_route, flow_key
+from mccl.sim.inputs import path_links
+from mccl.sim.results import Cause
 from mccl.synth.direct import direct_alltoall
 from mccl.synth.ring import naive_ring, ring_schedule
 from mccl.topology import Router, single_switch, spine_leaf, switch_ring

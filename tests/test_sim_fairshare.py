@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mccl.sim import max_min_rates
+from mccl.sim.fairshare import max_min_rates
 
 
 def _csr(routes):
