@@ -23,6 +23,8 @@ found without scanning every slot.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from mccl.sim import kernels
@@ -54,6 +56,22 @@ def _counter() -> np.ndarray:
     return np.zeros(1, dtype=np.int64)
 
 
+class _Group:
+    """A named group of the table (``table.flows``). Assigning one also keeps it as a plain tuple
+    (``table.plain["flows"]``), the form the kernels take: converting at each call cost ~0.6 µs a
+    group, ~20% of a small event batch, and a group replaced can never leave a stale tuple behind."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, table: FlowTable | None, owner: type | None = None) -> Any:
+        return self if table is None else table.groups[self.name]
+
+    def __set__(self, table: FlowTable, group: tuple) -> None:
+        table.groups[self.name] = group
+        table.plain[self.name] = tuple(group)
+
+
 class FlowTable:
     """Active flows by slot: run slot (-1: greedy background, -2: free), transfer or background
     index, route, step, hop, bytes left at ``t0``, rate (bytes/s), predicted finish, bottleneck.
@@ -62,6 +80,8 @@ class FlowTable:
     ``dirty``, ``changed``, ``heap``, ``scratch``); a group is replaced, not resized, when it
     grows, and goes to the kernels as a plain tuple (see that module: numba types those in C)."""
 
+    # FlowState, LinkState, HopState, WorkList (flows to re-solve), WorkList (links), FinishHeap, Scratch
+    flows, links, hops, dirty, changed, heap, scratch = (_Group() for _ in range(7))
     alive = _field("flows", "alive")
     run = _field("flows", "run")
     transfer = _field("flows", "transfer")
@@ -78,6 +98,8 @@ class FlowTable:
     h_oldest = _field("hops", "oldest")
 
     def __init__(self, n_links: int, step_priority: float) -> None:
+        self.groups: dict[str, tuple] = {}
+        self.plain: dict[str, tuple] = {}
         self.n_links = n_links
         self.wtab = float(step_priority) ** -np.arange(5, dtype=float)
         self.solves = self.rounds = 0
@@ -132,7 +154,7 @@ class FlowTable:
         self.dirty = self.dirty._replace(marked=grown(self.dirty.marked, bool, False),
                                          items=grown(self.dirty.items, np.int64, 0))
         self._due_out = np.zeros(size, dtype=np.int64)  # kernels.due writes the slots due here
-        kernels.relink(tuple(self.flows), tuple(self.links))
+        kernels.relink(self.plain["flows"], self.plain["links"])
 
     def _reserve(self, count: int, longest: int, top_hop: int) -> None:
         if longest > self.big_r:
@@ -182,28 +204,28 @@ class FlowTable:
         slots = np.empty(count, dtype=np.int64)
         source = tuple(Rows(route_offsets, route_links, size_of, step_of, hop_of, path_by))
         done = 0
+        plain = self.plain
         while True:
             done += kernels.add_flows(slots[done:], rows[done:], source, run, size_scale, hop_base, path_of, now,
-                                      tuple(self.flows), tuple(self.links), tuple(self.hops), tuple(self.dirty),
-                                      tuple(self.changed))
+                                      plain["flows"], plain["links"], plain["hops"], plain["dirty"], plain["changed"])
             if done == count:
                 return slots
             self._widen()
 
     def due(self, limit: float) -> np.ndarray:
         """Slots of the flows whose last byte leaves by ``limit`` (each returned once), ascending."""
-        count = kernels.due(limit, self._due_out, self.flows.ver, tuple(self.heap))
+        count = kernels.due(limit, self._due_out, self.flows.ver, self.plain["heap"])
         return np.sort(self._due_out[:count])  # in slot order, as a scan would find them
 
     def next_finish(self) -> float:
         """The earliest predicted finish of a flow (inf if none)."""
-        return float(kernels.next_finish(self.flows.ver, tuple(self.heap)))
+        return float(kernels.next_finish(self.flows.ver, self.plain["heap"]))
 
     def _heap_room(self) -> None:
         """Room for one push per live flow; stale entries dropped once they outnumber live ones."""
         live = len(self)
         if self.heap.size[0] > 2 * live + 1024:
-            kernels.rebuild_finish_heap(tuple(self.flows), tuple(self.heap))
+            kernels.rebuild_finish_heap(self.plain["flows"], self.plain["heap"])
         need = int(self.heap.size[0]) + live
         if need > len(self.heap.key):
             size = max(need, 2 * len(self.heap.key))
@@ -216,8 +238,9 @@ class FlowTable:
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""
-        kernels.remove_flows(np.asarray(slots, dtype=np.int64), tuple(self.flows), tuple(self.links),
-                             tuple(self.hops), tuple(self.dirty), tuple(self.changed))
+        plain = self.plain
+        kernels.remove_flows(np.asarray(slots, dtype=np.int64), plain["flows"], plain["links"], plain["hops"],
+                             plain["dirty"], plain["changed"])
 
     def touch_links(self, links: np.ndarray | tuple[int, ...]) -> None:
         """These links' capacities changed: re-solve the flows they bottleneck."""
@@ -234,9 +257,10 @@ class FlowTable:
         if not (self.dirty.count[0] or self.changed.count[0]):
             return
         self._heap_room()
-        solves = kernels.recompute(np.ascontiguousarray(capacity, dtype=float), now, self.wtab, _EPS,
-                                   tuple(self.flows), tuple(self.links), tuple(self.hops), tuple(self.dirty),
-                                   tuple(self.changed), tuple(self.heap), tuple(self.scratch))
+        plain = self.plain
+        solves = kernels.recompute(np.ascontiguousarray(capacity, dtype=float), now, self.wtab, _EPS, plain["flows"],
+                                   plain["links"], plain["hops"], plain["dirty"], plain["changed"], plain["heap"],
+                                   plain["scratch"])
         self.solves += 1
         self.rounds += int(solves)
 
