@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mccl.sim import kernels
-from mccl.sim.kernels import FinishHeap, FlowState, HopState, LinkState, Rows, Scratch, WorkList
+from mccl.sim.kernels import FinishHeap, FlowState, HopState, LinkState, Rows, Scratch, SlotBook, WorkList
 
 __all__ = ["FlowTable"]
 
@@ -38,67 +38,75 @@ _MIN_ROUTE = 8
 _MIN_DEGREE = 16
 # Per-slot arrays: dtype, and the value of a free slot (kept when the table grows).
 _FLOW_FIELDS = {
-    "alive": (bool, False), "run": (np.int64, -2), "transfer": (np.int64, 0), "hop": (np.int64, -1),
-    "step": (np.int64, 0), "path": (np.int64, -1), "length": (np.int64, 0), "remaining": (float, 0.0),
-    "t0": (float, 0.0), "rate": (float, 0.0), "finish": (float, np.inf), "bottleneck": (np.int64, -1),
-    "wlev": (np.int64, 0), "ver": (np.int64, 0), "hnext": (np.int64, -1), "hprev": (np.int64, -1),
+    "alive": (bool, False), "hop": (np.int64, -1), "step": (np.int64, 0), "length": (np.int64, 0),
+    "remaining": (float, 0.0), "t0": (float, 0.0), "rate": (float, 0.0), "finish": (float, np.inf),
+    "bottleneck": (np.int64, -1), "wlev": (np.int64, 0), "ver": (np.int64, 0),
 }
+_BOOK_FIELDS = {"run": (np.int64, -2), "transfer": (np.int64, 0), "path": (np.int64, -1), "hnext": (np.int64, -1),
+                "hprev": (np.int64, -1)}
 _SCRATCH_FIELDS = {"s_in": (bool, False), "s_frozen": (bool, False), "s_rate": (float, 0.0),
                    "s_bneck": (np.int64, -1), "s_wold": (np.int64, 0)}
-
-
-def _field(group: str, name: str) -> property:
-    """Read access to one array of a group (``table.rate``: ``table.flows.rate``), for the engine and tests."""
-    return property(lambda self: getattr(getattr(self, group), name), doc=f"``{group}.{name}``")
 
 
 def _counter() -> np.ndarray:
     return np.zeros(1, dtype=np.int64)
 
 
-class _Group:
-    """A named group of the table (``table.flows``). Assigning one also keeps it as a plain tuple
-    (``table.plain["flows"]``), the form the kernels take: converting at each call cost ~0.6 µs a
-    group, ~20% of a small event batch, and a group replaced can never leave a stale tuple behind."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, table: FlowTable | None, owner: type | None = None) -> Any:
-        return self if table is None else table.groups[self.name]
-
-    def __set__(self, table: FlowTable, group: tuple) -> None:
-        table.groups[self.name] = group
-        table.plain[self.name] = tuple(group)
+# The groups of a table (mccl.sim.kernels), and the arrays of each that the engine and tests read by a
+# name of the table (``table.rate`` is ``table.flows.rate``).
+_GROUPS: dict[str, dict[str, str]] = {
+    "flows": {name: name for name in ("alive", "hop", "step", "length", "route", "remaining", "t0", "rate",
+                                      "bottleneck")},
+    "book": {"run": "run", "transfer": "transfer", "path": "path"},
+    "links": {"link_rate": "rate"},
+    "hops": {"h_oldest": "oldest"},
+    "dirty": {}, "changed": {}, "heap": {}, "scratch": {},
+}
 
 
 class FlowTable:
     """Active flows by slot: run slot (-1: greedy background, -2: free), transfer or background
     index, route, step, hop, bytes left at ``t0``, rate (bytes/s), predicted finish, bottleneck.
 
-    The state is the named groups of :mod:`mccl.sim.kernels` (``flows``, ``links``, ``hops``,
-    ``dirty``, ``changed``, ``heap``, ``scratch``); a group is replaced, not resized, when it
-    grows, and goes to the kernels as a plain tuple (see that module: numba types those in C)."""
+    The state is the named groups of :mod:`mccl.sim.kernels`: ``flows`` (FlowState), ``book``
+    (SlotBook), ``links``, ``hops``, ``dirty`` (flows to re-solve), ``changed`` (links), ``heap``
+    and ``scratch``. A group is replaced, not resized, when it grows; assigning one also keeps it
+    as a plain tuple in ``plain``, the form the kernels take (see that module: numba types those in
+    C; converting at every call cost ~0.6 µs a group, ~20% of a small event batch), and the arrays
+    of it read by a name of the table (``_GROUPS``), so neither can be left stale."""
 
-    # FlowState, LinkState, HopState, WorkList (flows to re-solve), WorkList (links), FinishHeap, Scratch
-    flows, links, hops, dirty, changed, heap, scratch = (_Group() for _ in range(7))
-    alive = _field("flows", "alive")
-    run = _field("flows", "run")
-    transfer = _field("flows", "transfer")
-    path = _field("flows", "path")
-    hop = _field("flows", "hop")
-    step = _field("flows", "step")
-    length = _field("flows", "length")
-    route = _field("flows", "route")
-    remaining = _field("flows", "remaining")
-    t0 = _field("flows", "t0")
-    rate = _field("flows", "rate")
-    bottleneck = _field("flows", "bottleneck")
-    link_rate = _field("links", "rate")
-    h_oldest = _field("hops", "oldest")
+    flows: FlowState
+    book: SlotBook
+    links: LinkState
+    hops: HopState
+    dirty: WorkList
+    changed: WorkList
+    heap: FinishHeap
+    scratch: Scratch
+    alive: np.ndarray  # the aliases of _GROUPS
+    run: np.ndarray
+    transfer: np.ndarray
+    path: np.ndarray
+    hop: np.ndarray
+    step: np.ndarray
+    length: np.ndarray
+    route: np.ndarray
+    remaining: np.ndarray
+    t0: np.ndarray
+    rate: np.ndarray
+    bottleneck: np.ndarray
+    link_rate: np.ndarray
+    h_oldest: np.ndarray
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        aliases = _GROUPS.get(name)
+        if aliases is not None:
+            self.plain[name] = tuple(value)
+            for alias, field in aliases.items():
+                super().__setattr__(alias, getattr(value, field))
 
     def __init__(self, n_links: int, step_priority: float) -> None:
-        self.groups: dict[str, tuple] = {}
         self.plain: dict[str, tuple] = {}
         self.n_links = n_links
         self.wtab = float(step_priority) ** -np.arange(5, dtype=float)
@@ -107,8 +115,9 @@ class FlowTable:
         none = np.zeros(0, dtype=np.int64)
         # Slot-sized arrays start empty; _allocate grows them to _MIN_SLOTS.
         self.flows = FlowState(**{name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _FLOW_FIELDS.items()},
-                               route=np.zeros((0, self.big_r), dtype=np.int64), i_pos=none, free=none,
-                               n_free=_counter(), n_live=_counter())
+                               route=np.zeros((0, self.big_r), dtype=np.int64), n_live=_counter())
+        self.book = SlotBook(**{name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _BOOK_FIELDS.items()},
+                             i_pos=none, free=none, n_free=_counter())
         self.links = LinkState(rate=np.zeros(n_links), deg=np.zeros(n_links, dtype=np.int64),
                                flows=np.zeros((n_links, _MIN_DEGREE), dtype=np.int64),
                                inc=np.zeros((n_links, _MIN_DEGREE), dtype=np.int64))
@@ -131,8 +140,8 @@ class FlowTable:
     # -- storage -------------------------------------------------------------------------
     def _allocate(self, size: int) -> None:
         """(Re)allocate the slot arrays for ``size`` slots, keeping live flows in their slots."""
-        old = self.flows
-        n_old = len(old.run)
+        old, book = self.flows, self.book
+        n_old = len(old.alive)
 
         def grown(previous: np.ndarray, dtype: type, fill: object) -> np.ndarray:
             array = np.full(size, fill, dtype=dtype)
@@ -141,27 +150,29 @@ class FlowTable:
 
         route = np.zeros((size, self.big_r), dtype=np.int64)
         route[:n_old, :old.route.shape[1]] = old.route
-        kept = int(old.n_free[0])
+        kept = int(book.n_free[0])
         stack = np.zeros(size, dtype=np.int64)
-        stack[:kept] = old.free[:kept]
+        stack[:kept] = book.free[:kept]
         stack[kept:kept + size - n_old] = np.arange(size - 1, n_old - 1, -1, dtype=np.int64)  # lowest on top
-        old.n_free[0] = kept + size - n_old
-        self.flows = old._replace(
-            **{name: grown(getattr(old, name), *spec) for name, spec in _FLOW_FIELDS.items()},
-            route=route, i_pos=np.zeros(size * self.big_r, dtype=np.int64), free=stack)
+        book.n_free[0] = kept + size - n_old
+        self.flows = old._replace(**{name: grown(getattr(old, name), *spec) for name, spec in _FLOW_FIELDS.items()},
+                                  route=route)
+        self.book = book._replace(**{name: grown(getattr(book, name), *spec) for name, spec in _BOOK_FIELDS.items()},
+                                  i_pos=np.zeros(size * self.big_r, dtype=np.int64), free=stack)
         self.scratch = self.scratch._replace(
             **{name: grown(getattr(self.scratch, name), *spec) for name, spec in _SCRATCH_FIELDS.items()})
         self.dirty = self.dirty._replace(marked=grown(self.dirty.marked, bool, False),
                                          items=grown(self.dirty.items, np.int64, 0))
         self._due_out = np.zeros(size, dtype=np.int64)  # kernels.due writes the slots due here
-        kernels.relink(self.plain["flows"], self.plain["links"])
+        kernels.relink(self.plain["flows"], self.plain["book"], self.plain["links"])
 
     def _reserve(self, count: int, longest: int, top_hop: int) -> None:
         if longest > self.big_r:
             self.big_r = max(longest, 2 * self.big_r)
             self._allocate(len(self.run))
-        if self.flows.n_free[0] < count:
-            self._allocate(max(2 * len(self.run), len(self.run) + count - int(self.flows.n_free[0])))
+        free = int(self.book.n_free[0])
+        if free < count:
+            self._allocate(max(2 * len(self.run), len(self.run) + count - free))
         if top_hop >= len(self.hops.head):
             size = max(2 * len(self.hops.head), top_hop + 1, 64)
             head, oldest = self.hops
@@ -207,7 +218,8 @@ class FlowTable:
         plain = self.plain
         while True:
             done += kernels.add_flows(slots[done:], rows[done:], source, run, size_scale, hop_base, path_of, now,
-                                      plain["flows"], plain["links"], plain["hops"], plain["dirty"], plain["changed"])
+                                      plain["flows"], plain["book"], plain["links"], plain["hops"], plain["dirty"],
+                                      plain["changed"])
             if done == count:
                 return slots
             self._widen()
@@ -223,24 +235,24 @@ class FlowTable:
 
     def _heap_room(self) -> None:
         """Room for one push per live flow; stale entries dropped once they outnumber live ones."""
-        live = len(self)
-        if self.heap.size[0] > 2 * live + 1024:
+        heap, live = self.heap, len(self)
+        if heap.size[0] > 2 * live + 1024:
             kernels.rebuild_finish_heap(self.plain["flows"], self.plain["heap"])
-        need = int(self.heap.size[0]) + live
-        if need > len(self.heap.key):
-            size = max(need, 2 * len(self.heap.key))
+        need = int(heap.size[0]) + live
+        if need > len(heap.key):
+            size = max(need, 2 * len(heap.key))
             arrays = {}
             for name in ("key", "slot", "ver"):
-                old = getattr(self.heap, name)
+                old = getattr(heap, name)
                 arrays[name] = np.zeros(size, dtype=old.dtype)
                 arrays[name][:len(old)] = old
-            self.heap = self.heap._replace(**arrays)
+            self.heap = heap._replace(**arrays)
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""
         plain = self.plain
-        kernels.remove_flows(np.asarray(slots, dtype=np.int64), plain["flows"], plain["links"], plain["hops"],
-                             plain["dirty"], plain["changed"])
+        kernels.remove_flows(np.asarray(slots, dtype=np.int64), plain["flows"], plain["book"], plain["links"],
+                             plain["hops"], plain["dirty"], plain["changed"])
 
     def touch_links(self, links: np.ndarray | tuple[int, ...]) -> None:
         """These links' capacities changed: re-solve the flows they bottleneck."""

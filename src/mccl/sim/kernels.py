@@ -8,11 +8,12 @@ of them with vectorized progressive filling (:mod:`mccl.sim.fairshare`) cost
 compiled loops over per-link lists of flows.
 
 Named state. The table is a few groups of arrays, each a ``NamedTuple`` defined
-here: :class:`FlowState` (per slot), :class:`LinkState` (per link),
+here: :class:`FlowState` (per slot, what the rates need), :class:`SlotBook` (per slot,
+the rest), :class:`LinkState` (per link),
 :class:`HopState` (per hop of a collective), two :class:`WorkList` s (what the next
 rate update must look at), :class:`FinishHeap` and :class:`Scratch` (the solver's
 working arrays). Counters are named one-element arrays of their group
-(``flows.n_free``, ``dirty.count``, ``heap.size``...), so a kernel moves them in place.
+(``book.n_free``, ``dirty.count``, ``heap.size``...), so a kernel moves them in place.
 
 One compile unit. numba's file cache (``cache=True``) checks only the source file
 of the function it compiled: not callees, globals or ``NamedTuple`` fields defined in
@@ -33,9 +34,9 @@ slower (a synthetic table of 4000 flows; the same in whole runs).
 Membership. Flows live in slots; slot s has up to R route links in ``route[s]``;
 incidence (s, k) has id ``s * R + k``. Each link keeps the slots of its flows in a
 row of ``LinkState.flows`` (``deg`` of them; removal swaps the last one in,
-``FlowState.i_pos`` says where each incidence sits), so walking a link's flows reads
+``SlotBook.i_pos`` says where each incidence sits), so walking a link's flows reads
 one contiguous row. Flows of one hop of a collective form a list per hop
-(``HopState.head``, ``FlowState.hnext``/``hprev``) whose oldest step sets their weights.
+(``HopState.head``, ``SlotBook.hnext``/``hprev``) whose oldest step sets their weights.
 Starting or finishing a flow costs nothing per other flow; it marks what the next
 rate update must look at: new flows, flows whose hop's oldest step moved (their
 weights change), links whose load changed.
@@ -82,7 +83,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-__all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "WorkList", "add_flows", "due",
+__all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "SlotBook", "WorkList", "add_flows", "due",
            "next_finish", "rebuild_finish_heap", "recompute", "relink", "remove_flows"]
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -94,14 +95,11 @@ _BIG = np.iinfo(np.int64).max
 
 # -- named state ----------------------------------------------------------------------------------
 class FlowState(NamedTuple):
-    """The flows, one entry per slot (free slots: ``run`` -2, ``rate`` 0, ``finish`` inf, ``path`` -1)."""
+    """The flows, one entry per slot: what the rate solver reads (free slots: ``rate`` 0, ``finish`` inf)."""
 
     alive: np.ndarray  # bool
-    run: np.ndarray  # run slot of the collective (-1: greedy background, -2: free)
-    transfer: np.ndarray  # the run's transfer (row), or the background flow's index
     hop: np.ndarray  # global hop id (-1: none, weight 1)
     step: np.ndarray
-    path: np.ndarray  # meter path (-1: none)
     length: np.ndarray  # links on the route
     route: np.ndarray  # (slots, R): link ids
     remaining: np.ndarray  # bytes left at t0
@@ -111,12 +109,20 @@ class FlowState(NamedTuple):
     bottleneck: np.ndarray  # link that set the rate (-1: none yet)
     wlev: np.ndarray  # weight level d: the flow weighs wtab[d]
     ver: np.ndarray  # version: entries of the finish heap with an older one are stale
+    n_live: np.ndarray  # int64[1]: live flows
+
+
+class SlotBook(NamedTuple):
+    """Per slot, what membership keeps and the rate solver never reads (so it is not passed to it)."""
+
+    run: np.ndarray  # run slot of the collective (-1: greedy background, -2: free)
+    transfer: np.ndarray  # the run's transfer (row), or the background flow's index
+    path: np.ndarray  # meter path (-1: none)
     hnext: np.ndarray  # next / previous flow of the same hop (-1: none)
     hprev: np.ndarray
     i_pos: np.ndarray  # (slots * R): position of incidence s * R + k in its link's row
     free: np.ndarray  # stack of free slots, the lowest on top
     n_free: np.ndarray  # int64[1]: free slots on the stack
-    n_live: np.ndarray  # int64[1]: live flows
 
 
 class LinkState(NamedTuple):
@@ -212,11 +218,11 @@ def _link_unlink(s, big_r, f_len, f_route, i_pos, l_flows, l_inc, l_deg):
 
 
 @_jit
-def relink(flows, links):
+def relink(flows, book, links):
     """Rebuild every link's row of flows (after the slot arrays or the rows were reallocated)."""
-    f, lk = FlowState(*flows), LinkState(*links)
+    f, bk, lk = FlowState(*flows), SlotBook(*book), LinkState(*links)
     big_r = f.route.shape[1]
-    f_alive, f_len, f_route, i_pos = f.alive, f.length, f.route, f.i_pos
+    f_alive, f_len, f_route, i_pos = f.alive, f.length, f.route, bk.i_pos
     l_flows, l_inc, l_deg = lk.flows, lk.inc, lk.deg
     l_deg[:] = 0
     for s in range(len(f_alive)):
@@ -251,7 +257,7 @@ def _hop_refresh(h, h_head, h_oldest, f_hnext, f_step, f_dirty, dlist, n_dirty):
 
 
 @_jit
-def add_flows(slots, ids, rows, run, size_scale, hop_base, path_of, now, flows, links, hops, dirty, changed):
+def add_flows(slots, ids, rows, run, size_scale, hop_base, path_of, now, flows, book, links, hops, dirty, changed):
     """Put flows into free slots (written to ``slots``); mark them and their hops for re-solving.
 
     Flow j is row ``t = ids[j]`` of :class:`Rows` ``rows``: route ``route_links[route_offsets[t]:
@@ -259,15 +265,15 @@ def add_flows(slots, ids, rows, run, size_scale, hop_base, path_of, now, flows, 
     ``hop_of[t] + hop_base`` (none when ``hop_of[t] < 0``), meter path ``path_of[path_by[t]]``
     (-1 when ``path_of`` is empty). Returns how many were added: it stops before a flow
     one of whose links has no room left in ``l_flows`` (the caller widens it and goes on)."""
-    r, f, lk, hs = Rows(*rows), FlowState(*flows), LinkState(*links), HopState(*hops)
+    r, f, bk, lk, hs = Rows(*rows), FlowState(*flows), SlotBook(*book), LinkState(*links), HopState(*hops)
     dirty, changed = WorkList(*dirty), WorkList(*changed)
     route_offsets, route_links, size_of, step_of, hop_of, path_by = (
         r.route_offsets, r.route_links, r.size, r.step, r.hop, r.path_by)
     big_r = f.route.shape[1]
-    f_alive, f_run, f_transfer, f_hop, f_step, f_path = f.alive, f.run, f.transfer, f.hop, f.step, f.path
-    f_len, f_route, f_remaining, f_t0, f_rate, f_finish = f.length, f.route, f.remaining, f.t0, f.rate, f.finish
-    f_bneck, f_wlev, f_hnext, f_hprev, i_pos = f.bottleneck, f.wlev, f.hnext, f.hprev, f.i_pos
-    free, n_free, n_live = f.free, f.n_free, f.n_live
+    f_alive, f_hop, f_step, f_len, f_route, f_remaining = f.alive, f.hop, f.step, f.length, f.route, f.remaining
+    f_t0, f_rate, f_finish, f_bneck, f_wlev, n_live = f.t0, f.rate, f.finish, f.bottleneck, f.wlev, f.n_live
+    f_run, f_transfer, f_path, f_hnext, f_hprev, i_pos = bk.run, bk.transfer, bk.path, bk.hnext, bk.hprev, bk.i_pos
+    free, n_free = bk.free, bk.n_free
     l_flows, l_inc, l_deg, h_head, h_oldest = lk.flows, lk.inc, lk.deg, hs.head, hs.oldest
     f_dirty, dlist, n_dirty = dirty.marked, dirty.items, dirty.count
     l_changed, clist, n_changed = changed.marked, changed.items, changed.count
@@ -316,15 +322,14 @@ def add_flows(slots, ids, rows, run, size_scale, hop_base, path_of, now, flows, 
 
 
 @_jit
-def remove_flows(slots, flows, links, hops, dirty, changed):
+def remove_flows(slots, flows, book, links, hops, dirty, changed):
     """Free the slots; their links' loads changed, and their hops' oldest steps may have."""
-    f, lk, hs = FlowState(*flows), LinkState(*links), HopState(*hops)
+    f, bk, lk, hs = FlowState(*flows), SlotBook(*book), LinkState(*links), HopState(*hops)
     dirty, changed = WorkList(*dirty), WorkList(*changed)
     big_r = f.route.shape[1]
-    f_alive, f_run, f_ver, f_hop, f_step, f_path = f.alive, f.run, f.ver, f.hop, f.step, f.path
-    f_len, f_route, f_rate, f_finish, f_hnext, f_hprev, i_pos = (
-        f.length, f.route, f.rate, f.finish, f.hnext, f.hprev, f.i_pos)
-    free, n_free, n_live = f.free, f.n_free, f.n_live
+    f_alive, f_ver, f_hop, f_step, f_len, f_route = f.alive, f.ver, f.hop, f.step, f.length, f.route
+    f_rate, f_finish, n_live = f.rate, f.finish, f.n_live
+    f_run, f_path, f_hnext, f_hprev, i_pos, free, n_free = bk.run, bk.path, bk.hnext, bk.hprev, bk.i_pos, bk.free, bk.n_free
     l_flows, l_inc, l_deg, link_rate, h_head, h_oldest = lk.flows, lk.inc, lk.deg, lk.rate, hs.head, hs.oldest
     f_dirty, dlist, n_dirty = dirty.marked, dirty.items, dirty.count
     l_changed, clist, n_changed = changed.marked, changed.items, changed.count
