@@ -8,12 +8,13 @@ of them with vectorized progressive filling (:mod:`mccl.sim.fairshare`) cost
 compiled loops over per-link lists of flows.
 
 Named state. The table is a few groups of arrays, each a ``NamedTuple`` defined
-here: :class:`FlowState` (per slot, what the rates need), :class:`SlotBook` (per slot,
-the rest), :class:`LinkState` (per link),
-:class:`HopState` (per hop of a collective), two :class:`WorkList` s (what the next
-rate update must look at), :class:`FinishHeap` and :class:`Scratch` (the solver's
-working arrays). Counters are named one-element arrays of their group
-(``book.n_free``, ``dirty.count``, ``heap.size``...), so a kernel moves them in place.
+here: :class:`FlowState` (per slot, what the rates need), :class:`SlotBook` (per
+slot, the rest), :class:`LinkState` (per link), :class:`HopState` (per hop of a
+collective), two :class:`WorkList` s (what the next rate update must look at),
+:class:`FinishHeap` and :class:`Scratch` (the solver's working arrays). Counters are
+named one-element arrays of their group (``book.n_free``, ``dirty.count``,
+``heap.size``...), so a kernel moves them in place; kernels take the groups, plus
+the few values of the call.
 
 One compile unit. numba's file cache (``cache=True``) checks only the source file
 of the function it compiled: not callees, globals or ``NamedTuple`` fields defined in
@@ -24,12 +25,12 @@ kernel calls a jitted function of another module.
 
 Groups travel as plain tuples. numba types a plain tuple of arrays in C but a
 ``NamedTuple`` in Python (~0.4 µs per array, a few kernel calls per event batch), so
-:class:`mccl.sim.flows.FlowTable` passes ``tuple(group)`` and each entry point names
-the groups again (``f = FlowState(*flows)``: free once compiled). It then takes the
-arrays it uses out of them by name, once, into locals (``f_rate = f.rate``) that the
-loops and helpers use: an array read from a tuple inside a loop costs numba a
-reference-count update of the whole tuple per read, which made the kernels 25-75%
-slower (a synthetic table of 4000 flows; the same in whole runs).
+:class:`mccl.sim.flows.FlowTable` passes each group as a plain tuple (kept when the
+group is assigned) and each entry point names the groups again (``f =
+FlowState(*flows)``: free once compiled). It then takes the arrays it uses out of
+them by name, once, into locals (``f_rate = f.rate``) that the loops and helpers
+use: reading arrays from the groups inside the loops (or passing whole groups to
+helpers) made the kernels 20-80% slower — numba's reference counting of tuples.
 
 Membership. Flows live in slots; slot s has up to R route links in ``route[s]``;
 incidence (s, k) has id ``s * R + k``. Each link keeps the slots of its flows in a
@@ -83,8 +84,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-__all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "SlotBook", "WorkList", "add_flows", "due",
-           "next_finish", "rebuild_finish_heap", "recompute", "relink", "remove_flows"]
+__all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "SlotBook", "WorkList", "add_flows",
+           "due", "next_finish", "rebuild_finish_heap", "recompute", "relink", "remove_flows"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _MAX_GAP = 4  # weights below step_priority**-4 make no difference
@@ -186,9 +187,6 @@ class Rows(NamedTuple):
     step: np.ndarray
     hop: np.ndarray  # (< 0: none) plus add_flows' hop_base
     path_by: np.ndarray  # index into add_flows' path_of
-
-
-
 
 
 # -- membership -----------------------------------------------------------------------------------
@@ -363,7 +361,6 @@ def remove_flows(slots, flows, book, links, hops, dirty, changed):
         free[n_free[0]] = s
         n_free[0] += 1
         n_live[0] -= 1
-
 
 
 # -- finish-time heap -----------------------------------------------------------------------------
