@@ -2,10 +2,12 @@
 
 Flows live in slots of preallocated arrays (struct of arrays, grown by doubling), so
 starting or finishing flows costs nothing per other flow; compiled kernels keep
-per-link rows and per-hop lists of flows (:mod:`mccl.sim.tablekernels`) and re-solve,
-after each batch of events, only the flows whose rates can change — the incremental
-exact max-min of :mod:`mccl.sim.kernels`. Free slots hold ``run == -2``, ``rate == 0``,
-``finish == inf`` and ``path == -1``, so masks over all slots select live flows.
+per-link rows and per-hop lists of flows and re-solve, after each batch of events,
+only the flows whose rates can change — the incremental exact max-min of
+:mod:`mccl.sim.kernels`, which also defines the named groups of arrays the table is
+made of (:class:`~mccl.sim.kernels.FlowState`, ``LinkState``, ...). Free slots hold
+``run == -2``, ``rate == 0``, ``finish == inf`` and ``path == -1``, so masks over all
+slots select live flows.
 
 Weights (``SimOptions.step_priority``). On one hop (sender, receiver, route) of a
 collective a flow weighs ``step_priority ** -d``, d (at most 4) the steps it is
@@ -21,9 +23,12 @@ found without scanning every slot.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from mccl.sim import kernels, tablekernels
+from mccl.sim import kernels
+from mccl.sim.kernels import FinishHeap, FlowState, HopState, LinkState, Rows, Scratch, SlotBook, WorkList
 
 __all__ = ["FlowTable"]
 
@@ -31,99 +36,158 @@ _EPS = 1e-11  # relative tolerance of the bottleneck check (mccl.sim.kernels)
 _MIN_SLOTS = 64
 _MIN_ROUTE = 8
 _MIN_DEGREE = 16
+# Per-slot arrays: dtype, and the value of a free slot (kept when the table grows).
+_FLOW_FIELDS = {
+    "alive": (bool, False), "hop": (np.int64, -1), "step": (np.int64, 0), "length": (np.int64, 0),
+    "remaining": (float, 0.0), "t0": (float, 0.0), "rate": (float, 0.0), "finish": (float, np.inf),
+    "bottleneck": (np.int64, -1), "wlev": (np.int64, 0), "ver": (np.int64, 0),
+}
+_BOOK_FIELDS = {"run": (np.int64, -2), "transfer": (np.int64, 0), "path": (np.int64, -1), "hnext": (np.int64, -1),
+                "hprev": (np.int64, -1)}
+_SCRATCH_FIELDS = {"s_in": (bool, False), "s_frozen": (bool, False), "s_rate": (float, 0.0),
+                   "s_bneck": (np.int64, -1), "s_wold": (np.int64, 0)}
+
+
+def _counter() -> np.ndarray:
+    return np.zeros(1, dtype=np.int64)
+
+
+# The groups of a table (mccl.sim.kernels), and the arrays of each that the engine and tests read by a
+# name of the table (``table.rate`` is ``table.flows.rate``).
+_GROUPS: dict[str, dict[str, str]] = {
+    "flows": {name: name for name in ("alive", "hop", "step", "length", "route", "remaining", "t0", "rate",
+                                      "bottleneck")},
+    "book": {"run": "run", "transfer": "transfer", "path": "path"},
+    "links": {"link_rate": "rate"},
+    "hops": {"h_oldest": "oldest"},
+    "dirty": {}, "changed": {}, "heap": {}, "scratch": {},
+}
 
 
 class FlowTable:
     """Active flows by slot: run slot (-1: greedy background, -2: free), transfer or background
-    index, route, step, hop, bytes left at ``t0``, rate (bytes/s), predicted finish, bottleneck."""
+    index, route, step, hop, bytes left at ``t0``, rate (bytes/s), predicted finish, bottleneck.
+
+    The state is the named groups of :mod:`mccl.sim.kernels`: ``flows`` (FlowState), ``book``
+    (SlotBook), ``links``, ``hops``, ``dirty`` (flows to re-solve), ``changed`` (links), ``heap``
+    and ``scratch``. A group is replaced, not resized, when it grows; assigning one also keeps it
+    as a plain tuple in ``plain``, the form the kernels take (see that module: numba types those in
+    C; converting at every call cost ~0.6 µs a group, ~20% of a small event batch), and the arrays
+    of it read by a name of the table (``_GROUPS``), so neither can be left stale."""
+
+    flows: FlowState
+    book: SlotBook
+    links: LinkState
+    hops: HopState
+    dirty: WorkList
+    changed: WorkList
+    heap: FinishHeap
+    scratch: Scratch
+    alive: np.ndarray  # the aliases of _GROUPS
+    run: np.ndarray
+    transfer: np.ndarray
+    path: np.ndarray
+    hop: np.ndarray
+    step: np.ndarray
+    length: np.ndarray
+    route: np.ndarray
+    remaining: np.ndarray
+    t0: np.ndarray
+    rate: np.ndarray
+    bottleneck: np.ndarray
+    link_rate: np.ndarray
+    h_oldest: np.ndarray
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        aliases = _GROUPS.get(name)
+        if aliases is not None:
+            self.plain[name] = tuple(value)
+            for alias, field in aliases.items():
+                super().__setattr__(alias, getattr(value, field))
 
     def __init__(self, n_links: int, step_priority: float) -> None:
+        self.plain: dict[str, tuple] = {}
         self.n_links = n_links
         self.wtab = float(step_priority) ** -np.arange(5, dtype=float)
         self.solves = self.rounds = 0
-        self.link_rate = np.zeros(n_links)  # bytes/s of these flows on each link
-        self.l_deg = np.zeros(n_links, dtype=np.int64)  # flows on each link (incidences)
-        self.l_flows = np.zeros((n_links, _MIN_DEGREE), dtype=np.int64)  # their slots
-        self.l_inc = np.zeros((n_links, _MIN_DEGREE), dtype=np.int64)  # their incidence ids
-        self.l_changed = np.zeros(n_links, dtype=bool)
-        self.clist = np.zeros(n_links, dtype=np.int64)
-        self.l_mark = np.zeros(n_links, dtype=bool)
-        self.resid = np.zeros(n_links)
-        self.cnt = np.zeros(n_links, dtype=np.int64)
-        self.cnt_lev = np.zeros((n_links, 5), dtype=np.int64)
-        self.hp = np.zeros(n_links, dtype=np.int64)  # indexed heap of link shares (mccl.sim.kernels)
-        self.hpos = np.full(n_links, -1, dtype=np.int64)
-        self.hkey = np.zeros(n_links)
-        self.h_head = np.zeros(0, dtype=np.int64)
-        self.h_oldest = np.zeros(0, dtype=np.int64)
-        # free slots, dirty flows, changed links, live flows; totals of flows re-solved and links checked;
-        # entries on the finish-time heap
-        self.meta = np.zeros(7, dtype=np.int64)
-        self.q_key = np.zeros(_MIN_SLOTS)  # heap of (predicted finish, slot, version): mccl.sim.kernels.due
-        self.q_slot = np.zeros(_MIN_SLOTS, dtype=np.int64)
-        self.q_ver = np.zeros(_MIN_SLOTS, dtype=np.int64)
         self.big_r = _MIN_ROUTE
+        none = np.zeros(0, dtype=np.int64)
+        # Slot-sized arrays start empty; _allocate grows them to _MIN_SLOTS.
+        self.flows = FlowState(**{name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _FLOW_FIELDS.items()},
+                               route=np.zeros((0, self.big_r), dtype=np.int64), n_live=_counter())
+        self.book = SlotBook(**{name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _BOOK_FIELDS.items()},
+                             i_pos=none, free=none, n_free=_counter())
+        self.links = LinkState(rate=np.zeros(n_links), deg=np.zeros(n_links, dtype=np.int64),
+                               flows=np.zeros((n_links, _MIN_DEGREE), dtype=np.int64),
+                               inc=np.zeros((n_links, _MIN_DEGREE), dtype=np.int64))
+        self.hops = HopState(head=none, oldest=none)
+        self.dirty = WorkList(np.zeros(0, dtype=bool), none, _counter())
+        self.changed = WorkList(np.zeros(n_links, dtype=bool), np.zeros(n_links, dtype=np.int64), _counter())
+        self.heap = FinishHeap(np.zeros(_MIN_SLOTS), np.zeros(_MIN_SLOTS, dtype=np.int64),
+                               np.zeros(_MIN_SLOTS, dtype=np.int64), _counter())
+        self.scratch = Scratch(
+            **{name: np.zeros(0, dtype=dtype) for name, (dtype, _) in _SCRATCH_FIELDS.items()},
+            l_mark=np.zeros(n_links, dtype=bool), resid=np.zeros(n_links), cnt=np.zeros(n_links, dtype=np.int64),
+            cnt_lev=np.zeros((n_links, 5), dtype=np.int64), hp=np.zeros(n_links, dtype=np.int64),
+            hpos=np.full(n_links, -1, dtype=np.int64), hkey=np.zeros(n_links), flows_solved=_counter(),
+            links_solved=_counter())
         self._allocate(_MIN_SLOTS)
 
     def __len__(self) -> int:
-        return int(self.meta[3])
+        return int(self.flows.n_live[0])
 
     # -- storage -------------------------------------------------------------------------
     def _allocate(self, size: int) -> None:
         """(Re)allocate the slot arrays for ``size`` slots, keeping live flows in their slots."""
-        old = getattr(self, "run", None)
-        n_old = 0 if old is None else len(old)
-        fresh = {
-            "alive": np.zeros(size, dtype=bool), "run": np.full(size, -2, dtype=np.int64),
-            "transfer": np.zeros(size, dtype=np.int64), "hop": np.full(size, -1, dtype=np.int64),
-            "step": np.zeros(size, dtype=np.int64), "path": np.full(size, -1, dtype=np.int64),
-            "length": np.zeros(size, dtype=np.int64), "remaining": np.zeros(size), "t0": np.zeros(size),
-            "rate": np.zeros(size), "finish": np.full(size, np.inf), "bottleneck": np.full(size, -1, dtype=np.int64),
-            "wlev": np.zeros(size, dtype=np.int64), "f_hnext": np.full(size, -1, dtype=np.int64),
-            "f_hprev": np.full(size, -1, dtype=np.int64), "f_dirty": np.zeros(size, dtype=bool),
-            "dlist": np.zeros(size, dtype=np.int64), "s_in": np.zeros(size, dtype=bool),
-            "s_frozen": np.zeros(size, dtype=bool), "s_rate": np.zeros(size),
-            "s_bneck": np.full(size, -1, dtype=np.int64), "s_wold": np.zeros(size, dtype=np.int64),
-            "dlist_out": np.zeros(size, dtype=np.int64), "f_ver": np.zeros(size, dtype=np.int64),
-        }
-        for name, array in fresh.items():
-            if old is not None:
-                array[:n_old] = getattr(self, name)
-            setattr(self, name, array)
+        old, book = self.flows, self.book
+        n_old = len(old.alive)
+
+        def grown(previous: np.ndarray, dtype: type, fill: object) -> np.ndarray:
+            array = np.full(size, fill, dtype=dtype)
+            array[:n_old] = previous
+            return array
+
         route = np.zeros((size, self.big_r), dtype=np.int64)
-        if old is not None:
-            route[:n_old, :self.route.shape[1]] = self.route
-        self.route = route
-        self.i_pos = np.zeros(size * self.big_r, dtype=np.int64)  # position of each incidence in its link's array
+        route[:n_old, :old.route.shape[1]] = old.route
+        kept = int(book.n_free[0])
         stack = np.zeros(size, dtype=np.int64)
-        kept = int(self.meta[0])
-        if old is not None:
-            stack[:kept] = self.free[:kept]
+        stack[:kept] = book.free[:kept]
         stack[kept:kept + size - n_old] = np.arange(size - 1, n_old - 1, -1, dtype=np.int64)  # lowest on top
-        self.free = stack
-        self.meta[0] = kept + size - n_old
-        tablekernels.relink(self.big_r, self.alive, self.length, self.route, self.i_pos, self.l_flows, self.l_inc,
-                            self.l_deg)
+        book.n_free[0] = kept + size - n_old
+        self.flows = old._replace(**{name: grown(getattr(old, name), *spec) for name, spec in _FLOW_FIELDS.items()},
+                                  route=route)
+        self.book = book._replace(**{name: grown(getattr(book, name), *spec) for name, spec in _BOOK_FIELDS.items()},
+                                  i_pos=np.zeros(size * self.big_r, dtype=np.int64), free=stack)
+        self.scratch = self.scratch._replace(
+            **{name: grown(getattr(self.scratch, name), *spec) for name, spec in _SCRATCH_FIELDS.items()})
+        self.dirty = self.dirty._replace(marked=grown(self.dirty.marked, bool, False),
+                                         items=grown(self.dirty.items, np.int64, 0))
+        self._due_out = np.zeros(size, dtype=np.int64)  # kernels.due writes the slots due here
+        kernels.relink(self.plain["flows"], self.plain["book"], self.plain["links"])
 
     def _reserve(self, count: int, longest: int, top_hop: int) -> None:
         if longest > self.big_r:
             self.big_r = max(longest, 2 * self.big_r)
             self._allocate(len(self.run))
-        if self.meta[0] < count:
-            self._allocate(max(2 * len(self.run), len(self.run) + count - int(self.meta[0])))
-        if top_hop >= len(self.h_head):
-            size = max(2 * len(self.h_head), top_hop + 1, 64)
-            self.h_head = np.concatenate([self.h_head, np.full(size - len(self.h_head), -1, dtype=np.int64)])
-            self.h_oldest = np.concatenate([self.h_oldest, np.full(size - len(self.h_oldest),
-                                                                   np.iinfo(np.int64).max, dtype=np.int64)])
+        free = int(self.book.n_free[0])
+        if free < count:
+            self._allocate(max(2 * len(self.run), len(self.run) + count - free))
+        if top_hop >= len(self.hops.head):
+            size = max(2 * len(self.hops.head), top_hop + 1, 64)
+            head, oldest = self.hops
+            self.hops = HopState(
+                head=np.concatenate([head, np.full(size - len(head), -1, dtype=np.int64)]),
+                oldest=np.concatenate([oldest, np.full(size - len(oldest), np.iinfo(np.int64).max, dtype=np.int64)]))
 
     def _widen(self) -> None:
         """Twice the room per link for flows (a link ran out of it)."""
-        old = self.l_flows.shape[1]
-        for name in ("l_flows", "l_inc"):
-            grown = np.zeros((self.n_links, 2 * old), dtype=np.int64)
-            grown[:, :old] = getattr(self, name)
-            setattr(self, name, grown)
+        old = self.links.flows.shape[1]
+        rows = {}
+        for name in ("flows", "inc"):
+            rows[name] = np.zeros((self.n_links, 2 * old), dtype=np.int64)
+            rows[name][:, :old] = getattr(self.links, name)
+        self.links = self.links._replace(**rows)
 
     # -- membership ------------------------------------------------------------------
     def add(self, run: int, transfers: np.ndarray, size: np.ndarray, lengths: np.ndarray, links: np.ndarray,
@@ -145,76 +209,70 @@ class FlowTable:
                  size_of: np.ndarray, size_scale: float, step_of: np.ndarray, hop_of: np.ndarray, hop_base: int,
                  n_hops: int, path_of: np.ndarray, path_by: np.ndarray, longest: int, now: float) -> np.ndarray:
         """Start one flow per row of per-row arrays (a compiled schedule's transfers): see
-        :func:`mccl.sim.tablekernels.add_flows`; ``transfer`` is the row. Return their slots."""
+        :func:`mccl.sim.kernels.add_flows`; ``transfer`` is the row. Return their slots."""
         count = len(rows)
         self._reserve(count, longest, hop_base + n_hops - 1)
         slots = np.empty(count, dtype=np.int64)
+        source = tuple(Rows(route_offsets, route_links, size_of, step_of, hop_of, path_by))
         done = 0
+        plain = self.plain
         while True:
-            done += tablekernels.add_flows(
-                slots[done:], run, rows[done:], route_offsets, route_links, size_of, size_scale, step_of, hop_of,
-                hop_base, path_of, path_by, now, self.big_r, self.alive, self.run, self.transfer, self.hop, self.step,
-                self.path, self.length, self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck,
-                self.wlev, self.f_hnext, self.f_hprev, self.f_dirty, self.i_pos, self.l_flows, self.l_inc, self.l_deg,
-                self.h_head, self.h_oldest, self.free, self.dlist, self.l_changed, self.clist, self.meta)
+            done += kernels.add_flows(slots[done:], rows[done:], source, run, size_scale, hop_base, path_of, now,
+                                      plain["flows"], plain["book"], plain["links"], plain["hops"], plain["dirty"],
+                                      plain["changed"])
             if done == count:
                 return slots
             self._widen()
 
     def due(self, limit: float) -> np.ndarray:
         """Slots of the flows whose last byte leaves by ``limit`` (each returned once), ascending."""
-        count = kernels.due(limit, self.dlist_out, self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta)
-        return np.sort(self.dlist_out[:count])  # in slot order, as a scan would find them
+        count = kernels.due(limit, self._due_out, self.flows.ver, self.plain["heap"])
+        return np.sort(self._due_out[:count])  # in slot order, as a scan would find them
 
     def next_finish(self) -> float:
         """The earliest predicted finish of a flow (inf if none)."""
-        return float(kernels.next_finish(self.f_ver, self.q_key, self.q_slot, self.q_ver, self.meta))
+        return float(kernels.next_finish(self.flows.ver, self.plain["heap"]))
 
     def _heap_room(self) -> None:
         """Room for one push per live flow; stale entries dropped once they outnumber live ones."""
-        live = int(self.meta[3])
-        if self.meta[6] > 2 * live + 1024:
-            kernels.rebuild_finish_heap(self.alive, self.finish, self.f_ver, self.q_key, self.q_slot, self.q_ver,
-                                        self.meta)
-        need = int(self.meta[6]) + live
-        if need > len(self.q_key):
-            size = max(need, 2 * len(self.q_key))
-            for name in ("q_key", "q_slot", "q_ver"):
-                old = getattr(self, name)
-                grown = np.zeros(size, dtype=old.dtype)
-                grown[:len(old)] = old
-                setattr(self, name, grown)
+        heap, live = self.heap, len(self)
+        if heap.size[0] > 2 * live + 1024:
+            kernels.rebuild_finish_heap(self.plain["flows"], self.plain["heap"])
+        need = int(heap.size[0]) + live
+        if need > len(heap.key):
+            size = max(need, 2 * len(heap.key))
+            arrays = {}
+            for name in ("key", "slot", "ver"):
+                old = getattr(heap, name)
+                arrays[name] = np.zeros(size, dtype=old.dtype)
+                arrays[name][:len(old)] = old
+            self.heap = heap._replace(**arrays)
 
     def remove(self, slots: np.ndarray) -> None:
         """Drop the flows in ``slots``; the rates around them are re-solved at the next recompute."""
-        tablekernels.remove_flows(
-            np.asarray(slots, dtype=np.int64), self.big_r, self.alive, self.run, self.f_ver, self.hop, self.step, self.path,
-            self.length, self.route, self.rate, self.finish, self.f_hnext, self.f_hprev, self.f_dirty, self.i_pos,
-            self.l_flows, self.l_inc, self.l_deg, self.h_head, self.h_oldest, self.link_rate, self.free, self.dlist,
-            self.l_changed, self.clist, self.meta)
+        plain = self.plain
+        kernels.remove_flows(np.asarray(slots, dtype=np.int64), plain["flows"], plain["book"], plain["links"],
+                             plain["hops"], plain["dirty"], plain["changed"])
 
     def touch_links(self, links: np.ndarray | tuple[int, ...]) -> None:
         """These links' capacities changed: re-solve the flows they bottleneck."""
+        changed = self.changed
         for link in np.unique(np.asarray(links, dtype=np.int64)):
-            if not self.l_changed[link]:
-                self.l_changed[link] = True
-                self.clist[self.meta[2]] = link
-                self.meta[2] += 1
+            if not changed.marked[link]:
+                changed.marked[link] = True
+                changed.items[changed.count[0]] = link
+                changed.count[0] += 1
 
     # -- rates ---------------------------------------------------------------------------
     def recompute(self, capacity: np.ndarray, now: float) -> None:
         """Max-min rates after the changes since the last call, given the capacity left to flows."""
-        if not (self.meta[1] or self.meta[2]):
+        if not (self.dirty.count[0] or self.changed.count[0]):
             return
         self._heap_room()
-        solves = kernels.recompute(
-            np.ascontiguousarray(capacity, dtype=float), now, self.wtab, _EPS, self.big_r, self.alive, self.hop,
-            self.step, self.length, self.route, self.remaining, self.t0, self.rate, self.finish, self.bottleneck,
-            self.wlev, self.f_dirty, self.l_flows, self.l_deg, self.h_oldest, self.link_rate, self.dlist,
-            self.l_changed, self.clist, self.meta, self.s_in, self.s_frozen, self.s_rate, self.s_bneck, self.s_wold,
-            self.l_mark,
-            self.resid, self.cnt, self.cnt_lev, self.hp, self.hpos, self.hkey, self.f_ver, self.q_key, self.q_slot,
-            self.q_ver)
+        plain = self.plain
+        solves = kernels.recompute(np.ascontiguousarray(capacity, dtype=float), now, self.wtab, _EPS, plain["flows"],
+                                   plain["links"], plain["hops"], plain["dirty"], plain["changed"], plain["heap"],
+                                   plain["scratch"])
         self.solves += 1
         self.rounds += int(solves)
 

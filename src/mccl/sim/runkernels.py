@@ -9,7 +9,7 @@ Connections (:mod:`mccl.sim.compiled`): transfers of connection c are
 ``conn_bounds[c]:conn_bounds[c+1]`` in queue order; a free connection starts its
 first ready transfer. ``conn_scan[c]`` skips the connection's started prefix, and
 only *candidate* connections (freed, or given a newly ready transfer since the last
-start) are looked at. ``state`` = [transfers arrived, candidates queued].
+start) are looked at. ``state`` holds two counters, named by ``ARRIVED`` and ``QUEUED``.
 """
 
 from __future__ import annotations
@@ -17,21 +17,25 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["arrive", "sent", "start"]
+__all__ = ["ARRIVED", "QUEUED", "arrive", "sent", "start"]
 
 _jit = numba.njit(cache=True, nogil=True)
 # No kernel calls a jitted function of another module: numba's file cache does not notice when a
 # callee in another file changes, so such a call could run stale code. Small helpers are repeated
 # per module (e.g. the "append to a work list once" helpers) rather than shared.
 _LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause
+# Slots of a run's int64[2] ``state`` (mccl.sim.runs.RunState.state); named here, beside the kernels that
+# compile them in, so a change to them recompiles those kernels.
+ARRIVED = 0  # transfers arrived
+QUEUED = 1  # candidate connections queued in ``cand``
 
 
 @_jit
 def _candidate(c, cand, cand_mark, state):
     if not cand_mark[c]:
         cand_mark[c] = True
-        cand[state[1]] = c
-        state[1] += 1
+        cand[state[QUEUED]] = c
+        state[QUEUED] += 1
 
 
 @_jit
@@ -56,7 +60,7 @@ def arrive(transfers, now, dep_offsets, dep_targets, connection, pending, last_d
     for j in range(len(transfers)):
         t = transfers[j]
         t_arrive[t] = now
-        state[0] += 1
+        state[ARRIVED] += 1
         for k in range(dep_offsets[t], dep_offsets[t + 1]):
             d = dep_targets[k]
             pending[d] -= 1
@@ -72,7 +76,7 @@ def start(now, tolerance, out, conn_bounds, conn_scan, ready, busy, t_ready, t_s
           cause, cand, cand_mark, state):
     """Start on every free candidate connection its first ready transfer; return how many (in ``out``)."""
     started = 0
-    for j in range(state[1]):
+    for j in range(state[QUEUED]):
         c = cand[j]
         cand_mark[c] = False
         if busy[c]:
@@ -97,5 +101,5 @@ def start(now, tolerance, out, conn_bounds, conn_scan, ready, busy, t_ready, t_s
             cause[t] = _CHUNK if last_dep[t] >= 0 else _LAUNCH
         out[started] = t
         started += 1
-    state[1] = 0
+    state[QUEUED] = 0
     return started

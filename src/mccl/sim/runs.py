@@ -54,16 +54,17 @@ class RunState:
         first = np.unique(compiled.connection[self.ready])
         self.cand[:len(first)] = first
         self.cand_mark[first] = True
-        self.state = np.array([0, len(first)], dtype=np.int64)  # arrived, candidate connections
+        self.state = np.zeros(2, dtype=np.int64)  # counters, by runkernels.ARRIVED and runkernels.QUEUED
+        self.state[runkernels.QUEUED] = len(first)
         self._out = np.zeros(compiled.n_connections, dtype=np.int64)
 
     @property
     def arrived(self) -> int:
-        return int(self.state[0])
+        return int(self.state[runkernels.ARRIVED])
 
     def start(self, now: float, tolerance: float) -> np.ndarray:
         """Start, on every free connection, its first ready transfer; return them (ascending)."""
-        if not self.state[1]:
+        if not self.state[runkernels.QUEUED]:
             return self._out[:0]
         count = runkernels.start(now, tolerance, self._out, self.conn_bounds, self.conn_scan, self.ready, self.busy,
                                  self.t_ready, self.t_start, self.last_dep, self.conn_last, self.enabler, self.cause,
