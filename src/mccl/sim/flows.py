@@ -279,7 +279,3 @@ class FlowTable:
     def live(self) -> np.ndarray:
         """Slots of the live flows, ascending."""
         return np.flatnonzero(self.alive)
-
-    def bytes_left(self, now: float) -> np.ndarray:
-        """Per slot (0 for free ones)."""
-        return np.where(self.alive, self.remaining - self.rate * (now - self.t0), 0.0)
