@@ -4,7 +4,7 @@
 returns an AllGather :class:`~mccl.schedule.Schedule`; see :mod:`.pipeline` for the phases.
 """
 
-from mccl.synth.treepack.maxrate import MaxRate, max_rate
+from mccl.synth.cutbound import MaxRate, max_rate
 from mccl.synth.treepack.pipeline import MAX_CHUNKS, reversed_topology, synthesize, synthesize_reducescatter
 
 __all__ = ["MAX_CHUNKS", "MaxRate", "max_rate", "reversed_topology", "synthesize", "synthesize_reducescatter"]

@@ -35,11 +35,11 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
+from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.forest import Forest, forest_of, lower_rows
-from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.repair import warm_pack
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.switch_removal import LogicalGraph
