@@ -30,7 +30,7 @@ import numpy as np
 
 from mccl.errors import InvalidSchedule
 from mccl.schedule.ir import Collective, Schedule, TransferOp
-from mccl.topology import Topology
+from mccl.topology import Topology, fabric_view
 
 __all__ = ["validate"]
 
@@ -161,11 +161,9 @@ def _check_routes(schedule: Schedule, topology: Topology) -> None:
         owner = int(np.searchsorted(transfers.route_offsets, bad[0], side="right") - 1)
         raise InvalidSchedule(f"{_transfer_name(schedule, owner)} uses link {links[bad[0]]}, "
                               f"which topology {topology.name!r} does not have")
-    node_index = topology.node_index
-    link_src = np.array([node_index[link.src] for link in topology.links], dtype=np.int64)
-    link_dst = np.array([node_index[link.dst] for link in topology.links], dtype=np.int64)
-    is_gpu = np.array([node.is_gpu for node in topology.nodes], dtype=bool)
-    rank_node = np.array([node_index[gpu] for gpu in schedule.ranks], dtype=np.int64)
+    # Positions in the view: rank r is position r, so a route's ends compare with sender / receiver directly.
+    view = fabric_view(topology, schedule.ranks)
+    link_src, link_dst = view.link_src, view.link_dst
     first = transfers.route_offsets[:-1]
     last = transfers.route_offsets[1:] - 1
 
@@ -174,11 +172,11 @@ def _check_routes(schedule: Schedule, topology: Topology) -> None:
                         for link in transfers.route(index))
         return f"{_transfer_name(schedule, index)} with route [{hops}]"
 
-    bad = np.flatnonzero(link_src[links[first]] != rank_node[transfers.sender])
+    bad = np.flatnonzero(link_src[links[first]] != transfers.sender)
     if bad.size:
         i = bad[0]
         raise InvalidSchedule(f"{describe(i)} does not start at the sender's GPU {schedule.ranks[transfers.sender[i]]}")
-    bad = np.flatnonzero(link_dst[links[last]] != rank_node[transfers.receiver])
+    bad = np.flatnonzero(link_dst[links[last]] != transfers.receiver)
     if bad.size:
         i = bad[0]
         raise InvalidSchedule(f"{describe(i)} does not end at the receiver's GPU {schedule.ranks[transfers.receiver[i]]}")
@@ -190,10 +188,10 @@ def _check_routes(schedule: Schedule, topology: Topology) -> None:
         owner = int(np.searchsorted(transfers.route_offsets, broken[0], side="right") - 1)
         raise InvalidSchedule(f"{describe(owner)} is not contiguous: link {links[broken[0]]} ends where "
                               f"link {links[broken[0] + 1]} does not start")
-    through_gpu = positions[is_gpu[link_dst[links[positions]]]]
+    through_gpu = positions[view.is_gpu_position(link_dst[links[positions]])]
     if through_gpu.size:
         owner = int(np.searchsorted(transfers.route_offsets, through_gpu[0], side="right") - 1)
-        gpu = topology.nodes[link_dst[links[through_gpu[0]]]].id
+        gpu = view.name(int(link_dst[links[through_gpu[0]]]))
         raise InvalidSchedule(f"{describe(owner)} passes through GPU {gpu}; forwarding through a GPU "
                               "must be a relay (a transfer of its own)")
 

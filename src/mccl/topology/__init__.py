@@ -1,6 +1,7 @@
 """The fabric: GPUs, switches, directed links, builders, files and faults."""
 
 from mccl.topology.builders import rail_optimized, single_switch, spine_leaf, switch_ring
+from mccl.topology.fabric import FabricView, fabric_view
 from mccl.topology.faults import FAULTS, apply_fault, degrade, fail1, fail2, fail3
 from mccl.topology.fileformat import dump_topology, dumps_topology, load_topology, loads_topology
 from mccl.topology.model import SWITCH_KINDS, Link, Node, NodeKind, Topology
@@ -13,6 +14,8 @@ __all__ = [
     "parse_fault",
     "parse_topology",
     "FAULTS",
+    "FabricView",
+    "fabric_view",
     "SWITCH_KINDS",
     "Link",
     "Node",

@@ -169,6 +169,16 @@ class Topology:
         return values
 
     @cached_property
+    def link_endpoints(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(src, dst)``: per link id, the node positions (in ``nodes``) it leaves and enters (read-only int64)."""
+        index = self.node_index
+        src = np.array([index[link.src] for link in self.links], dtype=np.int64)
+        dst = np.array([index[link.dst] for link in self.links], dtype=np.int64)
+        src.setflags(write=False)
+        dst.setflags(write=False)
+        return src, dst
+
+    @cached_property
     def latencies_us(self) -> np.ndarray:
         values = np.array([link.latency_us for link in self.links], dtype=float)
         values.setflags(write=False)

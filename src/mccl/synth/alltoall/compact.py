@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
-from mccl.errors import SynthesisError
-from mccl.synth.alltoall.master import new_highs
+from mccl.synth import highs
 from mccl.synth.alltoall.network import build_network
 from mccl.topology import Topology
 
@@ -87,10 +85,10 @@ def compact_lp(topology: Topology, ranks: Sequence[str] | None = None, *, max_st
     index = np.concatenate([flow_rows.ravel(), exit_rows.ravel(), z_rows]).astype(np.int32)
     value = np.concatenate([flow_vals.ravel(), exit_vals.ravel(), z_vals])
     n_cols = n_flow + n_exit + 1
-    model = new_highs()
-    model.setOptionValue("time_limit", float(time_limit_s) if time_limit_s is not None else highspy.kHighsInf)
-    model.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    inf = highspy.kHighsInf
+    model = highs.new_model()
+    highs.set_limits(model, time_limit_s=time_limit_s)
+    highs.maximize(model)
+    inf = highs.INF
     scale = float(net.capacity.max())
     model.addRows(n_cons + n_links, np.concatenate([np.zeros(n_cons), np.full(n_links, -inf)]),
                   np.concatenate([np.zeros(n_cons), net.capacity / scale]), 0,
@@ -98,9 +96,6 @@ def compact_lp(topology: Topology, ranks: Sequence[str] | None = None, *, max_st
     costs = np.zeros(n_cols)
     costs[-1] = 1.0
     model.addCols(n_cols, costs, np.zeros(n_cols), np.full(n_cols, inf), len(index), starts, index, value)
-    model.run()
-    status = model.getModelStatus()
-    if status != highspy.HighsModelStatus.kOptimal:
-        raise SynthesisError(f"the compact LP did not solve: {model.modelStatusToString(status)}")
+    highs.require_optimal(model, "the compact AllToAll LP")
     z = float(model.getSolution().col_value[-1]) * scale
     return CompactResult(z, n * z / 8.0, n_cols, n_cons + n_links, int(model.getInfo().simplex_iteration_count))

@@ -33,27 +33,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import highspy
 import numpy as np
 
 from mccl.errors import SynthesisError
+from mccl.synth import highs
 
-__all__ = ["Master", "MasterSnapshot", "MasterSolution", "new_highs"]
+__all__ = ["Master", "MasterSnapshot", "MasterSolution"]
 
-_INF = highspy.kHighsInf
-_MAX_ITERATIONS = 2**31 - 1  # HiGHS's default simplex_iteration_limit (kHighsIInf): none
-
-
-def new_highs() -> highspy.Highs:
-    """A silent HiGHS instance.
-
-    ``highspy.Highs()`` (1.16) prints a banner on stdout when first built; its
-    compiled base class takes the same calls without it.
-    """
-    cls = getattr(getattr(highspy, "_core", None), "_Highs", highspy.Highs)
-    model = cls()
-    model.setOptionValue("output_flag", False)
-    return model
+_INF = highs.INF
 
 
 @dataclass(frozen=True)
@@ -101,14 +88,12 @@ class Master:
         self.solves = 0
         self.abandoned_iterations = 0  # pivots of solves stopped by a limit (not in ``iterations``)
         self.stopped: str | None = None  # why the last solve returned None
-        model = new_highs()
-        model.setOptionValue("presolve", "off")
-        model.setOptionValue("simplex_strategy", 4)  # primal: warm re-solves after adding columns
-        model.setOptionValue("threads", threads)
+        # simplex_strategy 4 (primal): warm re-solves after adding columns; presolve off keeps the basis.
+        model = highs.new_model(presolve="off", simplex_strategy=4, threads=threads)
         # Reduced costs below -1e-9 must make HiGHS pivot, or pricing and master disagree on optimality.
         model.setOptionValue("dual_feasibility_tolerance", 1e-9)
         model.setOptionValue("primal_feasibility_tolerance", 1e-9)
-        model.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        highs.maximize(model)
         n, m = n_tensors, self.n_links
         model.addRows(n, np.zeros(n), np.full(n, _INF), 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
         model.addRows(m, np.full(m, -_INF), self._capacity, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
@@ -147,18 +132,13 @@ class Master:
         """Re-solve from the last basis; None when ``time_limit_s`` or ``iteration_limit`` (simplex
         pivots of this solve) ran out first, and ``stopped`` then says which ("time" / "iterations")."""
         model = self._model
-        model.setOptionValue("time_limit", float(time_limit_s) if time_limit_s is not None else _INF)
-        model.setOptionValue("simplex_iteration_limit", int(iteration_limit) if iteration_limit is not None
-                             else _MAX_ITERATIONS)
-        model.run()
-        status = model.getModelStatus()
+        highs.set_limits(model, time_limit_s=time_limit_s, iteration_limit=iteration_limit)
         self.stopped = None
-        if status in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit):
-            self.stopped = "time" if status == highspy.HighsModelStatus.kTimeLimit else "iterations"
+        outcome = highs.run(model, "the AllToAll master LP")
+        if outcome is not highs.Outcome.OPTIMAL:
+            self.stopped = outcome.value  # "time" or "iterations"
             self.abandoned_iterations += int(model.getInfo().simplex_iteration_count)
             return None
-        if status != highspy.HighsModelStatus.kOptimal:
-            raise SynthesisError(f"the master LP did not solve to optimality: {model.modelStatusToString(status)}")
         info = model.getInfo()
         iterations = int(info.simplex_iteration_count)
         self.iterations += iterations
@@ -216,10 +196,6 @@ class Master:
         if keep_basis:
             if snapshot.col_status is None or snapshot.row_status is None:
                 raise SynthesisError("the previous master's snapshot kept no basis to restart from")
-            basis = highspy.HighsBasis()
-            basis.col_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.col_status]
-            basis.row_status = [highspy.HighsBasisStatus(int(status)) for status in snapshot.row_status]
-            basis.valid = True
-            if master._model.setBasis(basis) != highspy.HighsStatus.kOk:
+            if not highs.set_basis(master._model, snapshot.col_status, snapshot.row_status):
                 raise SynthesisError("HiGHS refused the previous master's basis")
         return master

@@ -8,17 +8,16 @@ and the lazy rows: see :mod:`.repair`.
 
 from __future__ import annotations
 
-import highspy
 import numpy as np
 
-from mccl.synth.alltoall.master import new_highs
+from mccl.errors import SynthesisError
+from mccl.synth import highs
 from mccl.synth.alltoall.rounding import route_load
 
 __all__ = ["RepairLP", "crash", "solve_with_rows"]
 
-_INF = highspy.kHighsInf
-_BASIC, _LOWER, _UPPER = (highspy.HighsBasisStatus.kBasic, highspy.HighsBasisStatus.kLower,
-                          highspy.HighsBasisStatus.kUpper)
+_INF = highs.INF
+_BASIC, _LOWER, _UPPER = highs.BASIC, highs.LOWER, highs.UPPER
 _OVER = 1e-9  # relative: a link this far over its capacity is violated
 _MAX_ROUNDS = 25  # lazy-row rounds before giving up (each adds at least one row)
 
@@ -62,13 +61,11 @@ class RepairLP:
         self.row_of_link = np.full(len(capacity), -1, dtype=np.int64)
         self.links: list[np.ndarray] = []
         self.iterations = 0
-        model = new_highs()
-        model.setOptionValue("presolve", "off")  # keeps the crash basis
-        model.setOptionValue("simplex_strategy", 4)  # primal simplex from the (primal feasible) crash
-        model.setOptionValue("threads", 1)
+        # Presolve off keeps the crash basis; primal simplex (strategy 4) starts from it (primal feasible).
+        model = highs.new_model(presolve="off", simplex_strategy=4, threads=1)
         model.setOptionValue("dual_feasibility_tolerance", 1e-9)
         model.setOptionValue("primal_feasibility_tolerance", 1e-9)
-        model.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        highs.maximize(model)
         rows = n_pairs + 1
         model.addRows(rows, np.zeros(rows), np.full(rows, _INF), 0, np.zeros(0, np.int32), np.zeros(0, np.int32),
                       np.zeros(0))
@@ -147,17 +144,16 @@ class RepairLP:
             row_status[self.n_pairs + 1 + tight] = _UPPER
         else:
             column_status[1] = _UPPER
-        basis = highspy.HighsBasis()
-        basis.col_status = column_status
-        basis.row_status = row_status
-        basis.valid = True
-        return self.model.setBasis(basis) == highspy.HighsStatus.kOk
+        return highs.set_basis(self.model, column_status, row_status)
 
     def solve(self) -> np.ndarray | None:
         """Column values (z and f in Gbit/s, θ as is), or None when HiGHS did not reach optimality."""
-        self.model.run()
+        try:
+            outcome = highs.run(self.model, "the AllToAll repair LP")
+        except SynthesisError:  # infeasible or a solver failure: the caller falls back to column generation
+            outcome = None
         self.iterations += int(self.model.getInfo().simplex_iteration_count)
-        if self.model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        if outcome is not highs.Outcome.OPTIMAL:
             return None
         values = np.asarray(self.model.getSolution().col_value, dtype=float).copy()
         values[0] *= self.scale

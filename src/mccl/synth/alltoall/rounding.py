@@ -32,11 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 
 from mccl.errors import SynthesisError
-from mccl.synth.alltoall.master import new_highs
+from mccl.synth import highs
 
 __all__ = ["Placement", "deep_dive", "route_load"]
 
@@ -217,9 +216,8 @@ def _balance_lp(owner: np.ndarray, left: np.ndarray, entry_links: np.ndarray, lo
     # Columns: w (k of them), then t. Rows: block equalities, then link rows load_a ≤ t cap_a.
     entry_col = np.broadcast_to(np.arange(k)[:, None], entry_links.shape)[valid]
     base_util = float(np.max(load / capacity))
-    model = new_highs()
-    model.setOptionValue("threads", 1)
-    inf = highspy.kHighsInf
+    model = highs.new_model(threads=1)
+    inf = highs.INF
     lower = np.concatenate([left[blocks].astype(float), np.full(m_links, -inf)])
     upper = np.concatenate([left[blocks].astype(float), -load[touched]])
     model.addRows(m_blocks + m_links, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
@@ -238,9 +236,7 @@ def _balance_lp(owner: np.ndarray, left: np.ndarray, entry_links: np.ndarray, lo
     # t: minimise; -cap_a in every link row; at least the utilization the fixed units already cause.
     model.addCols(1, np.ones(1), np.full(1, base_util), np.full(1, inf), m_links, np.zeros(1, np.int32),
                   (m_blocks + np.arange(m_links)).astype(np.int32), -capacity[touched])
-    model.run()
-    if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise SynthesisError("the rounding LP did not solve: " + model.modelStatusToString(model.getModelStatus()))
+    highs.require_optimal(model, "the AllToAll rounding LP")
     return np.clip(np.asarray(model.getSolution().col_value)[:k], 0.0, None)
 
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Set
 import numpy as np
 
 from mccl.errors import SynthesisError
-from mccl.synth.treepack.flownet import BIG, FlowNet
+from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.greedy import GreedyGrower
 from mccl.synth.treepack.tree import Tree
 

@@ -5,7 +5,7 @@ ForestColl §5.2) needs every switch to take in exactly as much as it sends out.
 A switch never copies, so whatever a tree packing sends through it enters and
 leaves it once: a switch can forward at most its out-capacity and use at most
 its in-capacity, and the excess on the larger side is unusable. The Phase 1 cut
-bound (:mod:`.maxrate`) still counts that excess in cuts that contain the switch,
+bound (:mod:`mccl.synth.cutbound`) still counts that excess in cuts that contain the switch,
 so on a fabric degraded one direction at a time (the controller's *measured*
 topology caps a rank pair's links per direction) no packing may reach it, and
 splitting at the rounded rate can keep fewer than k, even zero, trees per rank.

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mccl.synth.cutbound import CutChecker
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest
-from mccl.synth.treepack.maxrate import CutChecker
 
 __all__ = ["Keeper", "TightCut"]
 

@@ -2,7 +2,7 @@
 
 ForestColl (Zhao et al. 2025) as mccl-paper §4.1/§4.3 and Appendix C use it:
 
-1. :mod:`.maxrate` — the fractional optimum x* and its saturated cut (parametric max-flow);
+1. :mod:`mccl.synth.cutbound` — the fractional optimum x* and its saturated cut (parametric max-flow);
 2. :mod:`.rounding` — k ≤ ``chunks`` trees per rank and integer link capacities at the
    best rate x ≤ x* for them (the rounding loss ``1 - x/x*``);
 3. :mod:`.switch_removal` — split switches off into rank-to-rank logical links; on unbalanced
@@ -35,13 +35,13 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
+from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.options import TREEPACK_MAX_CHUNKS, TreePackOptions, resolve_options
 from mccl.synth.result import SynthesisResult, TreePackStats, stats_from_pairs
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.forest import Forest, forest_of, lower_rows
-from mccl.synth.treepack.maxrate import CutChecker, max_rate
 from mccl.synth.treepack.repair import warm_pack
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.switch_removal import LogicalGraph

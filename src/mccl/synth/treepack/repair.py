@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mccl.synth.cutbound import CutChecker
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest, segments
 from mccl.synth.treepack.keep import Keeper
-from mccl.synth.treepack.maxrate import CutChecker
 from mccl.synth.treepack.regrow import Regrower
 
 __all__ = ["WarmPacking", "warm_pack"]

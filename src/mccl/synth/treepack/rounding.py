@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mccl.errors import SynthesisError
+from mccl.synth.cutbound import CutChecker
 from mccl.synth.treepack.fabric import Fabric
-from mccl.synth.treepack.maxrate import CutChecker
 
 __all__ = ["IntegralRate", "integral_rate", "best_integral_rate", "candidate_ks"]
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
-from mccl.synth.treepack.flownet import BIG, FlowNet
 
 __all__ = ["LogicalGraph", "remove_switches", "packing_ok"]
 

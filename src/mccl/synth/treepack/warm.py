@@ -22,7 +22,7 @@ from mccl.schedule import Collective, Schedule
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest
 from mccl.synth.treepack.tree import Tree
-from mccl.topology import Topology
+from mccl.topology import Topology, fabric_view
 
 __all__ = ["WarmHints", "warm_hints", "preferred_arcs", "kept_fraction", "kept_fraction_of_rows"]
 
@@ -50,12 +50,10 @@ def warm_hints(previous: Schedule, topology: Topology, ranks: Sequence[str], col
                              f"(made for {previous.meta.topology!r}): {problem}")
     n = len(ranks)
     side = np.zeros(fabric.n_nodes, dtype=bool)
-    index = {name: i for i, name in enumerate(fabric.names)}
-    for cut_link in previous.meta.bottleneck_cut:
-        link = topology.links[cut_link.link]
-        node = link.src if collective is Collective.REDUCESCATTER else link.dst
-        if node in index:
-            side[index[node]] = True
+    # The sink side of the previous cut: the nodes its links enter in ``fabric``'s topology (for
+    # ReduceScatter the reversed one, where a link enters what it left in ``topology``).
+    entered = fabric.link_dst[np.array([cut_link.link for cut_link in previous.meta.bottleneck_cut], dtype=np.int64)]
+    side[entered[entered < fabric.n_nodes]] = True
     sides = (side,) if side[:n].any() and not side[:n].all() else ()
     counts = np.bincount(previous.block_of_chunks(), minlength=n)
     k = int(counts[0]) if np.all(counts == counts[0]) else None
@@ -72,23 +70,20 @@ def _misfit(previous: Schedule, topology: Topology) -> str | None:
     links = transfers.route_links.astype(np.int64)
     if len(links) == 0 or links.min() < 0 or links.max() >= len(topology.links):
         return "its routes use links that this topology does not have"
-    node_index = topology.node_index
-    link_src = np.array([node_index[link.src] for link in topology.links], dtype=np.int64)
-    link_dst = np.array([node_index[link.dst] for link in topology.links], dtype=np.int64)
-    rank_node = np.array([node_index[gpu] for gpu in previous.ranks], dtype=np.int64)
+    view = fabric_view(topology, previous.ranks)  # rank r at position r: route ends compare with ranks directly
+    link_src, link_dst = view.link_src, view.link_dst
     first = transfers.route_offsets[:-1]
     last = transfers.route_offsets[1:] - 1
-    if np.any(link_src[links[first]] != rank_node[transfers.sender]):
+    if np.any(link_src[links[first]] != transfers.sender):
         return "a route does not start at its sender's GPU"
-    if np.any(link_dst[links[last]] != rank_node[transfers.receiver]):
+    if np.any(link_dst[links[last]] != transfers.receiver):
         return "a route does not end at its receiver's GPU"
     inner = np.ones(len(links), dtype=bool)
     inner[last] = False
     positions = np.flatnonzero(inner)
     if np.any(link_dst[links[positions]] != link_src[links[positions + 1]]):
         return "a route is not contiguous on this topology"
-    is_gpu = np.array([node.is_gpu for node in topology.nodes], dtype=bool)
-    if np.any(is_gpu[link_dst[links[positions]]]):
+    if np.any(view.is_gpu_position(link_dst[links[positions]])):
         return "a route passes through a GPU of this topology"
     return None
 

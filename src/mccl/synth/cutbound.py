@@ -1,4 +1,9 @@
-"""Phase 1: the largest broadcast rate x at which every rank can AllGather (ForestColl §4).
+"""The AllGather cut bound: the largest broadcast rate x at which every rank can AllGather.
+
+One loop for the bound every schedule obeys (:func:`mccl.synth.allgather_cut_bound`) and
+for Phase 1 of the tree packing (ForestColl, Zhao et al. 2025, §4; mccl-paper §4.1), with
+the max-flow engine injected (:mod:`mccl.synth.maxflow`; OR-Tools by default: ~8x faster
+than scipy on rail-optimized fabrics of 16–256 GPUs, e.g. 1.7 ms vs 18 ms at 32 GPUs).
 
 Every node set X that holds some rank but not all must take in the blocks of the
 ranks outside it: ``cap_in(X) >= x · |ranks \\ X|``. With a super-source s* that
@@ -11,8 +16,9 @@ the previous bottleneck cut re-priced at the new capacities); find a violated cu
 by n max-flows on ONE network whose source arcs are re-set in place; set x to that
 cut's exact ratio; repeat until no cut is violated. Every x is the ratio of a real
 cut, computed in floating point from its links, so the result is a true cut value;
-the int64 max-flow (capacities scaled to ~2**50) only chooses the cut, at a
-resolution of ~1e-15 of the total capacity. Typically 1–3 rounds of n max-flows.
+the integer max-flow (capacities scaled to 2**capacity_bits of the engine: 2**50 for
+OR-Tools, 2**30 for scipy) only chooses the cut, at a resolution of ~1e-15 (OR-Tools) or
+~1e-9 (scipy) of the total capacity. Typically 1–3 rounds of n max-flows.
 
 The same checker answers the integral question of the rounding step
 (:mod:`mccl.synth.treepack.rounding`): are integer capacities enough for k trees
@@ -27,12 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mccl.errors import Infeasible
-from mccl.synth.treepack.fabric import Fabric
-from mccl.synth.treepack.flownet import FlowNet
+from mccl.synth.maxflow import MaxFlow, ortools_max_flow
+from mccl.topology import FabricView
 
 __all__ = ["CutChecker", "MaxRate", "max_rate", "cut_ratio"]
-
-_SCALE_BITS = 50
 
 
 @dataclass(frozen=True)
@@ -40,20 +44,20 @@ class MaxRate:
     """The fractional optimum: per-rank rate (Gbit/s) and a saturated cut attaining it."""
 
     rate_gbps: float
-    cut_side: np.ndarray  # bool per fabric node: the sink side X of the saturated cut
-    cut_arcs: np.ndarray  # fabric arc indices entering X
+    cut_side: np.ndarray  # bool per view node: the sink side X of the saturated cut
+    cut_arcs: np.ndarray  # view arc indices entering X
     rounds: int
     max_flows: int
 
 
 class CutChecker:
-    """Fabric arcs plus s* → rank arcs in one network; capacities change in place."""
+    """View arcs plus s* → rank arcs in one network of the engine ``max_flow``; capacities change in place."""
 
-    def __init__(self, fabric: Fabric) -> None:
+    def __init__(self, fabric: FabricView, max_flow: MaxFlow = ortools_max_flow) -> None:
         self.fabric = fabric
         n = fabric.n_ranks
         self.source = fabric.n_nodes
-        self.net = FlowNet(fabric.n_nodes + 1)
+        self.net = max_flow(fabric.n_nodes + 1)
         self.arcs = self.net.add_arcs(fabric.tail, fabric.head, np.zeros(fabric.n_arcs, dtype=np.int64))
         self.source_arcs = self.net.add_arcs(np.full(n, self.source), np.arange(n), np.zeros(n, dtype=np.int64))
         self._first = 0  # the sink to try first: the last one that found a violated cut
@@ -73,7 +77,7 @@ class CutChecker:
         return None
 
 
-def cut_ratio(fabric: Fabric, side: np.ndarray, gbps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+def cut_ratio(fabric: FabricView, side: np.ndarray, gbps: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """``cap_in(X) / |ranks \\ X|`` for the sink side X, and the arcs entering X."""
     values = fabric.gbps if gbps is None else gbps
     entering = np.flatnonzero(side[fabric.head] & ~side[fabric.tail])
@@ -83,10 +87,12 @@ def cut_ratio(fabric: Fabric, side: np.ndarray, gbps: np.ndarray | None = None) 
     return float(values[entering].sum() / outside), entering
 
 
-def max_rate(fabric: Fabric, *, hint_sides: Sequence[np.ndarray] = (), checker: CutChecker | None = None) -> MaxRate:
+def max_rate(fabric: FabricView, *, hint_sides: Sequence[np.ndarray] = (), checker: CutChecker | None = None,
+             max_flow: MaxFlow = ortools_max_flow) -> MaxRate:
     """The fractional optimum x* (Gbit/s per rank) and its saturated cut; see the module docstring.
 
     ``hint_sides``: node sets whose cuts are tried as upper bounds first (warm start).
+    ``checker``: a network to reuse (its engine is then used); else one of ``max_flow`` is built.
     """
     n = fabric.n_ranks
     inflow = np.bincount(fabric.head, weights=fabric.gbps, minlength=fabric.n_nodes)[:n]
@@ -100,8 +106,8 @@ def max_rate(fabric: Fabric, *, hint_sides: Sequence[np.ndarray] = (), checker: 
         ratio, _ = cut_ratio(fabric, hint)
         if ratio < rate:
             rate, side = ratio, hint.copy()
-    checker = checker or CutChecker(fabric)
-    scale = 2.0**_SCALE_BITS / (fabric.gbps.sum() + n * rate)
+    checker = checker or CutChecker(fabric, max_flow)
+    scale = 2.0**checker.net.capacity_bits / (fabric.gbps.sum() + n * rate)
     checker.set_arc_capacities(np.floor(fabric.gbps * scale).astype(np.int64))
     rounds = 0
     start = checker.net.solves
