@@ -138,13 +138,6 @@ class Topology:
         return {key: tuple(value) for key, value in table.items()}
 
     @cached_property
-    def in_links(self) -> dict[str, tuple[int, ...]]:
-        table: dict[str, list[int]] = {node.id: [] for node in self.nodes}
-        for link in self.links:
-            table[link.dst].append(link.id)
-        return {key: tuple(value) for key, value in table.items()}
-
-    @cached_property
     def _links_by_pair(self) -> dict[tuple[str, str], tuple[int, ...]]:
         table: dict[tuple[str, str], list[int]] = {}
         for link in self.links:

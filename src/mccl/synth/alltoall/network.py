@@ -85,9 +85,6 @@ class Network:
     def n_links(self) -> int:
         return self.view.n_arcs
 
-    def describe_link(self, link: int) -> str:
-        return f"{self.node_ids[self.tail[link]]}->{self.node_ids[self.head[link]]}"
-
 
 def build_network(topology: Topology, ranks: Sequence[str] | None = None) -> Network:
     """The LP's view of ``topology`` for an AllToAll over ``ranks`` (all GPUs by default)."""
