@@ -29,9 +29,7 @@ from mccl.sim.analytic import busbw_factor
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import SimOptions
 from mccl.sim.results import RunResult
-from mccl.synth import SynthesisResult, allgather_cut_bound, optimize
-from mccl.synth.direct import direct_alltoall
-from mccl.synth.ring import nccl_ring
+from mccl.synth import DirectOptions, SynthesisResult, allgather_cut_bound, optimize
 from mccl.topology import Topology, apply_fault, degrade, rail_optimized
 
 __all__ = ["ScenarioRow", "ScenarioReport", "SCENARIOS", "PIPELINED_SCENARIOS", "fig2_degradation", "fig9_failures", "chain_summary", "MiB"]
@@ -53,6 +51,14 @@ def chain_summary(run: RunResult, topology: Topology) -> str:
     link, spent = max(seconds.items(), key=lambda item: item[1])
     where = f"{topology.links[link].src}->{topology.links[link].dst}" if link >= 0 else "no link"
     return f"{len(run.critical_chain)} hops, {spent / run.time_s:.0%} on {where}"
+
+
+def _nccl_baseline(topology: Topology, collective: Collective) -> Schedule:
+    """What a static library runs: NCCL-style rail rings (AllGather), direct sends with PXN relays and
+    4 chunks per block (AllToAll); both from the synthesizer registry."""
+    if collective is Collective.ALLTOALL:
+        return optimize(topology, collective, method="alltoall.direct", options=DirectOptions(chunks=4)).schedule
+    return optimize(topology, collective, method="ring.nccl").schedule
 
 
 def _synthesized(topology: Topology, collective: Collective,
@@ -82,8 +88,8 @@ def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int = 4) ->
     n = len(healthy.gpus)
     size = per_source_bytes * n
     options = SimOptions(slices=slices)
-    baselines = {Collective.ALLGATHER: (nccl_ring(healthy, Collective.ALLGATHER), "NCCL ring (Orig)"),
-                 Collective.ALLTOALL: (direct_alltoall(healthy, chunks=4), "NCCL direct, PXN (Orig)")}
+    baselines = {Collective.ALLGATHER: (_nccl_baseline(healthy, Collective.ALLGATHER), "NCCL ring (Orig)"),
+                 Collective.ALLTOALL: (_nccl_baseline(healthy, Collective.ALLTOALL), "NCCL direct, PXN (Orig)")}
     planned = {collective: _synthesized(healthy, collective) for collective in baselines}
     rows: list[ScenarioRow] = []
     for percent in (0, 50, 75, 88):
@@ -128,8 +134,8 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
         healthy = rail_optimized(*shape)
         n = len(healthy.gpus)
         size = per_source_bytes * n
-        plans = {Collective.ALLGATHER: nccl_ring(healthy, Collective.ALLGATHER),
-                 Collective.ALLTOALL: direct_alltoall(healthy, chunks=4)}
+        plans = {collective: _nccl_baseline(healthy, collective)
+                 for collective in (Collective.ALLGATHER, Collective.ALLTOALL)}
         for fault in ("healthy", "Fail1", "Fail2", "Fail3"):
             fabric = healthy if fault == "healthy" else apply_fault(healthy, fault)
             state = f"{'x'.join(map(str, shape))} {fault}"
