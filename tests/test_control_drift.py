@@ -181,3 +181,13 @@ def test_stale_evidence_does_not_exonerate_a_link():
     assert measured_capacities(mapping, inter, intra, nominal, fresh).tolist() == [50.0, 400.0, 400.0]
     inter[1, 0] = 0.5  # stale and slow: still the last word on link 1
     assert measured_capacities(mapping, inter, intra, nominal, fresh).tolist() == [50.0, 200.0, 400.0]
+
+
+def test_merge_maps_is_the_union_per_overlay_link(hpn):
+    first = overlay_map(nccl_ring(hpn, "allgather"), hpn)
+    second = overlay_map(naive_ring(hpn, "allgather"), hpn)
+    merged = merge_maps(first, second)
+    assert len(merged.offsets) == len(first.offsets)
+    for overlay in range(len(first.offsets) - 1):
+        expected = np.union1d(first.links_of(overlay), second.links_of(overlay))
+        assert merged.links_of(overlay).tolist() == expected.tolist()

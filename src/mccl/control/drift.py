@@ -163,10 +163,15 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
     """Per overlay link, the union of the links both maps say it covers (same communicator)."""
     if first.n_ranks != second.n_ranks:
         raise ControllerError(f"overlay maps of {first.n_ranks} and {second.n_ranks} ranks cannot be merged")
-    sets = [np.union1d(first.links_of(o), second.links_of(o)) for o in range(len(first.offsets) - 1)]
-    offsets = np.zeros(len(sets) + 1, dtype=np.int64)
-    np.cumsum([len(item) for item in sets], out=offsets[1:])
-    links = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, dtype=np.int64)
+    overlays = len(first.offsets) - 1
+    owners = np.concatenate([np.repeat(np.arange(overlays), np.diff(first.offsets)),
+                             np.repeat(np.arange(overlays), np.diff(second.offsets))])
+    both = np.concatenate([first.links, second.links]).astype(np.int64)
+    width = int(both.max()) + 1 if len(both) else 1
+    keys = np.unique(owners * width + both)  # sorted by overlay, then link: each overlay's union, in CSR
+    offsets = np.zeros(overlays + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // width, minlength=overlays), out=offsets[1:])
+    links = keys % width
     return OverlayMap(first.n_ranks, offsets, links)
 
 
