@@ -282,13 +282,13 @@ class Chain:
     α = 1 (no smoothing, no noise): the first degraded collective moves the measured topology all the
     way, so every re-synthesis sees exactly Fail2's 50 Gbit/s or the healthy fabric."""
 
-    def __init__(self, topology: Topology, collective: str, registered) -> None:
+    def __init__(self, topology: Topology, collective: str, registered, result=None) -> None:
         self.topology = topology
         self.recorder = _Recorder()
         self.manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.2, warmup=1, settle_collectives=1),
                                        synthesize=self.recorder)
         self.collective = collective
-        self.manager.register("job", registered)
+        self.manager.register("job", registered, result=result)
         self.telemetry = FabricTelemetry.probe(topology, registered)
         self.version = 1
         self.seq = 0
@@ -395,9 +395,9 @@ def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
 
 def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> list[dict]:
     """CPU per flagged collective: ingest of its samples (EWMA) + check (measured capacities, Algorithm 1)
-    + warm synthesis + dispatch (validation, overlay map, cut profile, schedule text), on the state path
-    (the 2nd and 3rd phases of the chain; the 1st, warm from a registered schedule's routes, is reported
-    but is not the steady state)."""
+    + warm synthesis + dispatch (validation, overlay map, cut profile, schedule text). The healthy
+    schedule is registered with its synthesis result (as if the controller had made it), so every step
+    of the chain healthy → Fail2 → healthy → Fail2 is warm from solver state (the steady state)."""
     _warm_up()
     rows = []
     print(f"{'GPUs':>5} {'collective':>10} {'step':>10} {'path':>9} {'samples':>8} {'ingest ms':>9} {'check ms':>8} "
@@ -406,10 +406,10 @@ def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> li
         topology = fabric(gpus)
         faulty = fail2(topology)
         for collective in collectives:
-            registered = optimize(topology, collective).schedule.with_meta(version=1)
+            synthesized = optimize(topology, collective).with_version(1)
             per_step: dict[str, list[dict]] = {}
             for _ in range(repeats if gpus <= 64 else 1):
-                chain = Chain(topology, collective, registered)
+                chain = Chain(topology, collective, synthesized.schedule, result=synthesized)
                 for index, (name, is_faulty) in enumerate(PHASES):
                     step = chain.phase(faulty if is_faulty else topology)
                     step.pop("measured")

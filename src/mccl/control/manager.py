@@ -162,10 +162,14 @@ class ScheduleManager:
         return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
                        judge_after_seq=comm.last_seq + self.config.settle_collectives, issued_seq=comm.last_seq)
 
-    def register(self, communicator: str, schedule: Schedule) -> int:
+    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
 
-        A version not newer than the active one is ignored (every rank may register)."""
+        A version not newer than the active one is ignored (every rank may register). ``result``: the
+        synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
+        by the first re-synthesis, as for the manager's own)."""
+        if result is not None and result.schedule is not schedule:
+            raise ControllerError("register: result= must be the synthesis result of the registered schedule")
         validate(schedule, self.topology)
         version = int(schedule.meta.version)
         with self._lock:
@@ -180,7 +184,7 @@ class ScheduleManager:
             current = comm.active.get(schedule.collective)
             if current is not None and current.version >= version:
                 return current.version
-            comm.active[schedule.collective] = self._activate(comm, schedule, None, version, self.topology)
+            comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
 
