@@ -17,6 +17,21 @@
    and dropped counted by the service and the clients).
 4. The live loop (``mccl demo``): detection, synthesis, issue times, algbw ratios.
 
+Modes at scale (each runs only what it names; the default / ``--quick`` run above is unchanged):
+
+    .venv/bin/python benchmarks/control.py --manager-warm --sizes 64,128,256,512
+    .venv/bin/python benchmarks/control.py --controller-cpu --cpu-sizes 8,512
+    .venv/bin/python benchmarks/control.py --ingest-scale --ingest-gpus 512
+
+5. ``--manager-warm``: AllToAll through the real ScheduleManager, fed the telemetry the runtime would
+   emit for the active schedule's overlay links (:class:`FabricTelemetry`) on a fabric that goes
+   healthy (registered schedule, version 1, no warm state) → Fail2 → healthy → Fail2; each
+   re-synthesis (the manager's "synthesized" event, and its CPU) against a cold ``optimize`` on the
+   same measured capacities, with the warm path the stats report (routes, restarted, repaired).
+6. ``--controller-cpu``: CPU per flagged collective (ingest + check + warm synthesis + dispatch) for
+   AllGather and AllToAll, the same chain started from a registered synthesis result.
+7. ``--ingest-scale``: ``ScheduleManager.ingest`` for one 512-GPU AllToAll's telemetry per call.
+
 Writes ``benchmarks/results/control_*.csv`` and ``control_detection.png``.
 """
 
