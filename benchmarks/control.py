@@ -17,6 +17,21 @@
    and dropped counted by the service and the clients).
 4. The live loop (``mccl demo``): detection, synthesis, issue times, algbw ratios.
 
+Modes at scale (each runs only what it names; the default / ``--quick`` run above is unchanged):
+
+    .venv/bin/python benchmarks/control.py --manager-warm --sizes 64,128,256,512
+    .venv/bin/python benchmarks/control.py --controller-cpu --cpu-sizes 8,512
+    .venv/bin/python benchmarks/control.py --ingest-scale --ingest-gpus 512
+
+5. ``--manager-warm``: AllToAll through the real ScheduleManager, fed the telemetry the runtime would
+   emit for the active schedule's overlay links (:class:`FabricTelemetry`) on a fabric that goes
+   healthy (registered schedule, version 1, no warm state) → Fail2 → healthy → Fail2; each
+   re-synthesis (the manager's "synthesized" event, and its CPU) against a cold ``optimize`` on the
+   same measured capacities, with the warm path the stats report (routes, restarted, repaired).
+6. ``--controller-cpu``: CPU per flagged collective (ingest + check + warm synthesis + dispatch) for
+   AllGather and AllToAll, the same chain started from a registered synthesis result.
+7. ``--ingest-scale``: ``ScheduleManager.ingest`` for one 512-GPU AllToAll's telemetry per call.
+
 Writes ``benchmarks/results/control_*.csv`` and ``control_detection.png``.
 """
 
@@ -34,7 +49,7 @@ from mccl.control import ControlConfig, ControllerClient, ControllerService, Sam
 from mccl.control.drift import drift_test, measured_capacities, overlay_map, profile
 from mccl.synth import optimize
 from mccl.synth.ring import nccl_ring
-from mccl.topology import rail_optimized
+from mccl.topology import Topology, fail2, rail_optimized
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALPHAS = (0.012, 0.05, 0.1, 0.3, 0.5, 1.0)
@@ -183,6 +198,273 @@ def live(runs: int) -> list[dict]:
     return rows
 
 
+# ---- the manager at scale: warm re-synthesis chains, CPU per flagged collective, ingest at 512 GPUs ----
+def fabric(gpus: int) -> Topology:
+    """rail_optimized with 8 GPUs per host, one segment of up to 32 hosts (as benchmarks/synth_alltoall.py):
+    8 GPUs = (1,2,4), 64 = (1,8,8), 128 = (1,16,8), 256 = (1,32,8), 512 = (2,32,8)."""
+    if gpus == 8:
+        return rail_optimized(1, 2, 4)
+    hosts = gpus // 8
+    return rail_optimized(1, hosts, 8) if hosts <= 32 else rail_optimized(hosts // 32, 32, 8)
+
+
+class FabricTelemetry:
+    """The samples the runtime emits for one schedule on a fabric whose true capacities are ``truth``.
+
+    Per collective: one ``inter`` sample per rank pair across hosts that the schedule's transfers use,
+    one ``intra`` sample per rank that injects into its host fabric (the overlay links of
+    :func:`mccl.control.drift.overlay_map`, as :mod:`mccl.runtime.telemetry` keys them). An overlay
+    link delivers ``rate_gbps`` × the slowest ratio true/nominal capacity over the links its transfers
+    cross (a path runs at its slowest link), times 1 + ``noise``·N(0, 1)."""
+
+    def __init__(self, topology: Topology, schedule, communicator: str = "job", rate_gbps: float = 10.0,
+                 noise: float = 0.0, seed: int = 0) -> None:
+        self.nominal = topology.capacities_gbps
+        self.communicator = communicator
+        self.rate = rate_gbps
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        mapping = overlay_map(schedule, topology)
+        n = mapping.n_ranks
+        counts = np.diff(mapping.offsets)
+        self.overlays = np.flatnonzero(counts > 0)
+        self.owner = np.repeat(np.arange(len(counts)), counts)  # overlay of every (overlay, link) entry
+        self.entry_links = mapping.links
+        self.kinds = ["intra" if o >= n * n else "inter" for o in self.overlays.tolist()]
+        self.ranks = [o - n * n if o >= n * n else o // n for o in self.overlays.tolist()]
+        self.peers = [-1 if o >= n * n else o % n for o in self.overlays.tolist()]
+        self.factors = np.ones(len(self.overlays))
+
+    @classmethod
+    def probe(cls, topology: Topology, schedule, communicator: str = "job") -> FabricTelemetry:
+        """The start-up probe (mccl-paper §3.1): every rank pair across hosts and every rank's injection,
+        so every overlay link a later version may use has its reference from the healthy fabric."""
+        telemetry = cls(topology, schedule, communicator)
+        hosts = np.array([topology.node(gpu).host or "" for gpu in schedule.ranks])
+        n = len(hosts)
+        i, j = np.nonzero(hosts[:, None] != hosts[None, :])
+        telemetry.overlays = np.concatenate([i * n + j, n * n + np.arange(n)])
+        telemetry.kinds = ["inter"] * len(i) + ["intra"] * n
+        telemetry.ranks = i.tolist() + list(range(n))
+        telemetry.peers = j.tolist() + [-1] * n
+        telemetry.factors = np.ones(len(telemetry.overlays))
+        return telemetry
+
+    def set_truth(self, truth: Topology) -> None:
+        ratio = truth.capacities_gbps[self.entry_links] / self.nominal[self.entry_links]
+        worst = np.ones(int(self.owner.max()) + 1 if len(self.owner) else 0)
+        np.minimum.at(worst, self.owner, ratio)
+        self.factors = worst[self.overlays]
+
+    def round(self, seq: int, seconds: float = 0.01) -> list[Sample]:
+        rates = self.rate * self.factors
+        if self.noise:
+            rates = rates * np.maximum(0.05, 1 + self.noise * self.rng.standard_normal(len(rates)))
+        nbytes = (rates * (1e9 / 8 * seconds)).astype(np.int64).tolist()
+        comm = self.communicator
+        return [Sample(kind, comm, rank, peer, b, seconds, 0.0, seq)
+                for kind, rank, peer, b in zip(self.kinds, self.ranks, self.peers, nbytes, strict=True)]
+
+
+class _Recorder:
+    """``optimize`` as the manager's synthesizer, recording what each call got and cost."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, measured, collective, ranks, *, previous=None, method=None, options=None):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = optimize(measured, collective, ranks, previous=previous, method=method, options=options)
+        self.calls.append({"topology": measured, "ranks": ranks, "previous": type(previous).__name__,
+                           "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "result": result})
+        return result
+
+
+def _warm_path(result) -> str:
+    warm = getattr(result.stats, "warm", None)
+    if warm is not None:  # AllToAll
+        return "repaired" if warm.repaired else "restarted" if warm.restarted else (
+            "routes" if warm.warm_columns else "cold")
+    repair = getattr(result.stats, "warm_repair", None)  # tree packing
+    return "repaired" if repair else "warm" if repair is not None else "?"
+
+
+class Chain:
+    """The real ScheduleManager on ``topology`` running ``collective``: a registered healthy schedule
+    (version 1), then the fabric's truth changes phase by phase; each phase feeds telemetry of the
+    active schedule until the manager is allowed to judge it, and one step re-synthesizes.
+
+    α = 1 (no smoothing, no noise): the first degraded collective moves the measured topology all the
+    way, so every re-synthesis sees exactly Fail2's 50 Gbit/s or the healthy fabric."""
+
+    def __init__(self, topology: Topology, collective: str, registered, result=None) -> None:
+        self.topology = topology
+        self.recorder = _Recorder()
+        self.manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.2, warmup=1, settle_collectives=1),
+                                       synthesize=self.recorder)
+        self.collective = collective
+        self.manager.register("job", registered, result=result)
+        self.telemetry = FabricTelemetry.probe(topology, registered)
+        self.version = 1
+        self.seq = 0
+        self.feed(topology, 2)  # seq 1 ignored (start-up), seq 2 learns the references of every overlay link
+        self.telemetry = FabricTelemetry(topology, registered)
+
+    def feed(self, truth: Topology, rounds: int) -> float:
+        """Telemetry of ``rounds`` collectives; returns the CPU seconds of the last round's ingest."""
+        self.telemetry.set_truth(truth)
+        cpu = 0.0
+        for _ in range(rounds):
+            self.seq += 1
+            batch = self.telemetry.round(self.seq)
+            start = time.process_time()
+            self.manager.ingest(batch)
+            cpu = time.process_time() - start
+        return cpu
+
+    def phase(self, truth: Topology) -> dict:
+        """The fabric becomes ``truth``: one collective of telemetry (the one before has been judged
+        already), then the step that flags it, times per stage (CPU), the issued version."""
+        self.feed(truth, 1)  # the collective the active version must have run before it is judged
+        self.telemetry.set_truth(truth)
+        self.seq += 1
+        batch = self.telemetry.round(self.seq)
+        calls = len(self.recorder.calls)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        self.manager.ingest(batch)
+        cpu1 = time.process_time()
+        decisions = [d for d in self.manager.check() if d.result.flagged]
+        cpu2 = time.process_time()
+        issued = [self.manager.reoptimize(d) for d in decisions]
+        cpu3, wall3 = time.process_time(), time.perf_counter()
+        if len(decisions) != 1 or issued[0] is None or len(self.recorder.calls) != calls + 1:
+            raise RuntimeError(f"expected one flagged schedule re-synthesized and issued, got {len(decisions)} "
+                               f"flagged, events {[e.kind for e in self.manager.events[-4:]]}")
+        call = self.recorder.calls[-1]
+        synthesized = [e for e in self.manager.events if e.kind == "synthesized"][-1]
+        result = self.manager.active_result("job", self.collective)
+        self.version = result.schedule.meta.version
+        self.telemetry = FabricTelemetry(self.topology, result.schedule)
+        return {"samples_per_collective": len(batch), "ingest_cpu_s": cpu1 - cpu0, "check_cpu_s": cpu2 - cpu1,
+                "synth_cpu_s": call["cpu"], "synth_wall_s": call["wall"], "event_s": synthesized.value,
+                "dispatch_cpu_s": cpu3 - cpu2 - call["cpu"], "total_cpu_s": cpu3 - cpu0, "total_wall_s": wall3 - wall0,
+                "previous": call["previous"], "path": _warm_path(call["result"]), "version": self.version,
+                "achieved_gbs": result.achieved_gbs, "measured": call["topology"], "result": call["result"]}
+
+
+def _cold(measured: Topology, collective: str) -> dict:
+    """A cold ``optimize`` on the same measured capacities."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = optimize(measured, collective)
+    return {"cold_wall_s": time.perf_counter() - wall, "cold_cpu_s": time.process_time() - cpu,
+            "cold_gbs": result.achieved_gbs, "cold_bound_gbs": result.bound_gbs}
+
+
+PHASES = (("Fail2", True), ("healthy", False), ("Fail2", True))
+STEP_NAMES = ("v1 -> Fail2 v2", "v2 -> healthy v3", "v3 -> Fail2 v4")
+
+
+def _warm_up() -> None:
+    """First calls in a process pay for imports and compilation; keep them out of the timings."""
+    topology = rail_optimized(1, 2, 8)
+    for collective in ("alltoall", "allgather"):
+        previous = optimize(topology, collective)
+        optimize(fail2(topology), collective, previous=previous)
+
+
+def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
+    """AllToAll through the manager: registered healthy (v1) → Fail2 → healthy → Fail2 (see module docstring);
+    each re-synthesis against a cold ``optimize`` on the same measured capacities, right after it."""
+    _warm_up()
+    rows = []
+    print(f"{'GPUs':>5} {'step':>17} {'previous':>16} {'path':>9} {'event s':>8} {'warm CPU':>8} "
+          f"{'cold s':>7} {'cold CPU':>8} {'cold/event':>10} {'cold/warm CPU':>13} {'GB/s':>6} {'cold GB/s':>9} "
+          f"{'reps':>4}", flush=True)
+    for gpus in sizes:
+        topology = fabric(gpus)
+        faulty = fail2(topology)
+        registered = optimize(topology, "alltoall").schedule.with_meta(version=1)
+        runs: list[list[dict]] = [[] for _ in PHASES]
+        for _ in range(repeats if gpus < 512 else 1):
+            chain = Chain(topology, "alltoall", registered)
+            for index, (_, is_faulty) in enumerate(PHASES):
+                step = chain.phase(faulty if is_faulty else topology)
+                measured = step.pop("measured")
+                step.pop("result")
+                runs[index].append({**step, **_cold(measured, "alltoall")})
+        for label, steps in zip(STEP_NAMES, runs, strict=True):
+            row = {"gpus": gpus, "step": label, "repeats": len(steps), "previous": steps[-1]["previous"],
+                   "paths": "/".join(sorted({s["path"] for s in steps}))}
+            for key in ("event_s", "synth_wall_s", "synth_cpu_s", "total_cpu_s", "cold_wall_s", "cold_cpu_s",
+                        "achieved_gbs", "cold_gbs", "cold_bound_gbs"):
+                row[key] = statistics.median(s[key] for s in steps)
+            row["cold_over_event"] = statistics.median(s["cold_wall_s"] / s["event_s"] for s in steps)
+            row["cold_over_warm_cpu"] = statistics.median(s["cold_cpu_s"] / s["synth_cpu_s"] for s in steps)
+            rows.append(row)
+            print(f"{gpus:>5} {label:>17} {row['previous']:>16} {row['paths']:>9} {row['event_s']:>8.3f} "
+                  f"{row['synth_cpu_s']:>8.3f} {row['cold_wall_s']:>7.3f} {row['cold_cpu_s']:>8.3f} "
+                  f"{row['cold_over_event']:>9.1f}x {row['cold_over_warm_cpu']:>12.1f}x {row['achieved_gbs']:>6.2f} "
+                  f"{row['cold_gbs']:>9.2f} {len(steps):>4}", flush=True)
+    return rows
+
+
+def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> list[dict]:
+    """CPU per flagged collective: ingest of its samples (EWMA) + check (measured capacities, Algorithm 1)
+    + warm synthesis + dispatch (validation, overlay map, cut profile, schedule text). The healthy
+    schedule is registered with its synthesis result (as if the controller had made it), so every step
+    of the chain healthy → Fail2 → healthy → Fail2 is warm from solver state (the steady state)."""
+    _warm_up()
+    rows = []
+    print(f"{'GPUs':>5} {'collective':>10} {'step':>10} {'path':>9} {'samples':>8} {'ingest ms':>9} {'check ms':>8} "
+          f"{'synth ms':>9} {'dispatch ms':>11} {'total CPU ms':>12} {'wall ms':>8}", flush=True)
+    for gpus in sizes:
+        topology = fabric(gpus)
+        faulty = fail2(topology)
+        for collective in collectives:
+            synthesized = optimize(topology, collective).with_version(1)
+            per_step: dict[str, list[dict]] = {}
+            for _ in range(repeats if gpus <= 64 else 1):
+                chain = Chain(topology, collective, synthesized.schedule, result=synthesized)
+                for index, (name, is_faulty) in enumerate(PHASES):
+                    step = chain.phase(faulty if is_faulty else topology)
+                    step.pop("measured")
+                    step.pop("result")
+                    per_step.setdefault(f"{index + 1}:{name}", []).append(step)
+            for label, steps in per_step.items():
+                row = {"gpus": gpus, "collective": collective, "step": label, "repeats": len(steps),
+                       "path": steps[-1]["path"], "samples_per_collective": steps[-1]["samples_per_collective"]}
+                for key in ("ingest_cpu_s", "check_cpu_s", "synth_cpu_s", "dispatch_cpu_s", "total_cpu_s",
+                            "total_wall_s"):
+                    row[key] = statistics.median(s[key] for s in steps)
+                rows.append(row)
+                print(f"{gpus:>5} {collective:>10} {label:>10} {row['path']:>9} {row['samples_per_collective']:>8} "
+                      f"{row['ingest_cpu_s'] * 1e3:>9.2f} {row['check_cpu_s'] * 1e3:>8.2f} "
+                      f"{row['synth_cpu_s'] * 1e3:>9.2f} {row['dispatch_cpu_s'] * 1e3:>11.2f} "
+                      f"{row['total_cpu_s'] * 1e3:>12.2f} {row['total_wall_s'] * 1e3:>8.2f}", flush=True)
+    return rows
+
+
+def ingest_scale(gpus: int, rounds: int) -> list[dict]:
+    """``ScheduleManager.ingest`` for a job of ``gpus`` ranks: one AllToAll's telemetry per round."""
+    topology = fabric(gpus)
+    schedule = optimize(topology, "alltoall").schedule.with_meta(version=1)
+    telemetry = FabricTelemetry(topology, schedule, noise=0.05)
+    manager = ScheduleManager(topology, ControlConfig(settle_collectives=0))
+    manager.register("job", schedule)
+    rows = []
+    for seq in range(1, rounds + 1):
+        batch = telemetry.round(seq)
+        wall, cpu = time.perf_counter(), time.process_time()
+        taken = manager.ingest(batch)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        rows.append({"gpus": gpus, "round": seq, "samples": len(batch), "taken": taken,
+                     "samples_per_s_wall": len(batch) / wall, "samples_per_s_cpu": len(batch) / cpu})
+    print(f"ingest, {gpus}-GPU AllToAll job ({rows[0]['samples']:,} samples per collective, {rounds} collectives): "
+          f"{statistics.median(r['samples_per_s_wall'] for r in rows):,.0f} samples/s wall, "
+          f"{statistics.median(r['samples_per_s_cpu'] for r in rows):,.0f} per CPU second (medians)")
+    return rows
+
+
 def write(name: str, rows: list[dict]) -> None:
     write_csv(RESULTS / f"control_{name}.csv", rows)
 
@@ -207,15 +489,42 @@ def plot(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--manager-warm", action="store_true",
+                        help="only mode 5: AllToAll warm re-synthesis through the manager vs cold (--sizes)")
+    parser.add_argument("--controller-cpu", action="store_true",
+                        help="only mode 6: controller CPU per flagged collective (--cpu-sizes, --collectives)")
+    parser.add_argument("--ingest-scale", action="store_true",
+                        help="only mode 7: ScheduleManager.ingest for a 512-GPU AllToAll job (--ingest-gpus)")
+    parser.add_argument("--sizes", default="64,128,256,512", help="GPUs for --manager-warm")
+    parser.add_argument("--warm-repeats", type=int, default=3, help="chains per size for --manager-warm "
+                        "below 512 GPUs (one at 512)")
+    parser.add_argument("--cpu-sizes", default="8,512", help="GPUs for --controller-cpu")
+    parser.add_argument("--collectives", default="allgather,alltoall", help="for --controller-cpu")
+    parser.add_argument("--repeats", type=int, default=9, help="chains per collective for --controller-cpu "
+                        "up to 64 GPUs (one above)")
+    parser.add_argument("--ingest-gpus", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=5, help="collectives of telemetry for --ingest-scale")
     args = parser.parse_args()
     print(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+
+    def ints(text: str) -> list[int]:
+        return [int(item) for item in text.split(",") if item]
+
+    scale = args.manager_warm or args.controller_cpu or args.ingest_scale
+    if args.manager_warm:
+        write("manager_warm", manager_warm(ints(args.sizes), args.warm_repeats))
+    if args.controller_cpu:
+        write("cpu_per_flag", controller_cpu(ints(args.cpu_sizes), args.collectives.split(","), args.repeats))
+    if args.ingest_scale:
+        write("ingest_scale", ingest_scale(args.ingest_gpus, args.rounds))
+    if scale:
+        return
     rows = detection(5 if args.quick else 20)
     write("detection", rows)
     plot(rows)
     write("drift_cost", drift_cost(args.quick))
     write("ingest", ingest(args.quick))
     write("live", live(1 if args.quick else 3))
-
 
 if __name__ == "__main__":
     main()

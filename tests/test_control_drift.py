@@ -159,3 +159,35 @@ def test_mapping_localizes_a_degraded_nic_on_hpn(hpn):
     used = set(int(link) for link in schedule.transfers.route_links)
     assert changed == cable & used and changed  # only the cable (the directions the schedule uses)
     assert np.allclose(measured[list(changed)], fail2(hpn).capacities_gbps[list(changed)])
+
+
+def test_stale_evidence_does_not_exonerate_a_link():
+    """Two pairs cross link 0: 0 -> 1 is sampled now at 1/8, 1 -> 0 is no longer used by the active
+    schedule and keeps its last (healthy) value. Without freshness the stale 1.0 wins the max and the
+    degradation goes unseen; with it only the fresh pair counts on link 0, and link 1, which only the
+    stale pair covers, keeps that pair's last word."""
+    from mccl.control.drift import OverlayMap
+
+    n = 2  # overlays: inter i * n + j, intra n * n + i
+    owners = {1: [0], 2: [0, 1]}
+    counts = [len(owners.get(o, [])) for o in range(n * n + n)]
+    mapping = OverlayMap(n, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                         np.array(owners[1] + owners[2], dtype=np.int64))
+    inter = np.array([[np.nan, 0.125], [1.0, np.nan]])
+    intra = np.full(n, np.nan)
+    nominal = np.array([400.0, 400.0, 400.0])
+    assert measured_capacities(mapping, inter, intra, nominal).tolist() == [400.0, 400.0, 400.0]
+    fresh = (np.array([[False, True], [False, False]]), np.zeros(n, dtype=bool))
+    assert measured_capacities(mapping, inter, intra, nominal, fresh).tolist() == [50.0, 400.0, 400.0]
+    inter[1, 0] = 0.5  # stale and slow: still the last word on link 1
+    assert measured_capacities(mapping, inter, intra, nominal, fresh).tolist() == [50.0, 200.0, 400.0]
+
+
+def test_merge_maps_is_the_union_per_overlay_link(hpn):
+    first = overlay_map(nccl_ring(hpn, "allgather"), hpn)
+    second = overlay_map(naive_ring(hpn, "allgather"), hpn)
+    merged = merge_maps(first, second)
+    assert len(merged.offsets) == len(first.offsets)
+    for overlay in range(len(first.offsets) - 1):
+        expected = np.union1d(first.links_of(overlay), second.links_of(overlay))
+        assert merged.links_of(overlay).tolist() == expected.tolist()

@@ -162,6 +162,13 @@ def test_alltoall_warm_state_is_kept_through_the_manager():
     assert second.schedule.meta.version == 3
     assert second.stats.warm.restarted or second.stats.warm.repaired  # from the first one's state
     assert second.bound_gbs == pytest.approx(100.0, rel=1e-4)  # healthy 2x8 optimum, up to the EWMA
+    for seq in range(30, 48):  # and the cable degrades again: warm from the healthy re-synthesis's state
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    third = manager.active_result("job", "alltoall")
+    assert third.schedule.meta.version == 4
+    assert third.stats.warm.restarted or third.stats.warm.repaired
+    assert third.bound_gbs == pytest.approx(89.06, rel=1e-3)  # Fail2's optimum
 
 
 def test_register_rules(hpn_schedule):
@@ -208,3 +215,19 @@ def test_alltoall_fail2_is_resynthesized_by_column_generation():
     old = steady_state_algbw(link_load(schedule, len(real.links)), real.capacities_gbps, 16)
     new = steady_state_algbw(link_load(issued, len(real.links)), real.capacities_gbps, 16)
     assert version == 2 and new > 5 * old  # the LP bounds allow 7.1x (89.06 vs 12.5 GB/s)
+
+
+
+def test_register_with_its_synthesis_result_warm_starts_from_its_state():
+    topology = rail_optimized(1, 2, 8)
+    result = optimize(topology, "alltoall").with_version(1)
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    with pytest.raises(ControllerError, match="result="):
+        manager.register("job", result.schedule.with_meta(version=1), result=result)
+    assert manager.register("job", result.schedule, result=result) == 1
+    assert manager.active_result("job", "alltoall") is result
+    for seq in range(1, 12):
+        manager.ingest(samples(16, seq, slow_rank=0 if seq >= 5 else None))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    warm = manager.active_result("job", "alltoall").stats.warm
+    assert warm.repaired or warm.restarted

@@ -35,6 +35,11 @@ fabric. Mapping onto physical links, the choice made here:
   ``factor_a = max_{o ∋ a} factor_o``. A single degraded link slows every path
   through it and is found exactly; a link that some path still crosses at full
   speed is exonerated (a slow pair is blamed on the links only it uses).
+* only *fresh* evidence exonerates: an overlay link the active schedule no longer
+  uses keeps its last value in the EWMA, which says nothing about the fabric now.
+  When ``fresh`` is given (overlay links sampled since the active version was
+  issued), a link covered by a fresh overlay link takes the max over the fresh ones
+  only; a link only stale ones cover keeps the max over those (the last word on it).
 
 Rates are compared with what the same overlay link delivered while healthy (the
 :class:`~mccl.control.ewma.OverlayEWMA` references, learned once at start-up), so
@@ -158,25 +163,40 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
     """Per overlay link, the union of the links both maps say it covers (same communicator)."""
     if first.n_ranks != second.n_ranks:
         raise ControllerError(f"overlay maps of {first.n_ranks} and {second.n_ranks} ranks cannot be merged")
-    sets = [np.union1d(first.links_of(o), second.links_of(o)) for o in range(len(first.offsets) - 1)]
-    offsets = np.zeros(len(sets) + 1, dtype=np.int64)
-    np.cumsum([len(item) for item in sets], out=offsets[1:])
-    links = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, dtype=np.int64)
+    overlays = len(first.offsets) - 1
+    owners = np.concatenate([np.repeat(np.arange(overlays), np.diff(first.offsets)),
+                             np.repeat(np.arange(overlays), np.diff(second.offsets))])
+    both = np.concatenate([first.links, second.links]).astype(np.int64)
+    width = int(both.max()) + 1 if len(both) else 1
+    keys = np.unique(owners * width + both)  # sorted by overlay, then link: each overlay's union, in CSR
+    offsets = np.zeros(overlays + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // width, minlength=overlays), out=offsets[1:])
+    links = keys % width
     return OverlayMap(first.n_ranks, offsets, links)
 
 
 def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
-                        nominal_gbps: np.ndarray) -> np.ndarray:
-    """Per link, ``nominal · min(1, max factor)`` over the overlay links that cover it (module docstring).
+                        nominal_gbps: np.ndarray,
+                        fresh: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Per link, ``nominal · min(1, max factor)`` over the overlay links that cover it (module docstring);
+    ``fresh``: ``(inter, intra)`` masks of the overlay links sampled since the active version was issued.
 
     Factors are NaN where an overlay link has no reference yet; those are skipped."""
     n = mapping.n_ranks
     factors = np.concatenate([np.asarray(inter_factor, dtype=float).reshape(n * n),
                               np.asarray(intra_factor, dtype=float).reshape(n)])
-    per_entry = np.repeat(factors, np.diff(mapping.offsets))
+    counts = np.diff(mapping.offsets)
+    per_entry = np.repeat(factors, counts)
     known = ~np.isnan(per_entry) & (per_entry > 0)
     best = np.full(len(nominal_gbps), -np.inf)
     np.maximum.at(best, mapping.links[known], per_entry[known])
+    if fresh is not None:
+        new = np.concatenate([np.asarray(fresh[0], dtype=bool).reshape(n * n),
+                              np.asarray(fresh[1], dtype=bool).reshape(n)])
+        current = known & np.repeat(new, counts)
+        best_fresh = np.full(len(nominal_gbps), -np.inf)
+        np.maximum.at(best_fresh, mapping.links[current], per_entry[current])
+        best = np.where(np.isfinite(best_fresh), best_fresh, best)
     result = np.array(nominal_gbps, dtype=float)
     touched = np.isfinite(best)
     result[touched] *= np.minimum(best[touched], 1.0)

@@ -52,10 +52,13 @@ class OverlayEWMA:
         self.intra_count = np.zeros(n, dtype=np.int64)
         self.inter_reference = np.full((n, n), np.nan)
         self.intra_reference = np.full(n, np.nan)
+        self.inter_seq = np.zeros((n, n), dtype=np.int64)  # seq of the collective last sampled, per overlay link
+        self.intra_seq = np.zeros(n, dtype=np.int64)
         self.ignored = 0
 
-    def update(self, kind: str, rank: int, peer: int, gbps: float) -> None:
-        """Fold one sample in; samples with a bad rank, peer or rate are counted in ``ignored``."""
+    def update(self, kind: str, rank: int, peer: int, gbps: float, seq: int = 0) -> None:
+        """Fold one sample in; samples with a bad rank, peer or rate are counted in ``ignored``.
+        ``seq``: the collective it measured (kept per overlay link, for :meth:`fresh`)."""
         n = self.n_ranks
         if not (0 <= rank < n) or not np.isfinite(gbps) or gbps <= 0:
             self.ignored += 1
@@ -68,12 +71,14 @@ class OverlayEWMA:
             old = self.inter[rank, peer]
             self.inter[rank, peer] = gbps if np.isnan(old) else a * gbps + (1 - a) * old
             self.inter_count[rank, peer] += 1
+            self.inter_seq[rank, peer] = seq
             if self.inter_count[rank, peer] == self.warmup:
                 self.inter_reference[rank, peer] = self.inter[rank, peer]
         elif kind == INTRA:
             old = self.intra[rank]
             self.intra[rank] = gbps if np.isnan(old) else a * gbps + (1 - a) * old
             self.intra_count[rank] += 1
+            self.intra_seq[rank] = seq
             if self.intra_count[rank] == self.warmup:
                 self.intra_reference[rank] = self.intra[rank]
         else:
@@ -84,7 +89,7 @@ class OverlayEWMA:
         before = self.ignored
         count = 0
         for sample in samples:
-            self.update(sample.kind, sample.rank, sample.peer, sample.gbps)
+            self.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
             count += 1
         return count - (self.ignored - before)
 
@@ -92,6 +97,10 @@ class OverlayEWMA:
         """``(inter, intra)``: current value / reference per overlay link; NaN where not yet learned."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.inter / self.inter_reference, self.intra / self.intra_reference
+
+    def fresh(self, after_seq: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(inter, intra)``: which overlay links were sampled in a collective after ``after_seq``."""
+        return self.inter_seq > after_seq, self.intra_seq > after_seq
 
     @property
     def learned(self) -> int:

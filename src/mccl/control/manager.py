@@ -119,6 +119,7 @@ class _Active:
     cut: CutProfile
     busy: bool = False
     judge_after_seq: int = 0
+    issued_seq: int = 0  # the communicator's last seq when it became active: later samples are its evidence
 
 
 @dataclass
@@ -159,12 +160,16 @@ class ScheduleManager:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
         return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives, issued_seq=comm.last_seq)
 
-    def register(self, communicator: str, schedule: Schedule) -> int:
+    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
 
-        A version not newer than the active one is ignored (every rank may register)."""
+        A version not newer than the active one is ignored (every rank may register). ``result``: the
+        synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
+        by the first re-synthesis, as for the manager's own)."""
+        if result is not None and result.schedule is not schedule:
+            raise ControllerError("register: result= must be the synthesis result of the registered schedule")
         validate(schedule, self.topology)
         version = int(schedule.meta.version)
         with self._lock:
@@ -179,7 +184,7 @@ class ScheduleManager:
             current = comm.active.get(schedule.collective)
             if current is not None and current.version >= version:
                 return current.version
-            comm.active[schedule.collective] = self._activate(comm, schedule, None, version, self.topology)
+            comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
 
@@ -215,7 +220,7 @@ class ScheduleManager:
                     continue
                 comm.last_seq = max(comm.last_seq, sample.seq)
                 before = comm.ewma.ignored
-                comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps)
+                comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
                 if comm.ewma.ignored == before:
                     taken += 1
                 else:
@@ -227,7 +232,8 @@ class ScheduleManager:
     # ---- decisions --------------------------------------------------------------------
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         inter, intra = comm.ewma.factors()
-        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal)
+        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal,
+                                         comm.ewma.fresh(active.issued_seq))
         return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
 
     def check(self) -> list[Decision]:
