@@ -24,7 +24,7 @@ from mccl.topology import rail_optimized
 
 @pytest.mark.parametrize("name", ["fail2", "microburst", "offcut", "uniform"])
 def test_swap_count_bar_alltoall_16(name: str) -> None:
-    outcome = run_scenario(name, "alltoall", healthy=10, persist=16, after=16, synthesis_delay_s=0.0)
+    outcome = run_scenario(name, "alltoall", healthy=10, persist=16, after=16, synthesis_delay_s=0.0, min_gap_s=0.0)
     outcome.loop.check()
     assert outcome.swaps == EXPECTED_SWAPS[name], [(s.time_s, s.version) for s in outcome.loop.swaps]
     if name == "fail2":
@@ -39,13 +39,15 @@ def test_swap_count_bar_alltoall_16(name: str) -> None:
                    "the tree packing issued for Fail2 shares GPU 0's NIC differently, its pairs read 'healthy' "
                    "and the manager swaps a second time during the fault (see experiments/README.md)")
 def test_swap_count_bar_allgather_fail2_16() -> None:
-    outcome = run_scenario("fail2", "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0)
+    outcome = run_scenario("fail2", "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
     outcome.loop.check()
     assert outcome.swaps == 2
+    into, back = outcome.loop.swaps
+    assert outcome.start_s < into.time_s < outcome.end_s < back.time_s  # one in, one back when it clears
 
 
 def test_check_catches_lost_and_wrong_version() -> None:
-    outcome = run_scenario("microburst", "alltoall", healthy=4, after=4, synthesis_delay_s=0.0)
+    outcome = run_scenario("microburst", "alltoall", healthy=4, after=4, synthesis_delay_s=0.0, min_gap_s=0.0)
     loop = outcome.loop
     loop.check()
     with pytest.raises(MCCLError, match="lost"):
