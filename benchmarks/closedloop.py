@@ -55,8 +55,6 @@ def main() -> None:
         table.add_column(column)
     rows = []
     for name in args.scenarios.split(","):
-        timeline: list[tuple[float, float, str]] = []
-        events: list[tuple[float, str]] = []
         for kind in kinds:
             wall = time.perf_counter()
             try:
@@ -83,15 +81,14 @@ def main() -> None:
                          "clear_detect_s": clear.detection_s, "clear_synth_s": clear.synthesis_s,
                          "clear_first_new_s": clear.first_new_s, "algbw_before": algbw[0],
                          "algbw_during": algbw[1], "algbw_after": algbw[2], "wall_s": wall})
-            timeline += [(run.end_s, run.algbw_gbs, f"{kind}: {run.schedule}") for run in outcome.loop.runs]
-            events += [(s.time_s, f"{kind} -> v{s.version}") for s in outcome.loop.swaps]
-            events += [(outcome.start_s, f"{kind}: {name} starts"), (outcome.end_s, f"{kind}: {name} clears")]
-        if not timeline:
-            continue
-        report = ScenarioReport(f"loop-{name}-{8 * args.hosts}gpu",
-                                f"closed loop, {name}, rail_optimized(1,{args.hosts},8): algbw per collective",
-                                (), tuple(timeline), tuple(sorted(set(events))))
-        plot_report(report, args.out)
+            timeline = tuple((run.end_s, run.algbw_gbs, run.schedule) for run in outcome.loop.runs)
+            events = [(s.time_s, f"swap to v{s.version}") for s in outcome.loop.swaps]
+            events += [(outcome.start_s, f"{name} starts"), (outcome.end_s, f"{name} clears")]
+            events += [(e.time_s, f"flagged v{e.event.version}") for e in outcome.loop.events_of("flagged")]
+            report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu",
+                                    f"closed loop, {name}, {kind}, rail_optimized(1,{args.hosts},8): algbw per collective",
+                                    (), timeline, tuple(sorted(set(events))))
+            plot_report(report, args.out)
     console.print(table)
     write_csv(args.out / f"closedloop-{8 * args.hosts}gpu.csv", rows)
     console.print(f"CSV and PNGs: {args.out}")

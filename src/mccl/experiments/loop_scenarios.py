@@ -13,8 +13,8 @@ collectives' worth of healthy fabric again. The changes:
   than the controller's detection delay, it must not trigger a swap;
 * ``offcut`` — a loaded link off the schedule's bottleneck cut slowed to twice what the
   schedule needs of it: the schedule is still optimal, no swap;
-* ``uniform`` — every link of the bottleneck cut slowed by the same factor: slacks keep their
-  values (Algorithm 1), no swap.
+* ``uniform`` — every link of the bottleneck cut's kinds slowed by the same factor (K_s is one
+  of many equal cuts on a symmetric fabric): slacks keep their values (Algorithm 1), no swap.
 
 Expected swaps: one when a persistent change starts and one back when it clears, zero for
 the last three. Reported per run: detection time (change → the manager's "flagged"),
@@ -84,9 +84,16 @@ def _offcut(healthy: Topology, schedule: Schedule) -> Topology:
 
 
 def _uniform(healthy: Topology, schedule: Schedule, factor: float = 0.5) -> Topology:
+    """Every link of the cut's kinds (e.g. all NVSwitch→GPU and ToR→GPU links) slowed by ``factor``.
+
+    Why the kinds and not only K_s: on a symmetric fabric K_s is one of many equal cuts (a tree
+    packing's is one GPU's ingress); slowing only it is a local fault, not a uniform slowdown."""
+    kinds = {(healthy.node(healthy.links[item.link].src).kind, healthy.node(healthy.links[item.link].dst).kind)
+             for item in schedule.meta.bottleneck_cut}
     slowed = healthy
-    for item in schedule.meta.bottleneck_cut:
-        slowed = degrade(slowed, item.link, factor=factor)
+    for link in healthy.links:
+        if (healthy.node(link.src).kind, healthy.node(link.dst).kind) in kinds:
+            slowed = degrade(slowed, link.id, factor=factor)
     return slowed
 
 
