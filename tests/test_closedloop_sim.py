@@ -35,9 +35,6 @@ def test_swap_count_bar_alltoall_16(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known gap: per-pair references are learned under the first schedule; "
-                   "the tree packing issued for Fail2 shares GPU 0's NIC differently, its pairs read 'healthy' "
-                   "and the manager swaps a second time during the fault (see experiments/README.md)")
 def test_swap_count_bar_allgather_fail2_16() -> None:
     outcome = run_scenario("fail2", "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
     outcome.loop.check()
