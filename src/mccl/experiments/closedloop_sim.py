@@ -267,8 +267,3 @@ def run_loop(
                       int(schedule.meta.version), {"healthy_s": healthy_s, "gap_s": gap_s,
                                                    "sim_wall_s": result.stats.wall_s})
 
-
-def period(result: LoopResult) -> float:
-    """Mean launch-to-launch time of the run's collectives (s)."""
-    starts = [run.start_s for run in result.runs]
-    return (starts[-1] - starts[0]) / (len(starts) - 1) if len(starts) > 1 else math.nan
