@@ -21,7 +21,8 @@ __all__ = ["sim_command"]
               help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
                    "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward).")
 def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:
-    """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal."""
+    """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal; loop-*: the
+    controller on the simulator through a fault that starts, persists and clears (16 GPUs)."""
     if slices is not None and scenario not in PIPELINED_SCENARIOS:
         raise click.UsageError(f"--slices applies to {', '.join(PIPELINED_SCENARIOS)}, not {scenario}")
     report = SCENARIOS[scenario](**({} if slices is None else {"slices": slices}))

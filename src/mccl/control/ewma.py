@@ -93,6 +93,18 @@ class OverlayEWMA:
             count += 1
         return count - (self.ignored - before)
 
+    def anchor(self, other: OverlayEWMA) -> None:
+        """Move every value to ``other``'s current factor (times this EWMA's own reference).
+
+        Why: once a change is confirmed and a schedule issued for it, the slow detection
+        average's memory of the old level is stale; left alone it would keep drifting
+        towards the new level and flag the new schedule again (one swap per change)."""
+        inter, intra = other.factors()
+        known = ~np.isnan(inter) & ~np.isnan(self.inter_reference)
+        self.inter[known] = inter[known] * self.inter_reference[known]
+        known = ~np.isnan(intra) & ~np.isnan(self.intra_reference)
+        self.intra[known] = intra[known] * self.intra_reference[known]
+
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
         """``(inter, intra)``: current value / reference per overlay link; NaN where not yet learned."""
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -68,11 +68,17 @@ class ControlConfig:
     drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
     fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
     ``methods``: the synthesizer per collective (default: :func:`mccl.synth.optimize`'s choice);
-    ``synth_options``: that method's options object per collective (e.g.
+    ``alpha_level``: a second, faster EWMA of the same samples that the synthesizer's
+    measured topology is taken from (None: the detection EWMA itself). Why: a slow ``alpha``
+    filters microbursts but has moved only about Γ when it flags a deep change, so a schedule
+    made from it would be re-flagged as it converges (several swaps for one change); with
+    ``alpha_level`` the schedule is made for the current level, and on issue the detection
+    EWMA is anchored to it. ``synth_options``: that method's options object per collective (e.g.
     ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own."""
 
     alpha: float = 0.3
     gamma: float = 0.2
+    alpha_level: float | None = None
     warmup: int = 3
     settle_collectives: int = 3
     methods: Mapping[Collective, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -125,6 +131,7 @@ class _Active:
 @dataclass
 class _Communicator:
     ewma: OverlayEWMA
+    level: OverlayEWMA | None = None  # the faster estimate synthesis uses (ControlConfig.alpha_level)
     active: dict[Collective, _Active] = field(default_factory=dict)
     coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
     last_seq: int = 0
@@ -141,6 +148,8 @@ class ScheduleManager:
         if self.config.gamma <= 0:
             raise ControllerError(f"the drift threshold gamma must be positive, got {self.config.gamma}")
         OverlayEWMA(2, self.config.alpha)  # checks alpha
+        if self.config.alpha_level is not None:
+            OverlayEWMA(2, self.config.alpha_level)
         self._synthesize = synthesize
         self._nominal = topology.capacities_gbps
         self._lock = threading.Lock()
@@ -177,6 +186,8 @@ class ScheduleManager:
             if comm is None:
                 comm = self._comms[communicator] = _Communicator(
                     OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup))
+                if self.config.alpha_level is not None:
+                    comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
                 comm.ignore_through = self.config.settle_collectives
             elif comm.ewma.n_ranks != schedule.n_ranks:
                 raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
@@ -221,6 +232,8 @@ class ScheduleManager:
                 comm.last_seq = max(comm.last_seq, sample.seq)
                 before = comm.ewma.ignored
                 comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
+                if comm.level is not None:
+                    comm.level.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
                 if comm.ewma.ignored == before:
                     taken += 1
                 else:
@@ -275,7 +288,11 @@ class ScheduleManager:
 
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
                     decision: Decision) -> Schedule | None:
-        measured = self.topology.with_capacities(decision.capacities_gbps, name=f"{self.topology.name}+measured")
+        capacities = decision.capacities_gbps
+        if comm.level is not None:
+            with self._lock:
+                capacities = measured_capacities(comm.coverage, *comm.level.factors(), self._nominal)
+        measured = self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
         start = time.perf_counter()
         previous = active.result if active.result is not None else active.schedule
         try:
@@ -305,6 +322,8 @@ class ScheduleManager:
             result = result.with_version(version)
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured)
+            if comm.level is not None:
+                comm.ewma.anchor(comm.level)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms")
             return schedule

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mccl.errors import SynthesisUnavailable
+from mccl.experiments.loop_scenarios import SCENARIO_ENTRIES
 from mccl.experiments.mccs import ring_reversal
 from mccl.experiments.report import NOT_YET, MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective, Schedule, validate
@@ -168,4 +169,5 @@ SCENARIOS: dict[str, Callable[..., ScenarioReport]] = {
     "fig2": fig2_degradation,
     "fig9": fig9_failures,
     "mccs-reversal": ring_reversal,
+    **SCENARIO_ENTRIES,  # loop-fail2, loop-microburst, ...: the controller on the simulator (issue 11)
 }

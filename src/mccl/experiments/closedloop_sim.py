@@ -1,0 +1,269 @@
+"""The controller on the flow-level simulator (issue 11, deliverable 2).
+
+Why this exists: the live loop (``mccl demo``) runs on 4 gloo ranks only. Here the
+*real* :class:`~mccl.control.ScheduleManager` — the code the service runs, not a copy —
+watches a job on the simulated fabric through virtual executors, at any size the
+simulator affords, through faults that start, persist and clear.
+
+Virtual executors (:class:`VirtualExecutors`). The engine's closed-loop hook is called
+every ``interval_s`` of simulated time with per-path bytes and busy seconds (the rate a
+path achieved *while sending*, :class:`~mccl.sim.closedloop.PathSample`). That is what the
+runtime's passive meters measure (:mod:`mccl.runtime.telemetry`: a window is open only
+while sends to the peer are in flight, and its rate is bytes / window). The executors
+fold those readings into one measurement window per overlay link per collective, with the
+runtime's keys: ``"inter"`` per rank pair across hosts, ``"intra"`` per rank for all its
+same-host peers together (the rank's injection rate), and emit one
+:class:`~mccl.telemetry.Sample` each when the collective completes, tagged with its
+sequence number. Paths used concurrently inside one hook interval count their common
+busy time once (max, not sum), as one window would. Readings of an interval that spans
+the end of one collective and the start of the next go to the first; keeping
+``interval_s`` a small fraction of a collective (default 1/8) bounds that error.
+Measurement noise is multiplicative and log-normal (σ) on each window's duration, and a
+window may be hit by a telemetry microburst (probability, slowdown factor).
+
+Hot swap. A schedule the manager issues becomes available after its synthesis time
+(the manager's own measured wall seconds, or a fixed delay for reproducible tests),
+during which the job keeps running the old one; it then applies from the job's next
+launch: a simulated collective launches on every rank at once, so every rank runs the
+same version from the same collective on — the semantics of the runtime's
+sequence-number agreement (mccl-paper §5.2). :meth:`LoopResult.check` proves from the
+simulator's own run records that no collective was lost or run twice and that each ran
+the version in force at its launch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mccl.control.manager import ControlConfig, Event, ScheduleManager
+from mccl.errors import MCCLError
+from mccl.schedule import Schedule
+from mccl.sim.closedloop import ControlHook, ControlView
+from mccl.sim.engine import simulate, simulate_schedule
+from mccl.sim.inputs import CapacityChange, CollectiveOp, Job, SimOptions
+from mccl.sim.results import RunResult
+from mccl.telemetry import INTER, INTRA, Sample
+from mccl.topology import Topology
+
+__all__ = ["TelemetryModel", "VirtualExecutors", "LoopEvent", "Swap", "LoopResult", "run_loop", "run_version"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetryModel:
+    """What the virtual executors add to the simulator's exact rates. ``noise_sigma``: σ of the
+    log-normal factor on every window's duration (0.05 ≈ 5 % jitter); ``burst_probability``:
+    chance that a window is hit by a telemetry microburst, which multiplies its duration by
+    ``burst_slowdown``; ``seed``: the random stream (runs are reproducible)."""
+
+    noise_sigma: float = 0.05
+    burst_probability: float = 0.0
+    burst_slowdown: float = 3.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.noise_sigma >= 0 and 0 <= self.burst_probability <= 1 and self.burst_slowdown >= 1):
+            raise MCCLError(f"bad telemetry model {self}: need sigma >= 0, 0 <= p <= 1, slowdown >= 1")
+
+
+class VirtualExecutors:
+    """The passive meters of one job's ranks inside the simulator (module docstring)."""
+
+    def __init__(self, job: str, communicator: str, schedule: Schedule, topology: Topology,
+                 model: TelemetryModel) -> None:
+        self.job = job
+        self.communicator = communicator
+        self.model = model
+        self.rank_of = {gpu: rank for rank, gpu in enumerate(schedule.ranks)}
+        self.host = [topology.node(gpu).host for gpu in schedule.ranks]
+        self.rng = np.random.default_rng(model.seed)
+        self.seq = 0  # collectives completed, as the runtime's communicator counts them
+        self.emitted = 0
+        self._bytes: dict[tuple[int, int], float] = {}  # (rank, peer or -1) -> bytes in the open window
+        self._busy: dict[tuple[int, int], float] = {}  # -> seconds the overlay link was sending
+
+    def _key(self, rank: int, peer: int) -> tuple[int, int]:
+        same = self.host[rank] is not None and self.host[rank] == self.host[peer]
+        return (rank, -1) if same else (rank, peer)
+
+    def observe(self, view: ControlView) -> list[Sample]:
+        """Fold this interval's path readings in; return the samples of collectives that completed."""
+        interval_bytes: dict[tuple[int, int], float] = {}
+        interval_busy: dict[tuple[int, int], float] = {}
+        for path in view.samples:
+            if path.job != self.job or path.busy_s <= 0:
+                continue
+            key = self._key(self.rank_of[path.src], self.rank_of[path.dst])
+            interval_bytes[key] = interval_bytes.get(key, 0.0) + path.bytes
+            interval_busy[key] = max(interval_busy.get(key, 0.0), path.busy_s)  # concurrent paths: one window
+        for key, size in interval_bytes.items():
+            self._bytes[key] = self._bytes.get(key, 0.0) + size
+            self._busy[key] = self._busy.get(key, 0.0) + interval_busy[key]
+        completed = [run for run in view.completed if run.job == self.job]
+        if not completed:
+            return []
+        self.seq += len(completed)
+        return self._emit(view.time_s)
+
+    def _emit(self, now: float) -> list[Sample]:
+        samples = []
+        for (rank, peer), size in sorted(self._bytes.items()):
+            seconds = self._busy[(rank, peer)]
+            if size <= 0 or seconds <= 0:
+                continue
+            if self.model.noise_sigma > 0:
+                seconds *= float(self.rng.lognormal(0.0, self.model.noise_sigma))
+            if self.model.burst_probability > 0 and self.rng.random() < self.model.burst_probability:
+                seconds *= self.model.burst_slowdown
+            samples.append(Sample(INTRA if peer == -1 else INTER, self.communicator, rank, peer, int(size), seconds,
+                                  now, self.seq))
+        self._bytes.clear()
+        self._busy.clear()
+        self.emitted += len(samples)
+        return samples
+
+
+@dataclass(frozen=True)
+class LoopEvent:
+    """A manager event at simulated time ``time_s`` (its ``value`` as the manager gives it)."""
+
+    time_s: float
+    event: Event
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A schedule version put in force at ``time_s`` (it runs from the next launch after)."""
+
+    time_s: float
+    issued_s: float
+    version: int
+    label: str
+
+
+_VERSION = re.compile(r" v(\d+)$")
+
+
+def run_version(run: RunResult) -> int:
+    """The schedule version a simulated collective ran (its label ends in `` vN``; none: 0)."""
+    found = _VERSION.search(run.schedule)
+    return int(found.group(1)) if found else 0
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """One closed-loop run: the collectives, the swaps, the manager's events, the samples."""
+
+    runs: tuple[RunResult, ...]
+    swaps: tuple[Swap, ...]
+    events: tuple[LoopEvent, ...]
+    samples: int
+    launched: int  # collectives the job asked for
+    interval_s: float
+    initial_version: int = 0
+    notes: dict[str, float] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise unless every collective ran exactly once, in order, on the version in force at its launch."""
+        iterations = [run.iteration for run in self.runs]
+        if sorted(iterations) != list(range(self.launched)):
+            missing = sorted(set(range(self.launched)) - set(iterations))
+            twice = sorted({i for i in iterations if iterations.count(i) > 1})
+            raise MCCLError(f"collectives lost {missing[:5]} or run twice {twice[:5]} of {self.launched}")
+        for run in self.runs:
+            expected = self.initial_version
+            for swap in self.swaps:
+                if swap.time_s < run.start_s:
+                    expected = swap.version
+            if run_version(run) != expected:
+                raise MCCLError(f"collective {run.iteration} launched at {run.start_s:.6g} s ran version "
+                                f"{run_version(run)}, expected {expected}")
+
+    def first_on(self, version: int) -> RunResult | None:
+        """The first collective that ran ``version``."""
+        return next((run for run in self.runs if run_version(run) == version), None)
+
+    def events_of(self, kind: str) -> list[LoopEvent]:
+        return [item for item in self.events if item.event.kind == kind]
+
+
+def run_loop(
+    topology: Topology,
+    schedule: Schedule,
+    size_bytes: float,
+    *,
+    changes: Sequence[CapacityChange] = (),
+    collectives: int | None = None,
+    until_s: float = math.inf,
+    gap_s: float | None = None,
+    interval_s: float | None = None,
+    config: ControlConfig | None = None,
+    model: TelemetryModel | None = None,
+    synthesis_delay_s: float | None = None,
+    options: SimOptions | None = None,
+    job: str = "job",
+) -> LoopResult:
+    """Run ``collectives`` collectives of ``schedule`` (or as many as launch before ``until_s``)
+    under ``changes``, watched by a
+    real :class:`ScheduleManager` through :class:`VirtualExecutors` (module docstring).
+
+    ``gap_s``: compute between two collectives (default 3× the healthy collective time: a
+    training step's communication is a fraction of it); ``interval_s``: the hook period
+    (default 1/8 of the healthy collective time); ``synthesis_delay_s``: simulated time
+    from an issue to the new version being available (None: the synthesis's measured wall
+    seconds; 0 for reproducible tests).
+    """
+    options = options or SimOptions(keep_chain=False)
+    healthy_s = simulate_schedule(schedule, topology, size_bytes, options=options).time_s
+    gap_s = 3 * healthy_s if gap_s is None else gap_s
+    interval_s = healthy_s / 8 if interval_s is None else interval_s
+    manager = ScheduleManager(topology, config)
+    communicator = job
+    manager.register(communicator, schedule)
+    executors = VirtualExecutors(job, communicator, schedule, topology, model or TelemetryModel())
+    op = schedule.collective.value
+    swaps: list[Swap] = []
+    events: list[LoopEvent] = []
+    pending: list[tuple[float, float, Schedule]] = []  # (ready at, issued at, schedule)
+
+    def controller(view: ControlView) -> None:
+        if pending and view.time_s >= pending[-1][0]:
+            ready, issued, new = pending.pop()
+            pending.clear()
+            view.swap(job, op, new)
+            swaps.append(Swap(view.time_s, issued, int(new.meta.version), f"{new.meta.synthesizer} "
+                                                                          f"v{new.meta.version}"))
+        samples = executors.observe(view)
+        if not samples:
+            return
+        manager.ingest(samples)
+        synthesis = 0.0
+        for event in manager.step():
+            events.append(LoopEvent(view.time_s, event))
+            if event.kind == "synthesized":
+                synthesis = event.value
+            if event.kind == "issued":
+                result = manager.active_result(communicator, schedule.collective)
+                if result is None or result.schedule.meta.version != event.version:
+                    raise MCCLError("the manager issued a version it does not hold")
+                delay = synthesis if synthesis_delay_s is None else synthesis_delay_s
+                pending.append((view.time_s + delay, view.time_s, result.schedule))
+
+    if collectives is None and not math.isfinite(until_s):
+        raise MCCLError("run_loop needs collectives= or a finite until_s=")
+    ops = (CollectiveOp(schedule, size_bytes, op),)
+    iterations = collectives if collectives is not None else 10**9
+    result = simulate(topology, [Job(job, ops, iterations=iterations, gap_s=gap_s, until_s=until_s)], changes=changes,
+                      hook=ControlHook(interval_s, controller), options=options)
+    runs = result.runs_of(job)
+    launched = collectives if collectives is not None else len(runs)
+    if collectives is None and runs and runs[-1].end_s + gap_s < until_s:  # a launch went missing
+        launched += 1
+    return LoopResult(runs, tuple(swaps), tuple(events), executors.emitted, launched, interval_s,
+                      int(schedule.meta.version), {"healthy_s": healthy_s, "gap_s": gap_s,
+                                                   "sim_wall_s": result.stats.wall_s})
+

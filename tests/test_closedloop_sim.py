@@ -1,0 +1,74 @@
+"""The controller on the simulator (issue 11, deliverable 2): the swap-count bar on 16 GPUs.
+
+The real ScheduleManager watches an AllToAll stream (column generation) on
+rail_optimized(1,2,8) through the virtual executors; synthesis is applied with no
+simulated delay so the runs are reproducible. Bar: one swap when Fail2 starts and one
+back when it clears; none for a microburst, a failure off the cut, a uniform slowdown
+of the cut; every collective ran once, on the version in force at its launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mccl.errors import MCCLError
+from mccl.experiments.closedloop_sim import LoopResult, TelemetryModel, VirtualExecutors
+from mccl.experiments.loop_scenarios import EXPECTED_SWAPS, run_scenario
+from mccl.sim.closedloop import ControlView, PathSample
+from mccl.synth import optimize
+from mccl.telemetry import INTER, INTRA
+from mccl.topology import rail_optimized
+
+
+@pytest.mark.parametrize("name", ["fail2", "microburst", "offcut", "uniform"])
+def test_swap_count_bar_alltoall_16(name: str) -> None:
+    outcome = run_scenario(name, "alltoall", healthy=10, persist=16, after=16, synthesis_delay_s=0.0, min_gap_s=0.0)
+    outcome.loop.check()
+    assert outcome.swaps == EXPECTED_SWAPS[name], [(s.time_s, s.version) for s in outcome.loop.swaps]
+    if name == "fail2":
+        into, back = outcome.loop.swaps
+        assert outcome.start_s < into.time_s < outcome.end_s < back.time_s
+        degraded_old = outcome.algbw(outcome.start_s, into.time_s, version=0)
+        assert outcome.algbw(into.time_s, outcome.end_s, version=1) > 3 * degraded_old
+
+
+@pytest.mark.slow
+def test_swap_count_bar_allgather_fail2_16() -> None:
+    outcome = run_scenario("fail2", "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
+    outcome.loop.check()
+    assert outcome.swaps == 2
+    into, back = outcome.loop.swaps
+    assert outcome.start_s < into.time_s < outcome.end_s < back.time_s  # one in, one back when it clears
+
+
+def test_check_catches_lost_and_wrong_version() -> None:
+    outcome = run_scenario("microburst", "alltoall", healthy=4, after=4, synthesis_delay_s=0.0, min_gap_s=0.0)
+    loop = outcome.loop
+    loop.check()
+    with pytest.raises(MCCLError, match="lost"):
+        dataclasses.replace(loop, runs=loop.runs[:3] + loop.runs[4:]).check()
+    with pytest.raises(MCCLError, match="twice"):
+        dataclasses.replace(loop, runs=loop.runs + loop.runs[-1:]).check()
+    late = dataclasses.replace(loop.runs[-1], schedule=loop.runs[-1].schedule + " v1")
+    with pytest.raises(MCCLError, match="expected 0"):
+        LoopResult(loop.runs[:-1] + (late,), (), (), 0, loop.launched, loop.interval_s).check()
+
+
+def test_virtual_executors_emit_runtime_keys() -> None:
+    """Inter samples per rank pair across hosts, one intra sample per rank for its whole host."""
+    fabric = rail_optimized(1, 2, 2)
+    schedule = optimize(fabric, "alltoall").schedule
+    executors = VirtualExecutors("j", "comm", schedule, fabric, TelemetryModel(noise_sigma=0.0))
+    g = schedule.ranks
+    paths = (PathSample("j", g[0], g[1], (1,), 1e6, 1e-3), PathSample("j", g[0], g[1], (2,), 1e6, 5e-4),
+             PathSample("j", g[0], g[2], (3,), 2e6, 2e-3), PathSample("other", g[0], g[2], (3,), 9e9, 1.0))
+    assert executors.observe(ControlView(0.1, paths, (), {})) == []
+    run = type("Run", (), {"job": "j"})()
+    samples = executors.observe(ControlView(0.2, (), (run,), {}))  # type: ignore[arg-type]
+    same_host = fabric.node(g[0]).host == fabric.node(g[1]).host
+    assert same_host and fabric.node(g[0]).host != fabric.node(g[2]).host
+    by_kind = {(s.kind, s.peer): s for s in samples}
+    assert by_kind[(INTRA, -1)].bytes == 2_000_000 and by_kind[(INTRA, -1)].seconds == pytest.approx(1e-3)
+    assert by_kind[(INTER, 2)].bytes == 2_000_000 and by_kind[(INTER, 2)].seq == 1
