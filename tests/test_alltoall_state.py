@@ -48,6 +48,48 @@ def test_a_change_the_repair_cannot_prove_restarts_from_the_slack_basis() -> Non
     assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(synthesize(slowed).schedule.meta.throughput_bound_gbs, rel=1e-9)
 
 
+def test_the_way_back_from_a_file_warm_result_costs_what_cold_does() -> None:
+    """healthy (a schedule from a file, no state) → Fail2 (warm from its routes) → healthy (from that
+    result's state): the repair is declined (the Fail2 optimum saturates so many links that a recovery
+    would re-route over a quarter of the pairs) and the old basis is lost; the restart over the old
+    columns, priced for the scarcer fabric, took 320 master pivots here against the cold run's 116
+    (at 512 GPUs 282 s CPU against 33 s). A recovery that loses the basis now takes the cold path
+    straight away: the cold run's pivots, recorded as a fallback with no pivot abandoned."""
+    topology = rail_optimized(1, 4, 8)
+    cold = synthesize(topology)
+    middle = synthesize(fail2(topology), previous=loads_schedule(dumps_schedule(cold.schedule)))
+    assert middle.stats.warm is not None and not middle.stats.warm.restarted
+    back = synthesize(topology, previous=middle)
+    validate(back.schedule, topology)
+    warm = back.stats.warm
+    assert warm is not None and warm.restarted and warm.repair_declined
+    assert warm.warm_fallback and warm.warm_abandoned_pivots == 0
+    assert back.stats.iterations == cold.stats.iterations <= 200
+    assert back.stats.lp_gbs == pytest.approx(cold.stats.lp_gbs, rel=1e-9)
+    assert back.schedule.meta.stat("optimal") == 1.0
+
+
+def test_a_restart_over_its_pivot_budget_falls_back_to_cold(monkeypatch) -> None:
+    """A restart from the slack basis over the old columns (no capacity grew) that takes more pivots
+    than ``restart_pivot_budget`` allows (one, forced here) starts over as cold, recorded in the stats."""
+    import mccl.synth.alltoall.pipeline as pipeline
+
+    topology = rail_optimized(1, 4, 8)
+    previous = synthesize(topology)
+    slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
+    unforced = synthesize(slowed, previous=previous)
+    assert unforced.stats.warm.restarted and not unforced.stats.warm.warm_fallback
+    monkeypatch.setattr(pipeline, "restart_pivot_budget", lambda master: 1)
+    warm = synthesize(slowed, previous=previous)
+    validate(warm.schedule, slowed)
+    cold = synthesize(slowed)
+    assert warm.stats.warm.restarted and warm.stats.warm.repair_declined
+    assert warm.stats.warm.warm_fallback and warm.stats.warm.warm_abandoned_pivots >= 1
+    assert warm.stats.iterations == cold.stats.iterations  # the cold run's master, from scratch
+    assert warm.stats.lp_gbs == pytest.approx(cold.stats.lp_gbs, rel=1e-9)
+    assert warm.schedule.meta.stat("optimal") == 1.0
+
+
 def test_states_chain_and_are_not_shared_between_restarts(healthy64) -> None:
     """A warm result keeps its own state (Fail2 then Fail1 on top of it), and restarting from a state
     twice gives the same result: restarts copy the pool and never change the state."""

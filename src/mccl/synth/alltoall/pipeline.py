@@ -14,7 +14,10 @@ the previous LP solution, scaled, with only the pairs that crossed a changed
 link re-routed, proven optimal by the Lagrangian bound; then only those pairs
 and the pairs on newly saturated links are rounded again, and the other chunks
 are kept with their transfers. When the repair cannot be proven optimal, the
-run goes on by column generation as above.
+run goes on by column generation as above. A restart whose old basis is not kept
+takes the cold path when some capacity grew (a recovery: the old columns alone cost
+several cold runs), and otherwise runs under a pivot budget past which it falls
+back to the cold path (:func:`restart_pivot_budget`).
 
 Units: capacities Gbit/s; the LP's z is the rate every (source, destination)
 block gets, so algbw = n · z / 8 GB/s (a block is S/n bytes). The metadata
@@ -28,8 +31,9 @@ master, with the rounded schedule's base slack on each), and the stats
 close to the new LP optimum as its rounding was to the old one: rounding skipped)
 ``restarted`` (1 when the run restarted from the previous solver state),
 ``warm_fallback`` (1 when the warm start from a schedule's routes took more
-pivots than :func:`warm_pivot_budget` allows and the run fell back to the cold
-path), ``warm_abandoned_pivots`` (the pivots spent before it did), ``repaired``
+pivots than :func:`warm_pivot_budget` allows, or the restart from the solver state
+more than :func:`restart_pivot_budget`, and the run fell back to the cold path;
+``restarted`` tells which), ``warm_abandoned_pivots`` (the pivots spent before it did), ``repaired``
 (1 when the repair gave the result; ``iterations`` are then the repair LP's
 pivots and ``rounds`` 0), ``repaired_pairs`` / ``rerounded_pairs`` (pairs it
 re-routed / rounded again) and ``repair_declined`` (1 when a repair was tried
@@ -64,7 +68,7 @@ from mccl.synth.options import ALLTOALL_MAX_CHUNKS, AllToAllOptions, resolve_opt
 from mccl.synth.result import AllToAllStats, AllToAllWarmStats, SynthesisResult, stats_from_pairs
 from mccl.topology import Topology
 
-__all__ = ["synthesize", "lp_optimum", "minimal_steps", "warm_pivot_budget"]
+__all__ = ["synthesize", "lp_optimum", "minimal_steps", "restart_pivot_budget", "warm_pivot_budget"]
 
 MAX_CHUNKS = ALLTOALL_MAX_CHUNKS
 _REPAIR_ROUNDING_GAP = 5e-3  # rounding error a repaired schedule tolerates (at least; else the previous gap)
@@ -75,15 +79,26 @@ def _solve(network: Network, *, previous: Schedule | None, state: SolverState | 
            seed_rounds: int, options: CGOptions, deadline: float | None, warm_seed_rounds: int = 0,
            warm_pivots: int | None = None) -> tuple[ColumnPool, CGResult, Master, WarmStart | None]:
     pricer = Pricer(network, max_steps)
+    warm = None
     if state is not None and previous is not None and state.fits(network, max_steps, grouping):
         # The previous run's columns and basis (:mod:`.state`): every previous route is among them.
-        pool, master, _ = state.restart(network.capacity)
         routes = len(previous.chunks)  # type: ignore[union-attr]
-        warm = WarmStart(routes=routes, kept=routes, columns=master.n_columns, restarted=True)
-        result = run_generation(master, pool, pricer, network.capacity, options=options, deadline=deadline)
-        return pool, result, master, warm
-    warm = None
-    if previous is not None:
+        warm = WarmStart(routes=routes, kept=routes, columns=len(state.master.tensor), restarted=True)
+        if not state.basis_still_optimal(network.capacity) and np.any(network.capacity
+                                                                      > state.capacity * (1 + 1e-12)):
+            # More capacity somewhere (a recovery) and the old basis lost: the old columns, priced where
+            # it was scarce, cost more than a cold run (see ``restart_pivot_budget``); cold straight away.
+            warm = replace(warm, fell_back=True)
+        else:
+            pool, master, _ = state.restart(network.capacity)
+            try:
+                result = run_generation(master, pool, pricer, network.capacity, options=options,
+                                        deadline=deadline, pivot_budget=restart_pivot_budget(master))
+                return pool, result, master, warm
+            except OutOfPivots:
+                pass  # the restart costs more than a cold run would: start over as cold
+            warm = replace(warm, fell_back=True, abandoned_pivots=master.iterations + master.abandoned_iterations)
+    elif previous is not None:
         pool = ColumnPool(make_blocks(network, grouping), network.n_ranks, network.n_links)
         fallback = pricer.trees(np.zeros(network.n_links), np.arange(network.n_ranks), epsilon=1e-12)
         warm = seed_from_schedule(previous, network, pool, fallback)
@@ -120,6 +135,31 @@ def warm_pivot_budget(master: Master) -> int:
     ~7 k pivots in all (≈ 1.9 per row of its 3 584). Past 2 pivots per row the warm
     start has spent about what the whole cold master work costs, so it is abandoned for
     the cold path: a warm start from a file costs at most about twice a cold run.
+    """
+    return 2 * (master.n_tensors + master.n_links)
+
+
+def restart_pivot_budget(master: Master) -> int:
+    """Simplex pivots the master solves of a restart from the previous solver state may take, in all.
+
+    A restart whose old basis is no longer optimal starts from the slack basis over the old
+    columns. After a degradation (no capacity grew) those columns are near the new optimum and the
+    restart is cheap (rail_optimized, 256 GPUs, from the healthy state under Fail2 with the repair
+    declined: 927 pivots against the cold run's ~2 k); the budget, 2 pivots per master row like a
+    warm start from a schedule's routes (:func:`warm_pivot_budget`), bounds the case where they
+    are not, and past it the run falls back to the cold path (``warm_fallback`` = 1 with
+    ``restarted`` = 1 and the pivots spent in ``warm_abandoned_pivots``).
+
+    After a recovery (some capacity grew; e.g. healthy → Fail2 warm from a file's routes →
+    healthy, where the repair is declined because the Fail2 optimum saturates so many links that
+    over a quarter of the pairs would be re-routed) the old columns are the routes of the scarcer
+    fabric. Measured at 256 GPUs: the slack-basis solve over them alone costs about a whole cold
+    master (2.0 k pivots), each later round's re-solve as much again (6.7 k pivots in all, 3.2×
+    cold; at 512 GPUs 282 s CPU against 33 s cold); with the cold path's first columns added the
+    pivots are the cold run's (2.1 k) but each one is dearer over the larger master (≈ 0.8× cold
+    in CPU), and with only the old basic columns added ≈ cold. The old columns save nothing there,
+    so such a restart takes the cold path straight away (``warm_fallback`` = 1, ``restarted`` = 1,
+    no abandoned pivot) and costs what cold does.
     """
     return 2 * (master.n_tensors + master.n_links)
 

@@ -28,7 +28,9 @@ same and only capacities changed (degradations, mccl-paper §4.1). The old basis
 is kept when the old solution still fits the new capacities and no tight link
 (one whose capacity row was nonbasic) changed capacity: then it stays optimal
 and the first master solve takes no pivot. Otherwise the master restarts from
-the slack basis with the old columns (see :mod:`.master`).
+the slack basis with the old columns (see :mod:`.master`), under a pivot budget;
+when some capacity grew, the run takes the cold path instead
+(:func:`.pipeline.restart_pivot_budget`).
 """
 
 from __future__ import annotations
