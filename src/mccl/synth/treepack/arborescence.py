@@ -32,6 +32,15 @@ group nodes added as groups split. Candidate arcs come from a heap: the previous
 tree's arcs first (warm start), then by capacity (throughput) or by the depth of u
 within a capacity class (latency-aware); an arc refused is retried only when
 nothing else is left.
+
+Warm budget: the previous trees' arcs (``prefer``) are only an ordering, and a bad one
+when the previous fabric differed where it matters (trees made for a degraded fabric
+relay around its faults, spending other hosts' egress that the healthy fabric's roots
+need): their greedy batches fail the check again and again and end in the exact rule,
+one max-flow per arc (512 GPUs, Fail2 → healthy: 539 s against cold's ~30 s). So the
+preference lasts until the first batch that fails: that batch is rolled back and
+retried at the same size without it, and the rest of the packing is cold's
+(``prefer_dropped`` in the result).
 """
 
 from __future__ import annotations
@@ -61,10 +70,11 @@ def pack_arborescences(
     root_seed: int = 0,
     groups: np.ndarray | None = None,
     demand: np.ndarray | None = None,
-) -> tuple[list[Tree], int]:
-    """k spanning out-trees per rank within ``units``; returns the trees and the max-flows used.
+) -> tuple[list[Tree], int, bool]:
+    """k spanning out-trees per rank within ``units``; the trees, the max-flows used, and whether
+    ``prefer`` was dropped (the warm budget of the module docstring).
 
-    ``prefer(root)``: arcs to try first for that root's trees (warm start).
+    ``prefer(root)``: arcs to try first for that root's trees (warm start), until a batch fails.
     """
     keys = list(units)
     out: list[list[int]] = [[] for _ in range(n)]
@@ -82,6 +92,7 @@ def pack_arborescences(
     order = _interleaved(n, groups)
     root, batch, retries = 0, first_batch, 0
     rng = np.random.default_rng(root_seed)
+    dropped = False
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
         # still packs with n max-flows; on failure roll back and retry smaller, then with a few
@@ -111,6 +122,9 @@ def pack_arborescences(
             retries = 0
             continue
         residual[:], untouched[:] = saved
+        if prefer is not None:
+            prefer, dropped = None, True  # the warm budget: retry this batch, and all after it, cold
+            continue
         if batch > 1:
             batch = max(1, batch // 4)
             continue
@@ -122,7 +136,7 @@ def pack_arborescences(
                                    latency_aware, prefer))
         solves += _checked_root.solves  # type: ignore[attr-defined]
         root += 1
-    return trees, solves
+    return trees, solves, dropped
 
 
 def _interleaved(n: int, groups: np.ndarray | None) -> list[int]:
