@@ -135,22 +135,21 @@ def test_stuck_repair_falls_back_to_cold_packing() -> None:
     assert 0.5 <= warm.meta.stat("kept_fraction") <= 1.0
 
 
-def test_misleading_previous_arcs_cost_no_more_packing_than_cold() -> None:
+def test_misleading_previous_arcs_fall_back_to_cold_packing() -> None:
     """Back to the healthy fabric from a cold Fail2 schedule (64 GPUs): the repair gets stuck and the
     previous arcs, made to route around the faults, mislead the cold packer's greedy batches (at 512
-    GPUs: 539 s against cold's ~30 s). The warm budget drops them at the first failed batch, so the
-    packing does about cold's max-flows (before: 1590 against cold's 1239, the surplus growing with n)."""
+    GPUs the exact rule then ran root after root: 539 s against cold's ~30 s). The warm budget starts
+    the packing over cold at the first failed batch: cold's trees exactly, cold's packing work plus
+    the preferred prefix (before: other trees, 1590 max-flows against cold's 1239)."""
     healthy = rail_optimized(1, 8, 8)
     previous = synthesize(fail2(healthy)).schedule
     cold = synthesize(healthy).schedule
     warm = synthesize(healthy, previous=previous).schedule
     _check_warm(warm, cold, healthy, repaired=False)
     assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("warm_prefer_dropped") == 1.0
-    assert warm.meta.achieved_gbs == pytest.approx(cold.meta.achieved_gbs, rel=1e-9)
-    n = warm.n_ranks
-    # Cold's flows, plus the repair's settling checks and the one failed batch check (n each at most).
-    assert warm.meta.stat("max_flows") <= cold.meta.stat("max_flows") + 2 * n
-    assert warm.meta.stat("kept_fraction") >= 0.5
+    for column in ("chunk", "sender", "receiver", "step", "route_links"):
+        assert np.array_equal(getattr(warm.transfers, column), getattr(cold.transfers, column)), column
+    assert cold.meta.stat("max_flows") < warm.meta.stat("max_flows") <= 1.2 * cold.meta.stat("max_flows")
 
 
 def test_tree_depths_flags_non_trees() -> None:

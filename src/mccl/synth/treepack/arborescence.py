@@ -38,9 +38,12 @@ when the previous fabric differed where it matters (trees made for a degraded fa
 relay around its faults, spending other hosts' egress that the healthy fabric's roots
 need): their greedy batches fail the check again and again and end in the exact rule,
 one max-flow per arc (512 GPUs, Fail2 → healthy: 539 s against cold's ~30 s). So the
-preference lasts until the first batch that fails: that batch is rolled back and
-retried at the same size without it, and the rest of the packing is cold's
-(``prefer_dropped`` in the result).
+preference lasts until the first batch that fails; then the packing starts over cold,
+from the full capacities (the third value returned; ``warm_prefer_dropped`` in the
+stats). Restarting, not going on cold from the trees the preference grew: those
+passed the check, yet left a residual where even the cold greedy kept failing (512
+GPUs: 8 roots by the exact rule, against cold's 1). So a misled warm packing costs
+the preferred prefix plus exactly cold's packing, and returns cold's trees.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def pack_arborescences(
     root, batch, retries = 0, first_batch, 0
     rng = np.random.default_rng(root_seed)
     dropped = False
+    initial = (residual.copy(), untouched.copy())
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
         # still packs with n max-flows; on failure roll back and retry smaller, then with a few
@@ -122,8 +126,11 @@ def pack_arborescences(
             retries = 0
             continue
         residual[:], untouched[:] = saved
-        if prefer is not None:
-            prefer, dropped = None, True  # the warm budget: retry this batch, and all after it, cold
+        if prefer is not None:  # the warm budget (module docstring): start over, cold
+            prefer, dropped = None, True
+            residual[:], untouched[:] = initial
+            trees, root, batch, retries = [], 0, first_batch, 0
+            rng = np.random.default_rng(root_seed)
             continue
         if batch > 1:
             batch = max(1, batch // 4)

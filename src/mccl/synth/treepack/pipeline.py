@@ -15,7 +15,8 @@ previous bottleneck cut and k only seed them, so the optimum is cold's), then
 :mod:`.repair` replaces Phases 2–3: the previous trees (:mod:`.forest`) that fit the new
 integer capacities are kept on their physical routes and the others repaired
 (:mod:`.keep`, :mod:`.regrow`), lowered with numpy gathers. If a tree cannot be repaired,
-Phases 2–3 run cold, trying each source's previous arcs first.
+Phases 2–3 run cold, trying each source's previous arcs first until the first greedy batch
+they mislead (:mod:`.arborescence`, ``warm_prefer_dropped``); from there on the packing is cold's.
 
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
 depth(u), along the physical route of the logical link. ReduceScatter runs the same
