@@ -135,6 +135,23 @@ def test_stuck_repair_falls_back_to_cold_packing() -> None:
     assert 0.5 <= warm.meta.stat("kept_fraction") <= 1.0
 
 
+def test_misleading_previous_arcs_fall_back_to_cold_packing() -> None:
+    """Back to the healthy fabric from a cold Fail2 schedule (64 GPUs): the repair gets stuck and the
+    previous arcs, made to route around the faults, mislead the cold packer's greedy batches (at 512
+    GPUs the exact rule then ran root after root: 539 s against cold's ~30 s). The warm budget starts
+    the packing over cold at the first failed batch: cold's trees exactly, cold's packing work plus
+    the preferred prefix (before: other trees, 1590 max-flows against cold's 1239)."""
+    healthy = rail_optimized(1, 8, 8)
+    previous = synthesize(fail2(healthy)).schedule
+    cold = synthesize(healthy).schedule
+    warm = synthesize(healthy, previous=previous).schedule
+    _check_warm(warm, cold, healthy, repaired=False)
+    assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("warm_prefer_dropped") == 1.0
+    for column in ("chunk", "sender", "receiver", "step", "route_links"):
+        assert np.array_equal(getattr(warm.transfers, column), getattr(cold.transfers, column)), column
+    assert cold.meta.stat("max_flows") < warm.meta.stat("max_flows") <= 1.2 * cold.meta.stat("max_flows")
+
+
 def test_tree_depths_flags_non_trees() -> None:
     """Chunk 0: a valid tree of root 0; 1: a cycle 1 -> 2 -> 1; 2: rank 2 reached twice; 3: into the root."""
     n = 3

@@ -40,7 +40,8 @@ class TreePackStats:
     ``trees_per_source``: k; ``max_flows``: max-flow solves; ``switch_balance_loss``: the share
     lost to splitting unbalanced switches. Warm fields (None when cold): ``kept_fraction`` of
     the previous trees' arcs, ``warm_repair`` (1 if the previous trees were repaired in
-    place), ``repaired_trees``, ``reused_trees_fraction``.
+    place), ``repaired_trees``, ``reused_trees_fraction``, ``warm_prefer_dropped`` (1 when the
+    previous trees' arcs misled the packer and it started over as cold).
     """
 
     solve_time_s: float
@@ -63,6 +64,7 @@ class TreePackStats:
     warm_repair: bool | None = None
     repaired_trees: int | None = None
     reused_trees_fraction: float | None = None
+    warm_prefer_dropped: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

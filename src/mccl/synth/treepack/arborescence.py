@@ -32,6 +32,18 @@ group nodes added as groups split. Candidate arcs come from a heap: the previous
 tree's arcs first (warm start), then by capacity (throughput) or by the depth of u
 within a capacity class (latency-aware); an arc refused is retried only when
 nothing else is left.
+
+Warm budget: the previous trees' arcs (``prefer``) are only an ordering, and a bad one
+when the previous fabric differed where it matters (trees made for a degraded fabric
+relay around its faults, spending other hosts' egress that the healthy fabric's roots
+need): their greedy batches fail the check again and again and end in the exact rule,
+one max-flow per arc (512 GPUs, Fail2 → healthy: 539 s against cold's ~30 s). So the
+preference lasts until the first batch that fails; then the packing starts over cold,
+from the full capacities (the third value returned; ``warm_prefer_dropped`` in the
+stats). Restarting, not going on cold from the trees the preference grew: those
+passed the check, yet left a residual where even the cold greedy kept failing (512
+GPUs: 8 roots by the exact rule, against cold's 1). So a misled warm packing costs
+the preferred prefix plus exactly cold's packing, and returns cold's trees.
 """
 
 from __future__ import annotations
@@ -61,10 +73,11 @@ def pack_arborescences(
     root_seed: int = 0,
     groups: np.ndarray | None = None,
     demand: np.ndarray | None = None,
-) -> tuple[list[Tree], int]:
-    """k spanning out-trees per rank within ``units``; returns the trees and the max-flows used.
+) -> tuple[list[Tree], int, bool]:
+    """k spanning out-trees per rank within ``units``; the trees, the max-flows used, and whether
+    ``prefer`` was dropped (the warm budget of the module docstring).
 
-    ``prefer(root)``: arcs to try first for that root's trees (warm start).
+    ``prefer(root)``: arcs to try first for that root's trees (warm start), until a batch fails.
     """
     keys = list(units)
     out: list[list[int]] = [[] for _ in range(n)]
@@ -82,6 +95,8 @@ def pack_arborescences(
     order = _interleaved(n, groups)
     root, batch, retries = 0, first_batch, 0
     rng = np.random.default_rng(root_seed)
+    dropped = False
+    initial = (residual.copy(), untouched.copy())
     while root < n:
         # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
         # still packs with n max-flows; on failure roll back and retry smaller, then with a few
@@ -111,6 +126,12 @@ def pack_arborescences(
             retries = 0
             continue
         residual[:], untouched[:] = saved
+        if prefer is not None:  # the warm budget (module docstring): start over, cold
+            prefer, dropped = None, True
+            residual[:], untouched[:] = initial
+            trees, root, batch, retries = [], 0, first_batch, 0
+            rng = np.random.default_rng(root_seed)
+            continue
         if batch > 1:
             batch = max(1, batch // 4)
             continue
@@ -122,7 +143,7 @@ def pack_arborescences(
                                    latency_aware, prefer))
         solves += _checked_root.solves  # type: ignore[attr-defined]
         root += 1
-    return trees, solves
+    return trees, solves, dropped
 
 
 def _interleaved(n: int, groups: np.ndarray | None) -> list[int]:

@@ -15,7 +15,8 @@ previous bottleneck cut and k only seed them, so the optimum is cold's), then
 :mod:`.repair` replaces Phases 2–3: the previous trees (:mod:`.forest`) that fit the new
 integer capacities are kept on their physical routes and the others repaired
 (:mod:`.keep`, :mod:`.regrow`), lowered with numpy gathers. If a tree cannot be repaired,
-Phases 2–3 run cold, trying each source's previous arcs first.
+Phases 2–3 run cold, trying each source's previous arcs first until the first greedy batch
+they mislead (:mod:`.arborescence`, ``warm_prefer_dropped``); from there on the packing is cold's.
 
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
 depth(u), along the physical route of the logical link. ReduceScatter runs the same
@@ -130,7 +131,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         split = split_switches(fabric, integral)
         logical, k, split_rate = split.logical, split.k, split.rate_gbps
         t_phase2 = time.perf_counter()
-        trees, phase3_flows = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
+        trees, phase3_flows, dropped = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
                                                  prefer=prefer, groups=fabric.groups)
         t_phase3 = time.perf_counter()
         schedule = _lower(topology, ranks, collective, trees, k, logical)
@@ -142,7 +143,9 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
             "switch_balance_retries": float(split.retries),
         })
         if arcs is not None:
-            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": kept_fraction(arcs, trees)})
+            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": kept_fraction(arcs, trees),
+                          # 1: the previous arcs misled a packing check, the rest was packed cold
+                          "warm_prefer_dropped": float(dropped)})
     stats.update({
         "solve_time_s": time.perf_counter() - start,
         "phase1_s": t_phase1 - start,
