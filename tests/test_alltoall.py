@@ -178,6 +178,7 @@ def test_time_budget_too_small_for_the_first_master_is_a_clear_error() -> None:
         synthesize(rail_optimized(1, 8, 8), time_limit_s=1e-6)
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 def test_step_bound_matches_the_time_expanded_compact_lp() -> None:
     topology = fail2(rail_optimized(1, 2, 8))
     for steps in (1, 2):

@@ -167,6 +167,7 @@ def test_chained_changes_on_random_fabrics_reach_the_compact_optimum(topology: T
         previous = warm
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_faults_and_recoveries_in_a_row_on_a_rail_fabric_stay_optimal(data) -> None:

@@ -22,6 +22,7 @@ from mccl.telemetry import INTER, INTRA
 from mccl.topology import rail_optimized
 
 
+@pytest.mark.slow  # four whole loop scenarios, ~9 s together: kept out of the fast loop, run by CI
 @pytest.mark.parametrize("name", ["fail2", "microburst", "offcut", "uniform"])
 def test_swap_count_bar_alltoall_16(name: str) -> None:
     outcome = run_scenario(name, "alltoall", healthy=10, persist=16, after=16, synthesis_delay_s=0.0, min_gap_s=0.0)

@@ -107,6 +107,7 @@ def test_telemetry_is_ready_only_with_a_controller_to_send_to(service):
     assert not lonely.telemetry_ready()
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 def test_a_poll_before_the_controller_listens_is_sent_again_not_waited_out():
     """A rank that polls before it is connected must not wait out the timeout for an answer to a
     request that never left (it used to: the controller then counted as lost 10 s into a run)."""

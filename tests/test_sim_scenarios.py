@@ -44,6 +44,7 @@ def test_fig2_reoptimized_schedules_recover_most_of_the_bound(fig2_report):
     assert unpipelined.algbw_gbs < reopt[Collective.ALLGATHER].algbw_gbs
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 def test_mccs_ring_reversal_timeline(tmp_path):
     report = ring_reversal()
     before, during, after = (row.algbw_gbs for row in report.rows)

@@ -67,6 +67,7 @@ def test_lower_rate_search_beats_dropping_trees() -> None:
     assert 0 < stats["switch_balance_loss"] < 1 / stats["trees_per_source"]
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_per_direction_degradations_always_schedule(data: st.DataObject) -> None:

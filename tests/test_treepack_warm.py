@@ -135,6 +135,7 @@ def test_stuck_repair_falls_back_to_cold_packing() -> None:
     assert 0.5 <= warm.meta.stat("kept_fraction") <= 1.0
 
 
+@pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
 def test_misleading_previous_arcs_fall_back_to_cold_packing() -> None:
     """Back to the healthy fabric from a cold Fail2 schedule (64 GPUs): the repair gets stuck and the
     previous arcs, made to route around the faults, mislead the cold packer's greedy batches (at 512
