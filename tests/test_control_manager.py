@@ -142,6 +142,8 @@ def test_options_go_to_their_own_collective_only(hpn_schedule):
     assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
     with pytest.raises(InvalidOptions, match="chunks"):
         ControlConfig(synth_options={"alltoall": AllToAllOptions(chunks=0)})
+    with pytest.raises(InvalidOptions, match="expected TreePackOptions for allgather"):
+        ControlConfig(synth_options={"allgather": AllToAllOptions()})
 
 
 def test_alltoall_warm_state_is_kept_through_the_manager():

@@ -50,9 +50,10 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
+from mccl.errors import ControllerError, InvalidOptions, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, dumps_schedule, validate
 from mccl.synth import SynthesisResult, optimize
+from mccl.synth.registry import method_for
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
@@ -88,6 +89,16 @@ class ControlConfig:
         for name in ("methods", "synth_options"):
             given = getattr(self, name)
             object.__setattr__(self, name, MappingProxyType({Collective(key): value for key, value in given.items()}))
+        for kind, options in self.synth_options.items():
+            # A wrong options class fails here, where it is written, not at the first re-synthesis.
+            # A method nothing registers is left to re-synthesis, which reports it as "unavailable".
+            try:
+                method = method_for(kind, self.methods.get(kind))
+            except SynthesisUnavailable:
+                continue
+            if options is not None and not isinstance(options, method.options):
+                raise InvalidOptions(method.name, None, f"expected {method.options.__name__} for {kind.value}, "
+                                                         f"got {type(options).__name__}")
 
 
 @dataclass(frozen=True)

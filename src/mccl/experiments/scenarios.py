@@ -1,11 +1,12 @@
 """Named evaluation scenarios of the reference papers, run on the flow-level simulator.
 
 Each scenario returns a :class:`ScenarioReport`: rows (what ran, on which fabric
-state, how fast) that the CLI prints and the plots draw. Schedules come from the
-baselines of :mod:`mccl.synth` and from :func:`mccl.synth.optimize`; a row whose
-synthesizer has not landed yet has ``algbw_gbs=None`` and the note "not yet
-available", and fills in by itself once ``optimize`` returns schedules. The
-simulator never learns how a schedule was made (DESIGN.md).
+state, how fast) that the CLI prints and the plots draw. Every schedule comes from
+:func:`mccl.synth.optimize`: the NCCL-style baselines by their registered method
+(``ring.nccl``, ``alltoall.direct``), mccl's by the collective's default one; a row
+whose collective no registered method makes (``SynthesisUnavailable``) has
+``algbw_gbs=None`` and the note "not yet available". The simulator never learns how
+a schedule was made (DESIGN.md).
 
 Sizes: "128 MB per source" (mccl-paper §2.3, §6.1) is nccl-tests S = n × 128 MiB
 for AllGather (the output buffer) and AllToAll (the send buffer).
