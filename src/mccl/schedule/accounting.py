@@ -37,15 +37,12 @@ def gbps_to_gbs(gbps: np.ndarray | float) -> np.ndarray | float:
 
 def link_load(schedule: Schedule, n_links: int) -> np.ndarray:
     """Blocks carried by each link (fraction-weighted chunk crossings)."""
-    transfers = schedule.transfers
-    weight = schedule.chunks.fraction[transfers.chunk]
-    per_hop = np.repeat(weight, transfers.route_lengths)
-    return np.bincount(transfers.route_links, weights=per_hop, minlength=n_links)
+    return schedule.transfers.link_sums(schedule.chunks.fraction, n_links)
 
 
 def chunks_per_link(schedule: Schedule, n_links: int) -> np.ndarray:
     """n_a: how many chunk transfers cross each link."""
-    return np.bincount(schedule.transfers.route_links, minlength=n_links).astype(np.int64)
+    return schedule.transfers.link_sums(None, n_links)
 
 
 def steady_state_algbw(load: np.ndarray, capacities_gbps: np.ndarray, n_ranks: int) -> float:

@@ -158,6 +158,31 @@ class Transfers:
     def n_steps(self) -> int:
         return int(self.step.max()) + 1 if len(self) else 0
 
+    # -- aggregates ---------------------------------------------------------------------------
+    # Accounting (mccl.schedule.accounting) and the α-β model (mccl.sim.analytic) read transfers
+    # only through these three. A compact subclass (mccl.schedule.pattern) answers them in closed
+    # form without materializing its columns; these are the column-wise definitions.
+
+    def link_sums(self, chunk_weight: np.ndarray | None, n_links: int) -> np.ndarray:
+        """Per link, the sum over the transfers crossing it of ``chunk_weight[chunk]`` (float), or
+        with ``chunk_weight=None`` the number of crossings (int64)."""
+        if chunk_weight is None:
+            return np.bincount(self.route_links, minlength=n_links).astype(np.int64)
+        per_hop = np.repeat(chunk_weight[self.chunk], self.route_lengths)
+        return np.bincount(self.route_links, weights=per_hop, minlength=n_links)
+
+    def step_max_route_cost(self, link_cost: np.ndarray) -> np.ndarray:
+        """Per step, the largest route cost (sum of ``link_cost`` over a route) among its transfers
+        (0 for a step without transfers); ``n_steps`` values."""
+        route_cost = np.add.reduceat(link_cost[self.route_links], self.route_offsets[:-1]) if len(self) else np.zeros(0)
+        per_step = np.zeros(self.n_steps)
+        np.maximum.at(per_step, self.step, route_cost)
+        return per_step
+
+    def max_link(self) -> int:
+        """The largest link id any route uses, -1 when none (to check a schedule fits a topology)."""
+        return int(self.route_links.max(initial=-1))
+
 
 @dataclass(frozen=True)
 class CutLink:

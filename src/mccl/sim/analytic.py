@@ -60,7 +60,7 @@ def evaluate(
     """Estimate completion time, algbw and busbw of ``schedule`` for an S of ``size_bytes``."""
     if not size_bytes > 0:
         raise MCCLError(f"size must be positive, got {size_bytes} bytes")
-    if len(topology.links) <= int(schedule.transfers.route_links.max(initial=-1)):
+    if len(topology.links) <= schedule.transfers.max_link():
         raise MCCLError(f"schedule uses link ids beyond topology {topology.name!r}; validate it first")
     n = schedule.n_ranks
     block_bytes = size_bytes / n
@@ -72,10 +72,7 @@ def evaluate(
     bottleneck = tuple(int(a) for a in np.flatnonzero((load > 0) & (seconds_per_link >= bandwidth_time - tolerance)))
 
     transfers = schedule.transfers
-    hop_latency = topology.latencies_us[transfers.route_links]
-    route_latency = np.add.reduceat(hop_latency, transfers.route_offsets[:-1]) if len(transfers) else np.zeros(0)
-    per_step = np.zeros(transfers.n_steps)
-    np.maximum.at(per_step, transfers.step, route_latency)
+    per_step = transfers.step_max_route_cost(topology.latencies_us)
     latency_time = float((per_step.sum() + step_overhead_us * transfers.n_steps) * 1e-6)
 
     time = bandwidth_time + latency_time

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from mccl.errors import SynthesisError
-from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferList, TransferOp
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta
+from mccl.schedule.pattern import RingPattern, RingTransfers
 from mccl.synth.common import check_ranks, describe_on, route_or_infeasible
-from mccl.topology import Router, Topology
+from mccl.topology import Topology
+from mccl.topology.routing import router_for
 
 __all__ = [
     "naive_ring",
@@ -121,39 +125,24 @@ def ring_schedule(
         if sorted(ring) != list(range(n)):
             raise SynthesisError(f"a ring must visit every rank 0..{n - 1} exactly once, got {list(ring)}")
     per_block = len(rings) * chunks
-    fraction = 1.0 / per_block
+    blocks = np.repeat(np.arange(n, dtype=np.int32), per_block)
+    unset = np.full(n * per_block, -1, dtype=np.int32)
     if collective is Collective.ALLGATHER:
-        sources = [block for block in range(n) for _ in range(per_block)]
-        destinations = [-1] * (n * per_block)
+        chunk_table = Chunks(blocks, unset, np.full(n * per_block, 1.0 / per_block))
     else:
-        sources = [-1] * (n * per_block)
-        destinations = [block for block in range(n) for _ in range(per_block)]
-    chunk_table = Chunks(sources, destinations, [fraction] * (n * per_block))
-    router = Router(topology)
-    transfers = TransferList()
+        chunk_table = Chunks(unset, blocks, np.full(n * per_block, 1.0 / per_block))
+    router = router_for(topology)
+    routes: list[tuple[int, ...]] = []
     for ring_index, ring in enumerate(rings):
-        position = {rank: i for i, rank in enumerate(ring)}
-        hop_route = {}
         for i, rank in enumerate(ring):
             nxt = ring[(i + 1) % n]
-            hop_route[rank] = route_or_infeasible(router, ranks[rank], ranks[nxt], f"ring{ring_index}:{rank}>{nxt}",
-                                                  f"ring {ring_index} (hop rank {rank} -> rank {nxt})")
-        for block in range(n):
-            for piece in range(chunks):
-                chunk = block * per_block + ring_index * chunks + piece
-                start = position[block]
-                if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
-                    for step in range(n - 1):
-                        sender = ring[(start + 1 + step) % n]
-                        transfers.add(chunk, sender, ring[(start + 2 + step) % n], step,
-                                      hop_route[sender], TransferOp.REDUCE)
-                if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
-                    offset = n - 1 if collective is Collective.ALLREDUCE else 0
-                    for step in range(n - 1):
-                        sender = ring[(start + step) % n]
-                        transfers.add(chunk, sender, ring[(start + step + 1) % n], offset + step,
-                                      hop_route[sender], TransferOp.COPY)
-    schedule = Schedule(collective, tuple(ranks), chunk_table, transfers.freeze(),
+            routes.append(route_or_infeasible(router, ranks[rank], ranks[nxt], f"ring{ring_index}:{rank}>{nxt}",
+                                              f"ring {ring_index} (hop rank {rank} -> rank {nxt})"))
+    hop_offsets = np.zeros(len(routes) + 1, dtype=np.int64)
+    np.cumsum([len(route) for route in routes], out=hop_offsets[1:])
+    hop_links = np.fromiter((link for route in routes for link in route), dtype=np.int32, count=int(hop_offsets[-1]))
+    pattern = RingPattern(collective, np.array(rings, dtype=np.int64), chunks, hop_offsets, hop_links)
+    schedule = Schedule(collective, tuple(ranks), chunk_table, RingTransfers(pattern),
                         ScheduleMeta(synthesizer, topology=topology.name, inputs=tuple(inputs)))
     return describe_on(schedule, topology)
 

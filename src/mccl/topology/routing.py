@@ -5,17 +5,26 @@ schedule states explicitly as two transfers. Among equal-length routes, a switch
 fabric spreads flows by ECMP; :meth:`Router.route` picks one by a deterministic
 hash of a flow key, so two flows may collide on one uplink exactly as ECMP lets
 them.
+
+Cost. A breadth-first search from the source settles only as far as the farthest
+destination asked so far (it resumes when a farther one is asked), so a route inside
+one host of a 2048-GPU fabric explores the host's NVSwitch, not the fabric. The ECMP
+choice is found by counting routes per node (no enumeration of the equal-cost group):
+``route`` costs O(route length × in-degree) once the search has settled the
+destination. Results are exactly those of a full search and enumeration: the same
+routes, in the same order (see :meth:`Router.routes`).
 """
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections import deque
 
 from mccl.errors import TopologyError
 from mccl.topology.model import Topology
 
-__all__ = ["Router", "ecmp_index"]
+__all__ = ["Router", "ecmp_index", "router_for"]
 
 # Equal-cost routes enumerated per pair before giving up on listing all (an ECMP
 # group this wide is far beyond any builder here: HPN has at most one per aggregation switch).
@@ -27,62 +36,175 @@ def ecmp_index(key: str, n_choices: int) -> int:
     return zlib.crc32(key.encode()) % n_choices
 
 
+class _Search:
+    """A breadth-first search from one node, resumable: it stops as soon as the destinations
+    asked for are settled. ``predecessors[v]``: the links entering ``v`` on a shortest route,
+    in discovery order (the order a full search would find them in)."""
+
+    __slots__ = ("distance", "predecessors", "queue", "counts")
+
+    def __init__(self, source: int) -> None:
+        self.distance: dict[int, int] = {source: 0}
+        self.predecessors: dict[int, list[int]] = {source: []}
+        self.queue: deque[int] = deque([source])
+        self.counts: dict[int, int] = {source: 1}  # shortest routes from the source, per settled node
+
+
 class Router:
     """Shortest switch-only routes on one topology, cached per source GPU.
 
     The cache lives on this object, not on the topology: a topology stays a value.
+    :func:`router_for` shares one router per topology object between callers.
     """
 
     def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self._predecessors: dict[str, dict[str, list[int]]] = {}
+        self._strong: Topology | None = topology  # None for shared routers, which must not keep it alive
+        self._weak = weakref.ref(topology)
+        index = topology.node_index
+        self._index = index
+        self._names = tuple(node.id for node in topology.nodes)
+        self._is_gpu = tuple(node.is_gpu for node in topology.nodes)
+        src, dst = topology.link_endpoints
+        self._link_src: list[int] = src.tolist()
+        self._link_dst: list[int] = dst.tolist()
+        out: list[list[int]] = [[] for _ in topology.nodes]
+        for link_id, tail in enumerate(self._link_src):
+            out[tail].append(link_id)  # link-id order, as Topology.out_links
+        self._out = out
+        self._searches: dict[int, _Search] = {}
 
-    def _search(self, src: str) -> dict[str, list[int]]:
-        """BFS from ``src``; for every reached node, the links entering it on a shortest route."""
-        cached = self._predecessors.get(src)
-        if cached is not None:
-            return cached
-        topology = self.topology
-        distance = {src: 0}
-        predecessors: dict[str, list[int]] = {src: []}
-        queue = deque([src])
+    @property
+    def topology(self) -> Topology:
+        topology = self._strong if self._strong is not None else self._weak()
+        if topology is None:
+            raise TopologyError("the router's topology no longer exists")
+        return topology
+
+    def _position(self, node: str) -> int:
+        position = self._index.get(node)
+        if position is None:
+            raise TopologyError(f"topology {self.topology.name!r} has no node {node!r}")
+        return position
+
+    def _settle(self, source: int, target: int) -> _Search:
+        """The search from ``source``, advanced until ``target``'s predecessors are all known
+        (every node one step closer than it has been expanded), or the reachable set is exhausted."""
+        search = self._searches.get(source)
+        if search is None:
+            search = self._searches[source] = _Search(source)
+        distance, predecessors, queue = search.distance, search.predecessors, search.queue
+        is_gpu, out, link_dst = self._is_gpu, self._out, self._link_dst
         while queue:
-            node = queue.popleft()
-            if node != src and topology.node(node).is_gpu:
+            reached = distance.get(target)
+            node = queue[0]
+            if reached is not None and distance[node] >= reached:
+                break
+            queue.popleft()
+            if node != source and is_gpu[node]:
                 continue  # a route ends at a GPU; it never passes through one
-            for link_id in topology.out_links[node]:
-                nxt = topology.links[link_id].dst
-                if nxt not in distance:
-                    distance[nxt] = distance[node] + 1
+            step = distance[node] + 1
+            for link_id in out[node]:
+                nxt = link_dst[link_id]
+                seen = distance.get(nxt)
+                if seen is None:
+                    distance[nxt] = step
                     predecessors[nxt] = [link_id]
                     queue.append(nxt)
-                elif distance[nxt] == distance[node] + 1:
+                elif seen == step:
                     predecessors[nxt].append(link_id)
-        self._predecessors[src] = predecessors
-        return predecessors
+        return search
 
-    def routes(self, src: str, dst: str) -> list[tuple[int, ...]]:
-        """All shortest switch-only routes ``src → dst`` (link ids), in a fixed order."""
+    def _count(self, search: _Search, node: int) -> int:
+        """Shortest routes from the search's source to settled ``node`` (memoized)."""
+        counts = search.counts
+        known = counts.get(node)
+        if known is not None:
+            return known
+        pending = [node]
+        while pending:  # post-order over predecessors, without recursion
+            current = pending[-1]
+            missing = [self._link_src[link] for link in search.predecessors[current]
+                       if self._link_src[link] not in counts]
+            if missing:
+                pending.extend(missing)
+                continue
+            pending.pop()
+            counts[current] = sum(counts[self._link_src[link]] for link in search.predecessors[current])
+        return counts[node]
+
+    def _endpoints(self, src: str, dst: str) -> tuple[int, int, _Search]:
         if src == dst:
             raise TopologyError(f"no route from {src} to itself")
-        predecessors = self._search(src)
-        if dst not in predecessors:
+        source, target = self._position(src), self._position(dst)
+        search = self._settle(source, target)
+        if target not in search.predecessors:
             raise TopologyError(f"{src} cannot reach {dst} through switches in {self.topology.name!r}")
+        return source, target, search
+
+    def routes(self, src: str, dst: str) -> list[tuple[int, ...]]:
+        """All shortest switch-only routes ``src → dst`` (link ids), in a fixed order: depth-first
+        from ``dst`` back to ``src``, each node's entering links in discovery order (at most
+        ``MAX_ECMP_ROUTES``)."""
+        source, target, search = self._endpoints(src, dst)
+        predecessors, link_src = search.predecessors, self._link_src
         found: list[tuple[int, ...]] = []
-        stack: list[tuple[str, tuple[int, ...]]] = [(dst, ())]
+        stack: list[tuple[int, tuple[int, ...]]] = [(target, ())]
         while stack and len(found) < MAX_ECMP_ROUTES:
             node, suffix = stack.pop()
-            if node == src:
+            if node == source:
                 found.append(suffix)
                 continue
             for link_id in reversed(predecessors[node]):
-                stack.append((self.topology.links[link_id].src, (link_id, *suffix)))
+                stack.append((link_src[link_id], (link_id, *suffix)))
         return found
+
+    def n_routes(self, src: str, dst: str) -> int:
+        """How many routes :meth:`routes` lists (the ECMP group size), without listing them."""
+        _, target, search = self._endpoints(src, dst)
+        return min(self._count(search, target), MAX_ECMP_ROUTES)
+
+    def route_at(self, src: str, dst: str, index: int) -> tuple[int, ...]:
+        """``routes(src, dst)[index]``, found by route counts instead of enumeration."""
+        source, target, search = self._endpoints(src, dst)
+        group = min(self._count(search, target), MAX_ECMP_ROUTES)
+        if not 0 <= index < group:
+            raise TopologyError(f"route index {index} out of range: {src} -> {dst} has {group} routes")
+        links: list[int] = []
+        node = target
+        while node != source:  # the depth-first order is lexicographic in the entering link, dst first
+            for link_id in search.predecessors[node]:
+                tail = self._link_src[link_id]
+                below = search.counts[tail] if tail in search.counts else self._count(search, tail)
+                if index < below:
+                    links.append(link_id)
+                    node = tail
+                    break
+                index -= below
+        return tuple(reversed(links))
 
     def route(self, src: str, dst: str, flow_key: str | None = None) -> tuple[int, ...]:
         """One shortest route; among equal-cost ones, the ECMP choice for ``flow_key``."""
-        options = self.routes(src, dst)
-        if len(options) == 1:
-            return options[0]
+        group = self.n_routes(src, dst)
+        if group == 1:
+            return self.route_at(src, dst, 0)
         key = f"{src}>{dst}" if flow_key is None else flow_key
-        return options[ecmp_index(key, len(options))]
+        return self.route_at(src, dst, ecmp_index(key, group))
+
+
+_SHARED: dict[int, Router] = {}
+
+
+def router_for(topology: Topology) -> Router:
+    """One :class:`Router` per topology object, shared by every caller while the topology lives.
+
+    A cache, not state: a router is a function of the topology's value, so sharing it only saves
+    the searches (a fig14-style sweep builds thousands of schedules on one fabric). Keyed by
+    object identity and dropped when the topology is collected, so it never outlives its key.
+    """
+    key = id(topology)
+    router = _SHARED.get(key)
+    if router is None or router._weak() is not topology:
+        router = _SHARED[key] = Router(topology)
+        router._strong = None  # the cache must not keep the topology alive
+        weakref.finalize(topology, _SHARED.pop, key, None)
+    return router
