@@ -12,11 +12,10 @@ import random
 
 import numpy as np
 import pytest
-from conftest import BUILDER_CASES, small_topologies
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_materialized import ReferenceRouter, reference_ring_schedule
 
+from conftest import BUILDER_CASES, small_topologies
 from mccl.errors import Infeasible, TopologyError
 from mccl.schedule import Collective, Schedule, Transfers, chunks_per_link, link_load, validate
 from mccl.schedule.pattern import RingTransfers
@@ -25,6 +24,7 @@ from mccl.sim import evaluate
 from mccl.synth.ring import nccl_ring, nccl_ring_orders, ring_schedule
 from mccl.topology import Node, NodeKind, Topology, fail2, rail_optimized, spine_leaf
 from mccl.topology.routing import MAX_ECMP_ROUTES, Router, router_for
+from reference_materialized import ReferenceRouter, reference_ring_schedule
 
 RING_KINDS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 
