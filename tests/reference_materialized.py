@@ -78,7 +78,7 @@ def _route(router: ReferenceRouter, src: str, dst: str, flow_key: str, why: str)
     try:
         return router.route(src, dst, flow_key=flow_key)
     except TopologyError:
-        raise Infeasible(f"{why}: no route {src} -> {dst}") from None
+        raise Infeasible(f"{why} needs a route from {src} to {dst} through switches only") from None
 
 
 def reference_ring_schedule(topology: Topology, collective: Collective | str, ranks: Sequence[str],
@@ -103,7 +103,8 @@ def reference_ring_schedule(topology: Topology, collective: Collective | str, ra
         hop_route = {}
         for i, rank in enumerate(ring):
             nxt = ring[(i + 1) % n]
-            hop_route[rank] = _route(router, ranks[rank], ranks[nxt], f"ring{ring_index}:{rank}>{nxt}", "ring")
+            hop_route[rank] = _route(router, ranks[rank], ranks[nxt], f"ring{ring_index}:{rank}>{nxt}",
+                                     f"ring {ring_index} (hop rank {rank} -> rank {nxt})")
         for block in range(n):
             for piece in range(chunks):
                 chunk = block * per_block + ring_index * chunks + piece
@@ -146,7 +147,8 @@ def reference_direct_alltoall(topology: Topology, ranks: Sequence[str], *, chunk
                 if not (src.host is None or src.host == dst.host or dst.rail is None or src.rail == dst.rail):
                     relay = by_host_rail.get((src.host, dst.rail))
             hops = [source, destination] if relay is None else [source, relay, destination]
-            routes = [_route(router, chosen[a], chosen[b], f"a2a:{source}>{destination}:{a}>{b}", "a2a")
+            routes = [_route(router, chosen[a], chosen[b], f"a2a:{source}>{destination}:{a}>{b}",
+                             f"direct AllToAll (block rank {source} -> rank {destination})")
                       for a, b in zip(hops, hops[1:], strict=False)]
             for _ in range(chunks):
                 for step, route in enumerate(routes):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -21,10 +22,12 @@ from mccl.schedule import Collective, Schedule, Transfers, chunks_per_link, link
 from mccl.schedule.pattern import RingTransfers
 from mccl.schedule.serialize import dumps_schedule, loads_schedule
 from mccl.sim import evaluate
+from mccl.synth.direct import direct_alltoall
 from mccl.synth.ring import nccl_ring, nccl_ring_orders, ring_schedule
 from mccl.topology import Node, NodeKind, Topology, fail2, rail_optimized, spine_leaf
+from mccl.topology.routebatch import crc32_of_concatenation, crc32_parts
 from mccl.topology.routing import MAX_ECMP_ROUTES, Router, router_for
-from reference_materialized import ReferenceRouter, reference_ring_schedule
+from reference_materialized import ReferenceRouter, reference_direct_alltoall, reference_ring_schedule
 
 RING_KINDS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 
@@ -150,9 +153,10 @@ def assert_same_ring(topology: Topology, collective: Collective, rings: list[lis
     ranks = topology.gpus
     try:
         expected = reference_ring_schedule(topology, collective, ranks, rings, chunks=chunks)
-    except Infeasible:
-        with pytest.raises(Infeasible):
+    except Infeasible as error:
+        with pytest.raises(Infeasible) as raised:
             ring_schedule(topology, collective, ranks, rings, chunks=chunks)
+        assert str(raised.value).split(" through")[0] == str(error).split(" through")[0]  # the same first hop named
         return
     fast = ring_schedule(topology, collective, ranks, rings, chunks=chunks)
     assert isinstance(fast.transfers, RingTransfers)
@@ -224,3 +228,63 @@ def test_lazy_ring_transfers_behave_as_transfers():
     assert first.route == schedule.transfers.route(0)
     assert evaluate(materialized_copy(schedule), fabric, 1e6).time_s == pytest.approx(evaluate(copy, fabric, 1e6).time_s,
                                                                                       rel=1e-12)
+
+
+def assert_same_direct(topology: Topology, chunks: int, pxn: bool) -> None:
+    try:
+        expected = reference_direct_alltoall(topology, topology.gpus, chunks=chunks, pxn=pxn)
+    except Infeasible as error:
+        with pytest.raises(Infeasible) as raised:
+            direct_alltoall(topology, chunks=chunks, pxn=pxn)
+        assert str(raised.value).split(" through")[0] == str(error).split(" through")[0]  # the same first hop named
+        return
+    fast = direct_alltoall(topology, chunks=chunks, pxn=pxn)
+    assert fast.transfers == expected.transfers
+    assert fast.chunks == expected.chunks
+    assert fast.meta.achieved_gbs == pytest.approx(expected.meta.achieved_gbs, rel=1e-9)
+    assert fast.meta.chunks_per_link == expected.meta.chunks_per_link
+    assert_same_evaluation(fast, expected, topology, 1e8)
+
+
+@pytest.mark.parametrize("topology", [*BUILDER_CASES, rail_optimized(2, 4, 4), layered_fabric(2), wide_ecmp_fabric()],
+                         ids=lambda t: t.name)
+def test_direct_alltoall_equals_mains(topology):
+    for chunks, pxn in ((1, True), (2, True), (1, False)):
+        assert_same_direct(topology, chunks, pxn)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_topologies(), st.integers(1, 2), st.booleans())
+def test_direct_alltoall_equals_mains_on_random_fabrics(topology, chunks, pxn):
+    assert_same_direct(topology, chunks, pxn)
+
+
+def test_route_many_equals_route_with_the_same_keys():
+    fabric = layered_fabric(5, gpus=8, layers=4, width=4, parallel=3)
+    router, reference = Router(fabric), ReferenceRouter(fabric)
+    rng = random.Random(5)
+    names = [node.id for node in fabric.nodes]
+    pairs = [(rng.choice(names), rng.choice(names)) for _ in range(2000)]
+    keys = [f"key{i}" for i in range(len(pairs))]
+    hashes = np.array([zlib.crc32(key.encode()) for key in keys], dtype=np.uint32)
+    lengths, links = router.route_many(router.positions([a for a, _ in pairs]), router.positions([b for _, b in pairs]),
+                                       hashes)
+    starts = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))])
+    for i, (src, dst) in enumerate(pairs):
+        try:
+            expected = reference.route(src, dst, keys[i])
+        except TopologyError:
+            assert lengths[i] == -1
+            continue
+        assert tuple(links[starts[i]:starts[i + 1]].tolist()) == expected
+
+
+def test_crc32_of_concatenated_parts_equals_zlib():
+    rng = np.random.default_rng(3)
+    parts = [[f"a2a:{i}>".encode() for i in range(1200)], [f"{i}:".encode() for i in range(1200)],
+             [str(i).encode() for i in range(1200)]]
+    tables = [crc32_parts(texts) for texts in parts]
+    rows = [rng.integers(0, 1200, 5000) for _ in parts]
+    got = crc32_of_concatenation([(crc[r], length[r]) for (crc, length), r in zip(tables, rows, strict=True)])
+    expected = [zlib.crc32(b"".join(texts[r[i]] for texts, r in zip(parts, rows, strict=True))) for i in range(5000)]
+    assert got.tolist() == expected

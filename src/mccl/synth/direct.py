@@ -5,57 +5,106 @@ shortest route of its flow. With ``pxn=True`` (the default, as NCCL ≥ 2.12 doe
 rail-optimized fabrics: "PCI × NVLink") a block for a GPU on another host and
 another rail first moves over the NVSwitch to the local GPU on the destination's
 rail, and leaves through that GPU's NIC, so inter-host traffic stays rail-to-rail.
-The self block is a local copy and moves no data. O(n² · k) transfers.
+The self block is a local copy and moves no data. O(n² · k) transfers, built as arrays: one
+vectorized route search per source (:func:`mccl.topology.routebatch.route_dag`) serves all of its
+blocks, and the ECMP keys are hashed without building their strings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from mccl.errors import SynthesisError
-from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferList
+from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, Transfers
 from mccl.synth.common import check_ranks, describe_on, route_or_infeasible
-from mccl.topology import Router, Topology
+from mccl.topology import Topology
+from mccl.topology.routebatch import crc32_of_concatenation, crc32_parts
+from mccl.topology.routing import router_for
 
 __all__ = ["direct_alltoall"]
 
 
-def _pxn_relay(topology: Topology, ranks: Sequence[str], source: int, destination: int,
-               by_host_rail: dict[tuple[str | None, int | None], int]) -> int | None:
-    """The rank on the source's host and the destination's rail, when a relay helps."""
-    src, dst = topology.node(ranks[source]), topology.node(ranks[destination])
-    if src.host is None or src.host == dst.host or dst.rail is None or src.rail == dst.rail:
-        return None
-    return by_host_rail.get((src.host, dst.rail))
+def _relays(topology: Topology, ranks: Sequence[str]) -> np.ndarray:
+    """``relay[s, d]``: the rank on s's host and d's rail that forwards block (s, d) (PXN), -1 when
+    none helps (same host, same rail, unlabelled GPU, or no rank there). When two ranks share a
+    (host, rail), the later one relays."""
+    nodes = [topology.node(gpu) for gpu in ranks]
+    host_ids: dict[str, int] = {}
+    rail_ids: dict[int, int] = {}
+    host = np.array([-1 if node.host is None else host_ids.setdefault(node.host, len(host_ids)) for node in nodes])
+    rail = np.array([-1 if node.rail is None else rail_ids.setdefault(node.rail, len(rail_ids)) for node in nodes])
+    at = np.full((max(len(host_ids), 1), max(len(rail_ids), 1)), -1, dtype=np.int64)
+    labelled = np.flatnonzero((host >= 0) & (rail >= 0))
+    at[host[labelled], rail[labelled]] = labelled  # numpy assigns in order: the last rank wins
+    helps = ((host[:, None] >= 0) & (host[:, None] != host[None, :]) & (rail[None, :] >= 0)
+             & (rail[:, None] != rail[None, :]))
+    relay = np.full((len(nodes), len(nodes)), -1, dtype=np.int64)
+    rows, cols = np.nonzero(helps)
+    relay[rows, cols] = at[host[rows], rail[cols]]
+    return relay
 
 
 def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, chunks: int = 1,
                     pxn: bool = True) -> Schedule:
+    """Every block straight to its destination (through its PXN relay with ``pxn``), ECMP-routed.
+
+    Vectorized: the blocks, relays and ECMP keys' hashes as arrays, all routes in one
+    :meth:`~mccl.topology.Router.route_many` call; transfers, routes and ECMP choices equal the
+    block-by-block construction's (``tests/test_fast_paths.py``)."""
     chosen = check_ranks(topology, ranks)
-    by_host_rail = {(topology.node(gpu).host, topology.node(gpu).rail): rank for rank, gpu in enumerate(chosen)}
     if chunks < 1:
         raise SynthesisError(f"chunks must be >= 1, got {chunks}")
     n = len(chosen)
-    router = Router(topology)
-    sources: list[int] = []
-    destinations: list[int] = []
-    transfers = TransferList()
-    for source in range(n):
-        for destination in range(n):
-            if source == destination:
-                continue
-            relay = _pxn_relay(topology, chosen, source, destination, by_host_rail) if pxn else None
-            hops = [source, destination] if relay is None else [source, relay, destination]
-            routes = [route_or_infeasible(router, chosen[a], chosen[b], f"a2a:{source}>{destination}:{a}>{b}",
-                                          f"direct AllToAll (block rank {source} -> rank {destination})")
-                      for a, b in zip(hops, hops[1:], strict=False)]
-            for _ in range(chunks):
-                for step, route in enumerate(routes):
-                    transfers.add(len(sources), hops[step], hops[step + 1], step, route)
-                sources.append(source)
-                destinations.append(destination)
-    chunk_table = Chunks(sources, destinations, [1.0 / chunks] * len(sources))
-    schedule = Schedule(Collective.ALLTOALL, chosen, chunk_table, transfers.freeze(),
+    source, destination = (grid.reshape(-1) for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
+    off_diagonal = source != destination
+    source, destination = source[off_diagonal], destination[off_diagonal]  # blocks in (source, destination) order
+    relay = _relays(topology, chosen)[source, destination] if pxn else np.full(len(source), -1)
+    hops = np.where(relay >= 0, 2, 1)
+    first_hop = np.zeros(len(source) + 1, dtype=np.int64)
+    np.cumsum(hops, out=first_hop[1:])
+    block_of_hop = np.repeat(np.arange(len(source)), hops)
+    step_of_hop = np.arange(int(first_hop[-1])) - first_hop[:-1][block_of_hop]
+    relayed = relay[block_of_hop] >= 0
+    hop_from = np.where(step_of_hop == 0, source[block_of_hop], relay[block_of_hop])
+    hop_to = np.where(relayed & (step_of_hop == 0), relay[block_of_hop], destination[block_of_hop])
+    # ECMP key of hop (a -> b) of block (s, d): "a2a:{s}>{d}:{a}>{b}", hashed part by part
+    texts = [[text.encode() for text in (f"a2a:{i}>" for i in range(n))],
+             [f"{i}:".encode() for i in range(n)], [f"{i}>".encode() for i in range(n)], [str(i).encode() for i in range(n)]]
+    tables = [crc32_parts(part) for part in texts]
+    keyed = [source[block_of_hop], destination[block_of_hop], hop_from, hop_to]
+    hashes = crc32_of_concatenation([(crc[rows], length[rows]) for (crc, length), rows in zip(tables, keyed, strict=True)])
+    router = router_for(topology)
+    gpu_position = router.positions(chosen)
+    lengths, links = router.route_many(gpu_position[hop_from], gpu_position[hop_to], hashes)
+    missing = np.flatnonzero(lengths < 0)
+    if len(missing):  # the first block in order that cannot be routed names itself
+        hop = int(missing[0])
+        block = int(block_of_hop[hop])
+        a, b = int(hop_from[hop]), int(hop_to[hop])
+        route_or_infeasible(router, chosen[a], chosen[b], f"a2a:{source[block]}>{destination[block]}:{a}>{b}",
+                            f"direct AllToAll (block rank {source[block]} -> rank {destination[block]})")
+    hop_start = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=hop_start[1:])
+    # transfers: block by block, piece by piece, hop by hop
+    per_block = hops * chunks
+    block_of_row = np.repeat(np.arange(len(source)), per_block)
+    row_start = np.zeros(len(source) + 1, dtype=np.int64)
+    np.cumsum(per_block, out=row_start[1:])
+    within = np.arange(int(row_start[-1])) - row_start[:-1][block_of_row]
+    hop_of_row = first_hop[:-1][block_of_row] + within % hops[block_of_row]
+    chunk = block_of_row * chunks + within // hops[block_of_row]
+    row_lengths = lengths[hop_of_row]
+    route_offsets = np.zeros(len(hop_of_row) + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=route_offsets[1:])
+    link_index = np.repeat(hop_start[:-1][hop_of_row] - route_offsets[:-1], row_lengths) + np.arange(int(route_offsets[-1]))
+    transfers = Transfers(chunk.astype(np.int32), hop_from[hop_of_row].astype(np.int32), hop_to[hop_of_row].astype(np.int32),
+                          step_of_hop[hop_of_row].astype(np.int32), np.zeros(len(hop_of_row), dtype=np.int8),
+                          route_offsets, links[link_index].astype(np.int32))
+    chunk_table = Chunks(np.repeat(source, chunks).astype(np.int32), np.repeat(destination, chunks).astype(np.int32),
+                         np.full(len(source) * chunks, 1.0 / chunks))
+    schedule = Schedule(Collective.ALLTOALL, chosen, chunk_table, transfers,
                         ScheduleMeta("alltoall.direct", topology=topology.name,
                                      inputs=(("chunks", str(chunks)), ("pxn", str(pxn).lower()))))
     return describe_on(schedule, topology)

@@ -20,9 +20,13 @@ from __future__ import annotations
 import weakref
 import zlib
 from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
 
 from mccl.errors import TopologyError
 from mccl.topology.model import Topology
+from mccl.topology.routebatch import route_dag, walk_routes
 
 __all__ = ["Router", "ecmp_index", "router_for"]
 
@@ -72,6 +76,7 @@ class Router:
             out[tail].append(link_id)  # link-id order, as Topology.out_links
         self._out = out
         self._searches: dict[int, _Search] = {}
+        self._array_view: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def topology(self) -> Topology:
@@ -181,6 +186,55 @@ class Router:
                     break
                 index -= below
         return tuple(reversed(links))
+
+    def positions(self, nodes: Sequence[str]) -> np.ndarray:
+        """Node positions (indices into ``topology.nodes``) of ``nodes``, for :meth:`route_many`."""
+        return np.array([self._position(node) for node in nodes], dtype=np.int64)
+
+    def route_many(self, sources: np.ndarray, targets: np.ndarray, hashes: np.ndarray | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Many routes at once: route i goes from node ``sources[i]`` to node ``targets[i]`` (positions,
+        see :meth:`positions`) and is, among equal-cost ones, ``routes(src, dst)[hashes[i] % group]``
+        (``hashes``: the CRC32 of each flow key, as :func:`ecmp_index` takes it; None: the first
+        route). Equal, route by route, to :meth:`route` with those keys
+        (:mod:`mccl.topology.routebatch`). Returns ``(lengths, links)``: each route's length, -1 for
+        a pair with no route (or a node to itself), and the routes' links concatenated in order."""
+        sources = np.asarray(sources, dtype=np.int64)
+        targets = np.asarray(targets, dtype=np.int64)
+        lengths = np.full(len(sources), -1, dtype=np.int64)
+        walked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        arrays = self._arrays()
+        order = np.argsort(sources, kind="stable")
+        for rows in np.split(order, np.flatnonzero(np.diff(sources[order])) + 1):
+            if not len(rows):
+                continue
+            dag = route_dag(int(sources[rows[0]]), len(self._names), *arrays, targets=targets[rows])
+            rows = rows[dag.distance[targets[rows]] > 0]
+            group = np.minimum(dag.counts[targets[rows]], MAX_ECMP_ROUTES).astype(np.int64)
+            index = np.zeros(len(rows), dtype=np.int64) if hashes is None else (
+                np.asarray(hashes)[rows].astype(np.int64) % group)
+            route_lengths, links = walk_routes(dag, targets[rows], index, arrays[3])
+            lengths[rows] = route_lengths
+            walked.append((rows, route_lengths, links))
+        starts = np.zeros(len(sources) + 1, dtype=np.int64)
+        np.cumsum(np.maximum(lengths, 0), out=starts[1:])
+        out = np.empty(int(starts[-1]), dtype=np.int64)
+        for rows, route_lengths, links in walked:  # scatter each source's routes to their rows' slots
+            local = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(route_lengths, out=local[1:])
+            out[np.repeat(starts[rows] - local[:-1], route_lengths) + np.arange(len(links))] = links
+        return lengths, out
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(is_gpu, out_ptr, out_link, link_src, link_dst)`` for :func:`route_dag` (computed once)."""
+        if self._array_view is None:
+            link_src = np.asarray(self._link_src, dtype=np.int64)
+            out_link = np.argsort(link_src, kind="stable")  # by tail, then link id
+            out_ptr = np.zeros(len(self._names) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(link_src, minlength=len(self._names)), out=out_ptr[1:])
+            self._array_view = (np.asarray(self._is_gpu, dtype=bool), out_ptr, out_link, link_src,
+                                np.asarray(self._link_dst, dtype=np.int64))
+        return self._array_view
 
     def route(self, src: str, dst: str, flow_key: str | None = None) -> tuple[int, ...]:
         """One shortest route; among equal-cost ones, the ECMP choice for ``flow_key``."""
