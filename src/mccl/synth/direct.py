@@ -26,24 +26,32 @@ from mccl.topology.routing import router_for
 __all__ = ["direct_alltoall"]
 
 
-def _relays(topology: Topology, ranks: Sequence[str]) -> np.ndarray:
-    """``relay[s, d]``: the rank on s's host and d's rail that forwards block (s, d) (PXN), -1 when
-    none helps (same host, same rail, unlabelled GPU, or no rank there). When two ranks share a
-    (host, rail), the later one relays."""
+def _relays(topology: Topology, ranks: Sequence[str], source: np.ndarray, destination: np.ndarray) -> np.ndarray:
+    """Per block ``(source[i], destination[i])``: the rank on the source's host and the destination's
+    rail that forwards it (PXN), -1 when none helps (same host, same rail, unlabelled GPU, or no rank
+    there). When two ranks share a (host, rail), the later one relays."""
     nodes = [topology.node(gpu) for gpu in ranks]
     host_ids: dict[str, int] = {}
     rail_ids: dict[int, int] = {}
     host = np.array([-1 if node.host is None else host_ids.setdefault(node.host, len(host_ids)) for node in nodes])
     rail = np.array([-1 if node.rail is None else rail_ids.setdefault(node.rail, len(rail_ids)) for node in nodes])
-    at = np.full((max(len(host_ids), 1), max(len(rail_ids), 1)), -1, dtype=np.int64)
+    at = np.full((max(len(host_ids), 1), max(len(rail_ids), 1)), -1, dtype=np.int32)
     labelled = np.flatnonzero((host >= 0) & (rail >= 0))
     at[host[labelled], rail[labelled]] = labelled  # numpy assigns in order: the last rank wins
-    helps = ((host[:, None] >= 0) & (host[:, None] != host[None, :]) & (rail[None, :] >= 0)
-             & (rail[:, None] != rail[None, :]))
-    relay = np.full((len(nodes), len(nodes)), -1, dtype=np.int64)
-    rows, cols = np.nonzero(helps)
-    relay[rows, cols] = at[host[rows], rail[cols]]
-    return relay
+    src_host, dst_host, src_rail, dst_rail = host[source], host[destination], rail[source], rail[destination]
+    helps = (src_host >= 0) & (src_host != dst_host) & (dst_rail >= 0) & (src_rail != dst_rail)
+    return np.where(helps, at[np.maximum(src_host, 0), np.maximum(dst_rail, 0)], -1).astype(np.int32)
+
+
+def _ecmp_hashes(n: int, source: np.ndarray, destination: np.ndarray, block_of_hop: np.ndarray,
+                 hop_from: np.ndarray, hop_to: np.ndarray) -> np.ndarray:
+    """CRC32 of each hop's ECMP key ``a2a:{s}>{d}:{a}>{b}``, part by part (no string per key)."""
+    prefix, middle, tail_from, tail_to = (crc32_parts([template.format(i).encode() for i in range(n)])
+                                          for template in ("a2a:{}>", "{}:", "{}>", "{}"))
+    per_block = crc32_of_concatenation([(prefix[0][source], prefix[1][source]),
+                                        (middle[0][destination], middle[1][destination])])
+    return crc32_of_concatenation([(per_block[block_of_hop], np.zeros(0)), (tail_from[0][hop_from], tail_from[1][hop_from]),
+                                   (tail_to[0][hop_to], tail_to[1][hop_to])])
 
 
 def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, chunks: int = 1,
@@ -57,24 +65,21 @@ def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, c
     if chunks < 1:
         raise SynthesisError(f"chunks must be >= 1, got {chunks}")
     n = len(chosen)
-    source, destination = (grid.reshape(-1) for grid in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
-    off_diagonal = source != destination
-    source, destination = source[off_diagonal], destination[off_diagonal]  # blocks in (source, destination) order
-    relay = _relays(topology, chosen)[source, destination] if pxn else np.full(len(source), -1)
-    hops = np.where(relay >= 0, 2, 1)
+    # blocks in (source, destination) order, the self block left out
+    source = np.repeat(np.arange(n, dtype=np.int32), n - 1)
+    destination = np.tile(np.arange(n - 1, dtype=np.int32), n)
+    destination += destination >= source
+    relay = _relays(topology, chosen, source, destination) if pxn else np.full(len(source), -1, dtype=np.int32)
+    hops = np.where(relay >= 0, 2, 1).astype(np.int32)
     first_hop = np.zeros(len(source) + 1, dtype=np.int64)
     np.cumsum(hops, out=first_hop[1:])
-    block_of_hop = np.repeat(np.arange(len(source)), hops)
-    step_of_hop = np.arange(int(first_hop[-1])) - first_hop[:-1][block_of_hop]
-    relayed = relay[block_of_hop] >= 0
-    hop_from = np.where(step_of_hop == 0, source[block_of_hop], relay[block_of_hop])
-    hop_to = np.where(relayed & (step_of_hop == 0), relay[block_of_hop], destination[block_of_hop])
-    # ECMP key of hop (a -> b) of block (s, d): "a2a:{s}>{d}:{a}>{b}", hashed part by part
-    texts = [[text.encode() for text in (f"a2a:{i}>" for i in range(n))],
-             [f"{i}:".encode() for i in range(n)], [f"{i}>".encode() for i in range(n)], [str(i).encode() for i in range(n)]]
-    tables = [crc32_parts(part) for part in texts]
-    keyed = [source[block_of_hop], destination[block_of_hop], hop_from, hop_to]
-    hashes = crc32_of_concatenation([(crc[rows], length[rows]) for (crc, length), rows in zip(tables, keyed, strict=True)])
+    block_of_hop = np.repeat(np.arange(len(source), dtype=np.int32), hops)
+    step_of_hop = (np.arange(int(first_hop[-1]), dtype=np.int64) - first_hop[:-1][block_of_hop]).astype(np.int32)
+    first_step = step_of_hop == 0
+    hop_relay = relay[block_of_hop]
+    hop_from = np.where(first_step, source[block_of_hop], hop_relay)
+    hop_to = np.where(first_step & (hop_relay >= 0), hop_relay, destination[block_of_hop])
+    hashes = _ecmp_hashes(n, source, destination, block_of_hop, hop_from, hop_to)
     router = router_for(topology)
     gpu_position = router.positions(chosen)
     lengths, links = router.route_many(gpu_position[hop_from], gpu_position[hop_to], hashes)
@@ -87,23 +92,25 @@ def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, c
                             f"direct AllToAll (block rank {source[block]} -> rank {destination[block]})")
     hop_start = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=hop_start[1:])
-    # transfers: block by block, piece by piece, hop by hop
-    per_block = hops * chunks
-    block_of_row = np.repeat(np.arange(len(source)), per_block)
-    row_start = np.zeros(len(source) + 1, dtype=np.int64)
-    np.cumsum(per_block, out=row_start[1:])
-    within = np.arange(int(row_start[-1])) - row_start[:-1][block_of_row]
-    hop_of_row = first_hop[:-1][block_of_row] + within % hops[block_of_row]
-    chunk = block_of_row * chunks + within // hops[block_of_row]
-    row_lengths = lengths[hop_of_row]
-    route_offsets = np.zeros(len(hop_of_row) + 1, dtype=np.int64)
-    np.cumsum(row_lengths, out=route_offsets[1:])
-    link_index = np.repeat(hop_start[:-1][hop_of_row] - route_offsets[:-1], row_lengths) + np.arange(int(route_offsets[-1]))
-    transfers = Transfers(chunk.astype(np.int32), hop_from[hop_of_row].astype(np.int32), hop_to[hop_of_row].astype(np.int32),
-                          step_of_hop[hop_of_row].astype(np.int32), np.zeros(len(hop_of_row), dtype=np.int8),
-                          route_offsets, links[link_index].astype(np.int32))
-    chunk_table = Chunks(np.repeat(source, chunks).astype(np.int32), np.repeat(destination, chunks).astype(np.int32),
-                         np.full(len(source) * chunks, 1.0 / chunks))
+    if chunks == 1:  # one transfer per hop, in hop order
+        transfers = Transfers(block_of_hop, hop_from, hop_to, step_of_hop, np.zeros(len(hop_from), dtype=np.int8),
+                              hop_start, links.astype(np.int32))
+    else:  # block by block, piece by piece, hop by hop
+        per_block = hops * chunks
+        block_of_row = np.repeat(np.arange(len(source)), per_block)
+        row_start = np.zeros(len(source) + 1, dtype=np.int64)
+        np.cumsum(per_block, out=row_start[1:])
+        within = np.arange(int(row_start[-1])) - row_start[:-1][block_of_row]
+        hop_of_row = first_hop[:-1][block_of_row] + within % hops[block_of_row]
+        chunk = block_of_row * chunks + within // hops[block_of_row]
+        row_lengths = lengths[hop_of_row]
+        route_offsets = np.zeros(len(hop_of_row) + 1, dtype=np.int64)
+        np.cumsum(row_lengths, out=route_offsets[1:])
+        link_index = (np.repeat(hop_start[:-1][hop_of_row] - route_offsets[:-1], row_lengths)
+                      + np.arange(int(route_offsets[-1])))
+        transfers = Transfers(chunk.astype(np.int32), hop_from[hop_of_row], hop_to[hop_of_row], step_of_hop[hop_of_row],
+                              np.zeros(len(hop_of_row), dtype=np.int8), route_offsets, links[link_index].astype(np.int32))
+    chunk_table = Chunks(np.repeat(source, chunks), np.repeat(destination, chunks), np.full(len(source) * chunks, 1.0 / chunks))
     schedule = Schedule(Collective.ALLTOALL, chosen, chunk_table, transfers,
                         ScheduleMeta("alltoall.direct", topology=topology.name,
                                      inputs=(("chunks", str(chunks)), ("pxn", str(pxn).lower()))))

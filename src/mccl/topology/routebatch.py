@@ -129,30 +129,28 @@ def crc32_parts(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 _SHIFT_TABLES: dict[int, np.ndarray] = {}
 
 
-def _shift_table(length: int) -> np.ndarray:
-    """``(4, 256)``: the CRC register advanced over ``length`` bytes, per byte of the register
-    (the map is linear over GF(2), so a register is the XOR of its four bytes' images)."""
-    table = _SHIFT_TABLES.get(length)
-    if table is None:
-        zeros = bytes(length)
-        base = zlib.crc32(zeros)
-        table = np.array([[zlib.crc32(zeros, value << (8 * k)) ^ base for value in range(256)] for k in range(4)],
-                         dtype=np.uint32)
-        _SHIFT_TABLES[length] = table
-    return table
+def _shift_tables(longest: int) -> np.ndarray:
+    """``(longest + 1, 4, 256)``: for each length L, the CRC register advanced over L bytes, per
+    byte of the register (the map is linear over GF(2): a register's image is the XOR of its four
+    bytes' images)."""
+    tables = _SHIFT_TABLES.get(longest)
+    if tables is None:
+        rows = []
+        for length in range(longest + 1):
+            zeros = bytes(length)
+            base = zlib.crc32(zeros)
+            rows.append([[zlib.crc32(zeros, value << (8 * k)) ^ base for value in range(256)] for k in range(4)])
+        tables = _SHIFT_TABLES[longest] = np.array(rows, dtype=np.uint32)
+    return tables
 
 
 def crc32_of_concatenation(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """``zlib.crc32`` of, per row, the concatenation of its parts: ``parts[j] = (crc32, length)``
-    per row (e.g. gathered from :func:`crc32_parts` tables)."""
-    crc = parts[0][0].astype(np.uint32).copy()
+    per row (e.g. gathered from :func:`crc32_parts` tables; the first part's lengths are unused)."""
+    crc = parts[0][0].astype(np.uint32)
     for part_crc, part_len in parts[1:]:
-        shifted = np.zeros_like(crc)
-        for length in np.unique(part_len).tolist():
-            rows = np.flatnonzero(part_len == length)
-            table = _shift_table(int(length))
-            value = crc[rows]
-            shifted[rows] = (table[0][value & 0xFF] ^ table[1][(value >> 8) & 0xFF]
-                             ^ table[2][(value >> 16) & 0xFF] ^ table[3][(value >> 24) & 0xFF])
-        crc = shifted ^ part_crc.astype(np.uint32)
+        tables = _shift_tables(int(part_len.max(initial=0)))
+        length = part_len.astype(np.intp)
+        crc = (tables[length, 0, crc & 0xFF] ^ tables[length, 1, (crc >> 8) & 0xFF]
+               ^ tables[length, 2, (crc >> 16) & 0xFF] ^ tables[length, 3, crc >> 24] ^ part_crc)
     return crc
