@@ -179,6 +179,9 @@ def assert_same_ring(topology: Topology, collective: Collective, rings: list[lis
     assert fast.chunks == expected.chunks
     assert fast.transfers == expected.transfers
     assert fast.transfers.materialized
+    for name in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links"):
+        column = getattr(fast.transfers, name)
+        assert column.dtype == getattr(expected.transfers, name).dtype and not column.flags.writeable, name
 
 
 @pytest.mark.parametrize("topology", BUILDER_CASES, ids=lambda t: t.name)

@@ -15,7 +15,24 @@
 
 Every ring runs AllGather (copies around the ring), ReduceScatter (partial sums
 around the ring, ending at the block's owner) and AllReduce (ReduceScatter then
-AllGather). Complexity: O(C · n² · k) transfers, each routed once per ring hop.
+AllGather).
+
+Scale (issue 11, for sweeps such as Fig. 14). A ring schedule has C · n · (n − 1) · k
+transfers (33.5 M for 8 channels on 2048 GPUs), but :func:`ring_schedule` builds only
+its C rank orders and the C · n routes of their hops: O(C · n) routes, each found by a
+search that stops at the hop's far end (:mod:`mccl.topology.routing`; a group inside
+one host never searches the fabric), on one router shared per topology object
+(:func:`mccl.topology.routing.router_for`). The schedule's ``transfers`` is a
+:class:`~mccl.schedule.pattern.RingTransfers`: ``len``, link loads, chunks per link,
+the bottleneck cut and :func:`mccl.sim.analytic.evaluate` are answered in closed form;
+reading a column (the flow simulator, ``validate``, the JSON writer) materializes all
+columns once, equal to the transfer-by-transfer construction (``tests/test_fast_paths.py``).
+Measured (``benchmarks/scale.py``, BENCHMARKS.md): an 8-channel AllGather on 2048 GPUs
+is built and α-β-evaluated in well under a second of CPU; materializing its columns
+costs seconds and ~1 GB, so a sweep should evaluate α-β and simulate only where affordable.
+Nothing changes in the calling convention: ``optimize(topology, collective, ranks,
+method="ring.nccl")`` and :func:`nccl_ring` return these schedules; keep one topology
+object per fabric (faults make new ones) so that its routes are searched once.
 """
 
 from __future__ import annotations
