@@ -176,7 +176,7 @@ class CompactTransfers(Transfers):
     to the closed forms to rounding; tests compare both).
     """
 
-    def __init__(self, pattern: Any) -> None:  # noqa: D107 - no dataclass __init__: columns come later
+    def __init__(self, pattern: Any) -> None:  # no dataclass __init__: the columns come later
         object.__setattr__(self, "_pattern", pattern)
 
     @property
