@@ -40,9 +40,18 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
 @click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
 @click.option("--alpha", default=0.5, show_default=True, type=float, help="EWMA smoothing factor α")
 @click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
-def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
+@click.option("--fabric", type=click.Choice(["pacer", "netemu"]), default="pacer", show_default=True,
+              help="pacer: in-process paced sends; netemu: namespaces + shaped veths (root; 8 ranks, AllGather + AllToAll)")
+@click.option("--out", default="plots", show_default=True, help="netemu: directory of the timeline PNG")
+def demo_command(ranks: str, quick: bool, alpha: float, gamma: float, fabric: str, out: str) -> None:
     """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
     from mccl.experiments.demo import DemoConfig, run_demo
+
+    if fabric == "netemu":
+        from mccl.experiments.netemu.present import run_and_print
+
+        if run_and_print(console, quick=quick, alpha=alpha, gamma=gamma, out=out):
+            return
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
                         **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))

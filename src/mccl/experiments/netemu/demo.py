@@ -54,8 +54,8 @@ class NetemuConfig:
 
     hosts: int = 2
     gpus_per_host: int = 4
-    ag_bytes: int = 512 << 10
-    a2a_bytes: int = 1 << 20
+    ag_bytes: int = 256 << 10
+    a2a_bytes: int = 512 << 10
     scale: float = 20000.0
     nvlink: str = "shaped"
     fault_rank: int = 0
@@ -64,7 +64,7 @@ class NetemuConfig:
     after_swap: int = 6
     max_degraded: int = 30
     max_recovered: int = 30
-    torch_check_every: int = 2
+    torch_check_every: int = 5
     chunks: int = 4
     alpha: float = 0.5
     gamma: float = 0.2
@@ -336,4 +336,5 @@ def _report(config: NetemuConfig, plan: FabricPlan, outputs: list[dict], status:
                         nic_mbit=plan.ranks[config.fault_rank].nic_up_mbit, wall_s=wall_s, teardown_s=teardown_s,
                         controller_stats={**status["stats"], "telemetry_dropped": sum(o["dropped"] for o in outputs)},
                         communicators=COMMUNICATORS,
-                        telemetry={rank: output["samples"] for rank, output in enumerate(outputs)})
+                        telemetry={rank: output["samples"] for rank, output in enumerate(outputs)},
+                        prefix=plan.prefix)

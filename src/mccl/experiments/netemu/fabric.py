@@ -50,6 +50,14 @@ BASE_PREFIX = "mne"  # every run's names: mne<pid>-...
 DATA_NET = "10.77.0"
 MGMT_NET = "10.79"
 MAX_RANKS = 250
+# Small TCP send buffers in the GPU namespaces. Why: the executor's telemetry times a send from post to
+# completion, and a gloo send completes once its bytes are in the socket; with Linux's default buffers
+# (tcp_wmem up to 4 MiB, 1 MiB per socket allowed in the qdisc) a 128 KiB chunk "completes" long before
+# it crosses a 20 Mbit/s link (measured: samples of 8 Gbit/s on a 20 Mbit/s NIC). 64 KiB of buffer is
+# ~26 ms at 20 Mbit/s and still lets one flow fill the link (the RTT is ~0.1 ms). No slow start after an idle
+# gap: the gaps between collectives would otherwise restart every connection's window each time.
+TCP_SYSCTLS = ("net.ipv4.tcp_wmem=4096 16384 65536", "net.ipv4.tcp_limit_output_bytes=16384",
+               "net.ipv4.tcp_slow_start_after_idle=0")
 
 
 @dataclass(frozen=True)
@@ -272,11 +280,14 @@ class EmulatedFabric:
         tc_switch = []
         for port in plan.ranks:
             same_host = [peer for peer in plan.ranks if peer.host_index == port.host_index and peer.rank != port.rank]
-            lines = ["link set lo up", f"addr add {port.ip}/24 dev eth0", "link set eth0 up",
+            lines = ["link set lo up", f"addr add {port.ip}/24 dev eth0",
+                     "link set eth0 up",
                      f"addr add {port.mgmt_ip}/24 dev mg0", "link set mg0 up",
                      f"addr add 10.78.0.{port.rank + 1}/32 dev nv0", "link set nv0 up"]
             lines += [f"route add {peer.ip}/32 dev nv0 src {port.ip}" for peer in same_host]
             batch("ip", port.namespace, lines)
+            if TCP_SYSCTLS:
+                run(["ip", "netns", "exec", port.namespace, "sysctl", "-q", "-w", *TCP_SYSCTLS])
             tc = shaper_lines("eth0", port.nic_up_mbit, add=True)
             tc_switch += shaper_lines(f"n{port.rank}", port.nic_down_mbit, add=True)
             if port.nvlink_mbit is not None:

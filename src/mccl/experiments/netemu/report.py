@@ -68,6 +68,7 @@ class NetemuReport:
     controller_stats: dict = field(default_factory=dict)
     communicators: dict[str, str] = field(default_factory=dict)
     telemetry: dict = field(default_factory=dict)
+    prefix: str = ""  # the fabric's name prefix (to check that nothing of it is left)
 
     # ---- per stream ------------------------------------------------------------------------
     def kinds(self) -> list[str]:

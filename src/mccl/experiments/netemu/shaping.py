@@ -59,7 +59,9 @@ def shaper_lines(device: str, mbit: float, *, add: bool = False) -> list[str]:
     """The ``tc`` batch lines that shape ``device``'s egress to ``mbit`` Mbit/s: an htb root with one
     class (``add`` the first time, then a ``class change``, which keeps the queue and takes effect at
     once). htb, not tbf: htb does not software-segment GSO super-packets however small its bucket is,
-    tbf does below a 64 KiB burst (netemu.md §2e), and the burst must be small here (:func:`htb_burst`)."""
+    tbf does below a 64 KiB burst (netemu.md §2e), and the burst must be small here (:func:`htb_burst`).
+    (Tried and measured no better, so not kept: a priority class for packets under 128 bytes (ACKs), and
+    GSO off on the veths — see BENCHMARKS.md, 2026-11-30 netemu.)"""
     if not mbit > 0:
         raise FabricError(f"a shaped rate must be positive, got {mbit} Mbit/s")
     burst = htb_burst(mbit)
