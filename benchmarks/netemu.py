@@ -2,6 +2,7 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py            # 3 loop runs + the fresh references
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 1   # quicker
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --alpha 0.15 --gamma 0.3 --alpha-level 0 --fresh-repeats 0 --tag _a015
 
 Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
 NIC halved both ways after 10 iterations, restored once the loop settles): for AllGather and
@@ -182,12 +183,17 @@ def fresh(config: NetemuConfig, repeats: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--fresh-repeats", type=int, default=8)
+    parser.add_argument("--fresh-repeats", type=int, default=8, help="0: skip the fresh references")
+    parser.add_argument("--alpha", type=float, default=NetemuConfig.alpha)
+    parser.add_argument("--gamma", type=float, default=NetemuConfig.gamma)
+    parser.add_argument("--alpha-level", type=float, default=NetemuConfig.alpha_level, help="0: none (the detection EWMA)")
+    parser.add_argument("--tag", default="", help="suffix of the CSV names")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason is not None:
         sys.exit(f"netemu: {reason}")
-    config = NetemuConfig()
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None)
+    print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
     rows, versions = [], []
     for index in range(args.runs):
         started = time.strftime("%H:%M:%S", time.gmtime())
@@ -197,13 +203,14 @@ def main() -> None:
         versions += version_rows
         print(row, flush=True)
         if index == 0:
-            print("timeline:", plot_timeline(report, RESULTS, "netemu_timeline"))
-    write_csv(RESULTS / "netemu_runs.csv", rows)
-    write_csv(RESULTS / "netemu_versions.csv", versions)
-    fresh_rows = fresh(config, args.fresh_repeats)
-    for row in fresh_rows:
-        print(row)
-    write_csv(RESULTS / "netemu_fresh.csv", fresh_rows)
+            print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
+    write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
+    write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+    if args.fresh_repeats:
+        fresh_rows = fresh(config, args.fresh_repeats)
+        for row in fresh_rows:
+            print(row)
+        write_csv(RESULTS / f"netemu_fresh{args.tag}.csv", fresh_rows)
     numeric = [key for key in rows[0] if all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
                                              for r in rows)]
     print("medians over runs:", {key: round(statistics.median(r[key] for r in rows), 3) for key in numeric})

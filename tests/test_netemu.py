@@ -118,3 +118,22 @@ def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
     assert any(report.reaction(kind)["detect_s"] is not None for kind in report.kinds())
     assert any(report.swaps_in(kind, "degraded") >= 1 for kind in report.kinds())
     assert report.nic_mbit == pytest.approx(400_000 / config.scale) and 0.95 < GOODPUT < 0.96
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_cleanup_entry_point_deletes_a_killed_runs_fabric():
+    import sys
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = FabricPlan.from_topology(rail_optimized(1, 2, 1), prefix=f"mne{dead.pid}-")
+    fabric = EmulatedFabric(orphan)
+    fabric.build()
+    fabric.built = False  # killed: nobody tears it down
+    assert _leftovers(orphan.prefix)
+    done = subprocess.run([sys.executable, "-m", "mccl.experiments.netemu", "cleanup"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"mne{dead.pid}-sw" in done.stdout and _leftovers(orphan.prefix) == []
