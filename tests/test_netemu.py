@@ -104,8 +104,9 @@ def test_sweep_removes_a_killed_runs_namespaces_only():
 def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
     from mccl.experiments.netemu.demo import NetemuConfig, run_netemu_demo
 
+    # the fast-reacting controller (detection in 1–4 collectives here), so that 6 faulty iterations suffice
     config = NetemuConfig(healthy=5, after_swap=2, max_degraded=6, max_recovered=5, torch_check_every=3,
-                          timeout_s=360)
+                          alpha=0.5, gamma=0.2, alpha_level=1.0, timeout_s=360)
     report = run_netemu_demo(config)
     assert _leftovers(report.prefix) == [], "the fabric was not torn down"
     assert report.all_correct and any(r.torch_checked for r in report.records)

@@ -66,9 +66,12 @@ class NetemuConfig:
     max_recovered: int = 30
     torch_check_every: int = 5
     chunks: int = 4
-    alpha: float = 0.5
-    gamma: float = 0.2
-    alpha_level: float | None = 1.0
+    # per-sample telemetry noise here is ~40 % (CV, TCP flows without fair queueing, send-side timing,
+    # a loaded CPU): α 0.5 / Γ 0.2 flagged healthy schedules and swapped 3–8 times per fault; α 0.15 / Γ 0.3
+    # with the synthesizer on the same EWMA swapped 1–2 times (BENCHMARKS.md, 2026-11-30 netemu)
+    alpha: float = 0.15
+    gamma: float = 0.3
+    alpha_level: float | None = None
     warmup: int = 3
     settle: int = 3
     timeout_s: float = 300.0

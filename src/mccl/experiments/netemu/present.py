@@ -111,7 +111,7 @@ def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu
     return path
 
 
-def run_and_print(console: Console, *, quick: bool, alpha: float, gamma: float, out: str | Path) -> bool:
+def run_and_print(console: Console, *, quick: bool, alpha: float | None, gamma: float | None, out: str | Path) -> bool:
     """``mccl demo --fabric netemu``: False (after one line saying why) when the fabric cannot be built
     here, so the caller falls back to the in-process pacer; otherwise run, print, plot, True."""
     from mccl.experiments.netemu.demo import NetemuConfig, run_netemu_demo
@@ -121,8 +121,10 @@ def run_and_print(console: Console, *, quick: bool, alpha: float, gamma: float, 
     if reason is not None:
         console.print(f"netemu: {reason}; falling back to the in-process pacer")
         return False
-    config = NetemuConfig(alpha=alpha, gamma=gamma, **({"healthy": 6, "after_swap": 3, "max_degraded": 10,
-                                                        "max_recovered": 10} if quick else {}))
+    knobs = {key: value for key, value in (("alpha", alpha), ("gamma", gamma)) if value is not None}
+    if quick:
+        knobs.update(healthy=6, after_swap=3, max_degraded=10, max_recovered=10)
+    config = NetemuConfig(**knobs)
     report = run_netemu_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"),
                              on_collective=live_row(console))
     print_summary(console, report)
