@@ -138,3 +138,38 @@ def test_cleanup_entry_point_deletes_a_killed_runs_fabric():
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"mne{dead.pid}-sw" in done.stdout and _leftovers(orphan.prefix) == []
+
+
+def test_without_root_it_says_so_in_one_line_and_the_demo_falls_back(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mccl.experiments.netemu import fabric
+    from mccl.experiments.netemu.present import run_and_print
+
+    monkeypatch.setattr(fabric.os, "geteuid", lambda: 1000)
+    assert fabric.unsupported_reason() == "the emulated fabric needs root (network namespaces, veth, tc)"
+    out = io.StringIO()
+    assert run_and_print(Console(file=out, width=200), quick=True, alpha=None, gamma=None, out="unused") is False
+    assert out.getvalue().strip().splitlines() == [
+        "netemu: the emulated fabric needs root (network namespaces, veth, tc); falling back to the in-process pacer"]
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_sigterm_tears_the_fabric_down():
+    import signal
+    import sys
+
+    code = ("from mccl.experiments.netemu import EmulatedFabric, FabricPlan\n"
+            "from mccl.topology import rail_optimized\nimport time\n"
+            "with EmulatedFabric(FabricPlan.from_topology(rail_optimized(1, 2, 1))) as f:\n"
+            "    print(f.plan.prefix, flush=True)\n    time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    prefix = child.stdout.readline().strip()
+    assert prefix.startswith("mne") and _leftovers(prefix)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _leftovers(prefix) == []
