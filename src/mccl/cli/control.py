@@ -38,11 +38,21 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
 @click.command("demo")
 @click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="gloo ranks (GPUs)")
 @click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
-@click.option("--alpha", default=0.5, show_default=True, type=float, help="EWMA smoothing factor α")
-@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
-def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
+@click.option("--alpha", default=None, type=float, help="EWMA smoothing factor α [default: 0.5 pacer, 0.15 netemu]")
+@click.option("--gamma", default=None, type=float, help="drift threshold Γ [default: 0.2 pacer, 0.3 netemu]")
+@click.option("--fabric", type=click.Choice(["pacer", "netemu"]), default="pacer", show_default=True,
+              help="pacer: in-process paced sends; netemu: namespaces + shaped veths (root; 8 ranks, AllGather + AllToAll)")
+@click.option("--out", default="plots", show_default=True, help="netemu: directory of the timeline PNG")
+def demo_command(ranks: str, quick: bool, alpha: float | None, gamma: float | None, fabric: str, out: str) -> None:
     """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
     from mccl.experiments.demo import DemoConfig, run_demo
+
+    if fabric == "netemu":
+        from mccl.experiments.netemu.present import run_and_print
+
+        if run_and_print(console, quick=quick, alpha=alpha, gamma=gamma, out=out):
+            return
+    alpha, gamma = 0.5 if alpha is None else alpha, 0.2 if gamma is None else gamma
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
                         **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))

@@ -1,0 +1,220 @@
+"""Benchmark of the live loop on the kernel-emulated fabric (needs root; see mccl.experiments.netemu).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py            # 3 loop runs + the fresh references
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 1   # quicker
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --alpha 0.15 --gamma 0.3 --alpha-level 0 --fresh-repeats 0 --tag _a015
+
+Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
+NIC halved both ways after 10 iterations, restored once the loop settles): for AllGather and
+AllToAll, median algbw healthy / degraded (the version the fault hit) / recovered (the last version
+of the fault) / restored; the controller's model (its "issued" achieved throughput, / scale ×
+goodput) against the measured algbw for every version; swaps per fabric change; detection (ms and
+collectives after the change); detection → first collective on the new version; telemetry error:
+rank 0's inter-host samples of a collective, summed over the union of their windows, against the
+shaped goodput of its NIC (20 or 10 Mbit/s × 1448/1514).
+
+Fresh references (same fabric, no controller, no swaps): the healthy schedule on the healthy fabric,
+the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
+(``optimize`` on the nominal topology with gpu0's NIC at ``fault_factor``) started fresh on it —
+the bar "recovered ≥ 80 % of the re-synthesized schedule started fresh".
+
+Writes ``benchmarks/results/netemu_runs.csv``, ``netemu_versions.csv``, ``netemu_fresh.csv`` and the
+timeline PNG of the first run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
+
+from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reason
+from mccl.experiments.netemu.demo import NetemuConfig, _synth_options, run_netemu_demo
+from mccl.experiments.netemu.fabric import shape_nic
+from mccl.experiments.netemu.present import plot_timeline
+from mccl.experiments.netemu.ranks import run_ranks_in_fabric
+from mccl.experiments.netemu.report import NetemuReport
+from mccl.experiments.netemu.shaping import GOODPUT
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KINDS = ("allgather", "alltoall")
+
+
+def telemetry_error(report: NetemuReport, rank: int = 0) -> dict[str, float | None]:
+    """Median over collectives of (rank's inter bytes / union of its inter windows) / shaped goodput − 1,
+    per phase (healthy: the healthy NIC rate; degraded: the halved one)."""
+    by_seq: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+    for kind, sample_kind, _peer, nbytes, seconds, end, seq in report.telemetry.get(rank, []):
+        if sample_kind == "inter" and seconds > 0:
+            by_seq.setdefault((kind, seq), []).append((end - seconds, end, nbytes))
+    phase_of = {(r.kind, r.seq): r.phase for r in report.records}
+    factor = report.config["fault_factor"]
+    errors: dict[str, list[float]] = {"healthy": [], "degraded": []}
+    for key, windows in by_seq.items():
+        phase = phase_of.get(key)
+        if phase not in errors:
+            continue
+        windows.sort()
+        union, start, end = 0.0, windows[0][0], windows[0][1]
+        for s, e, _ in windows[1:]:
+            if s > end:
+                union, start, end = union + end - start, s, e
+            else:
+                end = max(end, e)
+        union += end - start
+        rate_mbit = sum(b for _, _, b in windows) * 8 / union / 1e6
+        shaped = report.nic_mbit * (factor if phase == "degraded" else 1.0) * GOODPUT
+        errors[phase].append(rate_mbit / shaped - 1)
+    return {phase: statistics.median(values) if values else None for phase, values in errors.items()}
+
+
+def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], NetemuReport]:
+    report = run_netemu_demo(config)
+    row: dict = {"run": index, "wall_s": round(report.wall_s, 1), "all_correct": report.all_correct,
+                 "torch_checked": sum(r.torch_checked for r in report.records)}
+    versions = []
+    for kind in KINDS:
+        for phase in ("healthy", "degraded", "recovered", "restored"):
+            value = report.median_algbw(kind, phase)
+            row[f"{kind}_{phase}_MBps"] = None if value is None else round(value * 1e3, 3)
+        row[f"{kind}_swaps_fault"] = report.swaps_in(kind, "degraded")
+        row[f"{kind}_swaps_repair"] = report.swaps_in(kind, "restored")
+        row[f"{kind}_swaps_healthy"] = len(report.phase_versions(kind, "healthy")) - 1
+        for phase in ("degraded", "restored"):
+            reaction = report.reaction(kind, phase)
+            tag = "fault" if phase == "degraded" else "repair"
+            for key in ("detect_s", "detect_collectives", "synth_s", "oob_s", "detect_to_first_s"):
+                value = reaction[key]
+                row[f"{kind}_{tag}_{key}"] = None if value is None else round(value * (1 if "collectives" in key else 1e3), 2)
+        for version in sorted({r.version for r in report.stream(kind)}):
+            for phase in ("healthy", "degraded", "restored"):
+                measured = report.measured(kind, version, phase)
+                if measured is None:
+                    continue
+                model = report.predicted(kind, version)
+                versions.append({"run": index, "collective": kind, "version": version, "phase": phase,
+                                 "measured_MBps": round(measured * 1e3, 3),
+                                 "model_MBps": None if model is None else round(model * 1e3, 3),
+                                 "measured_over_model": None if not model else round(measured / model, 3)})
+    for phase, value in telemetry_error(report).items():
+        row[f"telemetry_err_{phase}"] = None if value is None else round(value, 3)
+    return row, versions, report
+
+
+def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int,
+                degrade: bool) -> dict:  # noqa: ANN001 - FabricPlan
+    """Each schedule for ``repeats`` collectives (no controller, no swaps); the slowest rank's time is
+    taken by the caller. ``degrade``: rank 0 halves its NIC first."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.experiments.netemu.demo import _known_answer, _source
+    from mccl.runtime import init
+    from mccl.schedule import loads_schedule
+    from mccl.topology import parse_topology
+
+    if degrade and rank == 0:
+        shape_nic(plan, config.fault_rank, config.fault_factor)
+    topology = parse_topology(config.topology_spec)
+    out: dict = {}
+    for name, text in texts.items():
+        schedule = loads_schedule(text)
+        kind = schedule.collective.value
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False, name=name)
+        times = []
+        for index in range(repeats):
+            sources = [_source(kind, config, world, peer, index, torch) for peer in range(world)]
+            output = torch.empty(sources[rank].numel() * (world if kind == "allgather" else 1), dtype=torch.int32)
+            dist.barrier()
+            start = time.perf_counter()
+            if kind == "allgather":
+                comm.all_gather_into_tensor(output, sources[rank])
+            else:
+                comm.all_to_all_single(output, sources[rank])
+            times.append(time.perf_counter() - start)
+            if not torch.equal(output, _known_answer(kind, sources, rank, world, torch)):
+                raise RuntimeError(f"{name}: wrong output on rank {rank}")
+        comm.close()
+        out[name] = times
+    return out
+
+
+def fresh(config: NetemuConfig, repeats: int) -> list[dict]:
+    from mccl.schedule import Collective, dumps_schedule
+    from mccl.synth import optimize
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    gpu = topology.gpus[config.fault_rank]
+    degraded = topology.with_capacities(
+        [link.gbps * (config.fault_factor if gpu in (link.src, link.dst) and "tor" in (link.src + link.dst) else 1.0)
+         for link in topology.links], name=f"{topology.name}+{gpu} NIC x{config.fault_factor:g}")
+    options = _synth_options(config.chunks)
+    texts_healthy, texts_degraded, model = {}, {}, {}
+    for kind in KINDS:
+        healthy = optimize(topology, kind, options=options[Collective(kind)]).schedule
+        resynth = optimize(degraded, kind, options=options[Collective(kind)]).schedule
+        texts_healthy[f"{kind}-healthy"] = dumps_schedule(healthy)
+        texts_degraded[f"{kind}-healthy"] = dumps_schedule(healthy)
+        texts_degraded[f"{kind}-resynth"] = dumps_schedule(resynth)
+        model[(kind, "healthy", "healthy fabric")] = healthy.meta.achieved_gbs
+        model[(kind, "resynth", "degraded fabric")] = resynth.meta.achieved_gbs
+    rows = []
+    for fabric_state, texts, degrade in (("healthy fabric", texts_healthy, False), ("degraded fabric", texts_degraded, True)):
+        plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
+        with EmulatedFabric(plan) as built:
+            outputs = run_ranks_in_fabric(_fresh_rank, built.plan, texts, config, repeats, degrade, timeout_s=600)
+        for name in texts:
+            kind, schedule = name.split("-")
+            per_collective = [max(out[name][i] for out in outputs) for i in range(repeats)][1:]  # first: warm-up
+            size = config.ag_bytes * config.ranks if kind == "allgather" else (config.a2a_bytes // 4 // config.ranks) * config.ranks * 4
+            measured = size / statistics.median(per_collective) / 1e9
+            achieved = model.get((kind, schedule, fabric_state))
+            rows.append({"collective": kind, "schedule": schedule, "fabric": fabric_state,
+                         "measured_MBps": round(measured * 1e3, 3),
+                         "model_MBps": None if achieved is None else round(achieved / config.scale * GOODPUT * 1e3, 3)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--fresh-repeats", type=int, default=8, help="0: skip the fresh references")
+    parser.add_argument("--alpha", type=float, default=NetemuConfig.alpha)
+    parser.add_argument("--gamma", type=float, default=NetemuConfig.gamma)
+    parser.add_argument("--alpha-level", type=float, default=NetemuConfig.alpha_level, help="0: none (the detection EWMA)")
+    parser.add_argument("--tag", default="", help="suffix of the CSV names")
+    args = parser.parse_args()
+    reason = unsupported_reason()
+    if reason is not None:
+        sys.exit(f"netemu: {reason}")
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None)
+    print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
+    rows, versions = [], []
+    for index in range(args.runs):
+        started = time.strftime("%H:%M:%S", time.gmtime())
+        row, version_rows, report = loop_run(index, config)
+        row["started_utc"] = started
+        rows.append(row)
+        versions += version_rows
+        print(row, flush=True)
+        if index == 0:
+            print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
+    write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
+    write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+    if args.fresh_repeats:
+        fresh_rows = fresh(config, args.fresh_repeats)
+        for row in fresh_rows:
+            print(row)
+        write_csv(RESULTS / f"netemu_fresh{args.tag}.csv", fresh_rows)
+    numeric = [key for key in rows[0] if all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+                                             for r in rows)]
+    print("medians over runs:", {key: round(statistics.median(r[key] for r in rows), 3) for key in numeric})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The kernel-emulated fabric (``mccl.experiments.netemu``): its plan, its build/change/teardown as
+root, the sweep of a killed run's leftovers, and the live loop through one fault and its repair."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from mccl.experiments.netemu import EmulatedFabric, FabricError, FabricPlan, sweep, unsupported_reason
+from mccl.experiments.netemu.shaping import GOODPUT, shaper_lines
+from mccl.topology import rail_optimized
+
+REASON = unsupported_reason()
+needs_root = pytest.mark.skipif(REASON is not None, reason=f"netemu: {REASON}")
+
+
+def _names() -> tuple[str, str]:
+    """Every namespace and every root link name, for leftover checks."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return netns, links
+
+
+def _leftovers(prefix: str) -> list[str]:
+    netns, links = _names()
+    return [line for line in netns.splitlines() if line.startswith(prefix)] + \
+        [line for line in links.splitlines() if f" {prefix.rstrip('-')}m" in line]
+
+
+# ---- the plan: pure, no root needed -----------------------------------------------------------
+def test_plan_maps_every_gpu_to_its_nic_and_nvlink_at_the_scaled_rate():
+    plan = FabricPlan.from_topology(rail_optimized(1, 2, 4), scale=1000, prefix="mne1-")
+    assert [port.rank for port in plan.ranks] == list(range(8))
+    assert [port.host_index for port in plan.ranks] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert {port.nic_up_mbit for port in plan.ranks} == {400.0} and {port.nic_down_mbit for port in plan.ranks} == {400.0}
+    assert {port.nvlink_mbit for port in plan.ranks} == {2880.0}
+    assert len({port.ip for port in plan.ranks}) == 8 and plan.switch_ns == "mne1-sw" and plan.root_link == "mne1m"
+    unshaped = FabricPlan.from_topology(rail_optimized(1, 2, 4), nvlink="unshaped")
+    assert {port.nvlink_mbit for port in unshaped.ranks} == {None}
+
+
+def test_plan_refuses_bad_input_with_a_fabric_error():
+    with pytest.raises(FabricError, match="nvlink"):
+        FabricPlan.from_topology(rail_optimized(1, 2, 4), nvlink="fast")
+    with pytest.raises(FabricError, match="scale"):
+        FabricPlan.from_topology(rail_optimized(1, 2, 4), scale=0)
+    with pytest.raises(FabricError, match="positive"):
+        shaper_lines("eth0", 0)
+
+
+def test_shaper_is_htb_with_a_small_bucket():
+    first, second = shaper_lines("eth0", 20, add=True)
+    assert first.startswith("qdisc add dev eth0 root handle 1: htb")
+    assert "rate 20.0000mbit ceil 20.0000mbit burst 5000 cburst 5000" in second
+    assert shaper_lines("eth0", 10) == ["class change dev eth0 parent 1: classid 1:10 htb rate 10.0000mbit "
+                                        "ceil 10.0000mbit burst 3028 cburst 3028"]
+
+
+# ---- as root: build, change, tear down, sweep --------------------------------------------------
+@needs_root
+@pytest.mark.multiprocess  # ip / tc subprocesses
+@pytest.mark.timeout(60)
+def test_fabric_builds_changes_and_leaves_nothing_behind():
+    plan = FabricPlan.from_topology(rail_optimized(1, 2, 2), scale=1000)
+    with EmulatedFabric(plan) as fabric:
+        netns, links = _names()
+        assert all(name in netns for name in fabric.plan.namespaces)
+        assert fabric.plan.root_link in links
+        fabric.scale_nic(1, 0.5)
+        shown = subprocess.run(["tc", "-n", fabric.plan.ranks[1].namespace, "class", "show", "dev", "eth0"],
+                               capture_output=True, text=True).stdout
+        assert "rate 200Mbit" in shown, shown
+        shown = subprocess.run(["tc", "-n", fabric.plan.switch_ns, "class", "show", "dev", "n1"],
+                               capture_output=True, text=True).stdout
+        assert "rate 200Mbit" in shown, shown
+        assert fabric.nic_mbit(1) == (200.0, 200.0) and fabric.nic_mbit(0) == (400.0, 400.0)
+    assert _leftovers(plan.prefix) == []
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_sweep_removes_a_killed_runs_namespaces_only():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = FabricPlan.from_topology(rail_optimized(1, 2, 1), prefix=f"mne{dead.pid}-")
+    live = FabricPlan.from_topology(rail_optimized(1, 2, 1))  # this process's prefix: alive
+    fabric = EmulatedFabric(orphan)
+    fabric.build()
+    fabric.built = False  # as if the run had been killed: nobody tears it down
+    with EmulatedFabric(live) as alive:  # its build sweeps the dead run's names first
+        assert _leftovers(orphan.prefix) == []
+        assert all(name in _names()[0] for name in alive.plan.namespaces)
+        assert sweep() == []  # live runs are left alone
+    assert _leftovers(live.prefix) == []
+
+
+# ---- the live loop on it ---------------------------------------------------------------------
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
+    from mccl.experiments.netemu.demo import NetemuConfig, run_netemu_demo
+
+    # the fast-reacting controller (detection in 1–4 collectives here), so that 6 faulty iterations suffice
+    config = NetemuConfig(healthy=5, after_swap=2, max_degraded=6, max_recovered=5, torch_check_every=3,
+                          alpha=0.5, gamma=0.2, alpha_level=1.0, timeout_s=360)
+    report = run_netemu_demo(config)
+    assert _leftovers(report.prefix) == [], "the fabric was not torn down"
+    assert report.all_correct and any(r.torch_checked for r in report.records)
+    assert set(report.kinds()) == {"allgather", "alltoall"}
+    phases = {r.phase for r in report.records}
+    assert phases == {"healthy", "degraded", "restored"} and report.restored_at is not None
+    # the halved NIC is on the AllGather's bottleneck cut: the version it hit runs slower
+    assert report.median_algbw("allgather", "degraded") < 0.9 * report.median_algbw("allgather", "healthy")
+    # the controller saw the fault: a flag after it, and a new version ran before the repair
+    assert any(report.reaction(kind)["detect_s"] is not None for kind in report.kinds())
+    assert any(report.swaps_in(kind, "degraded") >= 1 for kind in report.kinds())
+    assert report.nic_mbit == pytest.approx(400_000 / config.scale) and 0.95 < GOODPUT < 0.96
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_cleanup_entry_point_deletes_a_killed_runs_fabric():
+    import sys
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = FabricPlan.from_topology(rail_optimized(1, 2, 1), prefix=f"mne{dead.pid}-")
+    fabric = EmulatedFabric(orphan)
+    fabric.build()
+    fabric.built = False  # killed: nobody tears it down
+    assert _leftovers(orphan.prefix)
+    done = subprocess.run([sys.executable, "-m", "mccl.experiments.netemu", "cleanup"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"mne{dead.pid}-sw" in done.stdout and _leftovers(orphan.prefix) == []
+
+
+def test_without_root_it_says_so_in_one_line_and_the_demo_falls_back(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from mccl.experiments.netemu import fabric
+    from mccl.experiments.netemu.present import run_and_print
+
+    monkeypatch.setattr(fabric.os, "geteuid", lambda: 1000)
+    assert fabric.unsupported_reason() == "the emulated fabric needs root (network namespaces, veth, tc)"
+    out = io.StringIO()
+    assert run_and_print(Console(file=out, width=200), quick=True, alpha=None, gamma=None, out="unused") is False
+    assert out.getvalue().strip().splitlines() == [
+        "netemu: the emulated fabric needs root (network namespaces, veth, tc); falling back to the in-process pacer"]
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_sigterm_tears_the_fabric_down():
+    import signal
+    import sys
+
+    code = ("from mccl.experiments.netemu import EmulatedFabric, FabricPlan\n"
+            "from mccl.topology import rail_optimized\nimport time\n"
+            "with EmulatedFabric(FabricPlan.from_topology(rail_optimized(1, 2, 1))) as f:\n"
+            "    print(f.plan.prefix, flush=True)\n    time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    prefix = child.stdout.readline().strip()
+    assert prefix.startswith("mne") and _leftovers(prefix)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _leftovers(prefix) == []
