@@ -124,7 +124,8 @@ class Collectives:
             target, finish = writable(output)
             self._agree(Signature("reduce_scatter", source.dtype, source.numel(), target.numel(),
                                   int(reduction)), name, seq)
-            if installed is None or reduction not in executor.REDUCERS:
+            if installed is None or reduction not in executor.REDUCERS or (
+                    reduction == dist.ReduceOp.AVG and not source.is_floating_point()):
                 self.transport.native_reduce_scatter(target, source, op)
                 version = None
             else:
