@@ -32,7 +32,9 @@ __all__ = ["Collectives", "reduction_type", "writable"]
 def reduction_type(op: object) -> object:
     """The ``RedOpType`` of a reduction given as a ``RedOpType`` or a ``ReduceOp`` object (the executor's
     reducers are keyed by ``RedOpType``; a ``ReduceOp`` object compares equal but hashes differently)."""
-    return op.op if isinstance(op, dist.ReduceOp) else op
+    if isinstance(op, dist.ReduceOp.RedOpType):  # (isinstance(RedOpType, ReduceOp) is True: test this first)
+        return op
+    return op.op if hasattr(op, "op") else op
 
 
 def writable(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
