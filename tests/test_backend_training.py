@@ -121,6 +121,7 @@ def _check(world):
             # gloo's halving-doubling, so FSDP's gradients may differ in the last bits; DDP's AllReduce
             # keeps gloo's reduction (ReduceScatter on the transport) and stays exact
             tolerance = 0.0 if world == 2 or kind == "ddp" else FSDP_TOLERANCE_4
+            print(f"{world} ranks, rank {rank}, {kind}: bit-identical {exact}, largest parameter difference {worst:.3g}")
             assert exact or worst <= tolerance, (
                 f"rank {rank} {kind}: mccl differs from gloo by up to {worst:.3g} (losses {losses})")
             assert losses[-1] < losses[0], f"{kind} did not train: {losses}"
