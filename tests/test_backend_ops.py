@@ -218,6 +218,22 @@ def _ops(rank, n):  # noqa: PLR0915 - one spawn runs every case, in order, on ev
         dist.all_reduce(want, group=gloo)
         same("coalesced all_reduce", got, want)
 
+    pair = [a.clone(), b.clone()]
+    with dist._coalescing_manager(group=group, device=torch.device("cpu"), async_ops=True) as manager:
+        for t in pair:  # with a device: the group's own start/end coalescing brackets the calls
+            dist.all_reduce(t, group=group)
+    manager.wait()
+    for got, source in zip(pair, (a, b), strict=True):
+        want = source.clone()
+        dist.all_reduce(want, group=gloo)
+        same("coalesced all_reduce (device)", got, want)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    message, got = _values(5, torch.float32, rank, 16), torch.empty(5)
+    for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, message, right, group),
+                                           dist.P2POp(dist.irecv, got, left, group)]):
+        request.wait()
+    same("batch_isend_irecv", got, _values(5, torch.float32, left, 16))
+
     # functional collectives, DeviceMesh and DTensor (they find the group by its name)
     x = _values(6, torch.float32, rank, 13)
     want = torch.empty(n * 6)

@@ -113,7 +113,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
                                          check=os.environ.get("MCCL_CHECK", "1") != "0")
         self._delegate = {}
         for device, (backend, backend_type) in _delegates(store, rank, size, timeout).items():
-            self._register_backend(torch.device(device), backend_type, backend)
+            torch_private.register_backend(self, device, backend_type, backend)
             self._delegate[device] = backend
         self._named = False
         self._coalesced: list[object] | None = None
@@ -163,13 +163,13 @@ class MCCLProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         comm = self._mccl(output, input)
         if comm is None:
-            return self._delegated("all_gather_into_tensor", [input], lambda b: b._allgather_base(output, input))
+            return self._delegated("all_gather_into_tensor", [input], lambda b: torch_private.all_gather_base(b, output, input))
         return self._result(comm.all_gather_into_tensor(output, input, async_op=_is_async(opts)), [output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.communicator.all_gather_into_tensor(o, i, async_op=True, op="all_gather_into_tensor_coalesced")
                  if self._mccl(o, i) else self._delegated("all_gather_into_tensor_coalesced", [i],
-                                                         lambda b, o=o, i=i: b._allgather_base(o, i))
+                                                         lambda b, o=o, i=i: torch_private.all_gather_base(b, o, i))
                  for o, i in zip(outputs, inputs, strict=True)]
         return self._all(works, list(outputs))
 
@@ -200,7 +200,8 @@ class MCCLProcessGroup(dist.ProcessGroup):
         comm = self._mccl(output, input)
         if comm is None:
             return self._delegated("reduce_scatter_tensor", [input],
-                                   lambda b: b._reduce_scatter_base(output, input, opts or dist.ReduceScatterOptions()))
+                                   lambda b: torch_private.reduce_scatter_base(b, output, input,
+                                                                              opts or dist.ReduceScatterOptions()))
         return self._result(comm.reduce_scatter_tensor(output, input, _reduce_op(opts), async_op=_is_async(opts)),
                             [output])
 
@@ -213,7 +214,8 @@ class MCCLProcessGroup(dist.ProcessGroup):
                                                                      name="reduce_scatter_tensor_coalesced"))
             else:
                 works.append(self._delegated("reduce_scatter_tensor_coalesced", [i],
-                                             lambda b, o=o, i=i: b._reduce_scatter_base(o, i, opts)))
+                                             lambda b, o=o, i=i: torch_private.reduce_scatter_base(
+                                                 b, o, i, opts or dist.ReduceScatterOptions())))
         return self._all(works, list(outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # the name before torch 2.13
@@ -328,9 +330,6 @@ class MCCLProcessGroup(dist.ProcessGroup):
     def end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
         return self._all(works, [])
-
-    _start_coalescing = start_coalescing
-    _end_coalescing = end_coalescing
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> MCCLProcessGroup:

@@ -6,7 +6,9 @@ kind at that number; collectives then execute strictly in sequence order (sync c
 on the caller's thread, ``async_op=True`` calls on the communicator's worker thread),
 so a hot swap never lets two schedules run at once. A collective kind without an
 installed schedule runs torch's own collective on the transport group (the vendor
-path; also what ReduceScatter keeps, §3).
+path; also what ReduceScatter keeps, §3). The collectives themselves (tensor shapes,
+reductions, the pre-flight agreement) are in :mod:`mccl.runtime.collectives`;
+:attr:`Communicator.calls` records which path ran each one (:mod:`mccl.runtime.calls`).
 """
 
 from __future__ import annotations
@@ -229,7 +231,7 @@ class Communicator(Collectives):
         """Run ``body`` in sequence order (now, or on the worker thread when ``async_op``) and record
         which path it took: the schedule version it returns, or None (delegated to the transport)."""
         seq, installed = self._launch(kind)
-        name = f"{op} #{seq}"
+        name = f"{kind.value if kind is not None else 'barrier'} #{seq}"  # (what PeerLost messages name)
 
         def run() -> None:
             try:
