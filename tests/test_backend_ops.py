@@ -101,6 +101,11 @@ def _ops(rank, n):  # noqa: PLR0915 - one spawn runs every case, in order, on ev
     dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.PRODUCT, group=group)
     dist.reduce_scatter_tensor(ref, x.clone(), op=dist.ReduceOp.PRODUCT, group=gloo)
     same("reduce_scatter_tensor PRODUCT", out, ref)
+    table = _values(n * 8 * 3, torch.float32, rank, 2).reshape(n * 8, 3)
+    out, ref = torch.empty(8, 2)[:, 0], torch.empty(8)  # a non-contiguous input column and output column
+    dist.reduce_scatter_tensor(out, table[:, 1], group=group)
+    dist.reduce_scatter_tensor(ref, table[:, 1].contiguous(), group=gloo)
+    same("reduce_scatter_tensor non-contiguous", out.contiguous(), ref)
     inputs = [_values(5, torch.float32, rank, i) for i in range(n)]
     out, ref = torch.empty(5), torch.empty(5)
     dist.reduce_scatter(out, inputs, group=group)
@@ -139,6 +144,11 @@ def _ops(rank, n):  # noqa: PLR0915 - one spawn runs every case, in order, on ev
     dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
     dist.all_to_all_single(ref, x, out_splits, in_splits, group=gloo)
     same("all_to_all_single uneven", out, ref)
+    table = _values(n * 4 * 2, torch.int64, rank, 6).reshape(n * 4, 2)
+    out, ref = torch.empty(n * 4, dtype=torch.int64), torch.empty(n * 4, dtype=torch.int64)
+    dist.all_to_all_single(out, table[:, 0], group=group)  # a non-contiguous input
+    dist.all_to_all_single(ref, table[:, 0].contiguous(), group=gloo)
+    same("all_to_all_single non-contiguous", out, ref)
     empty = torch.empty(0)
     dist.all_to_all_single(torch.empty(0), empty, group=group)
     sends = [_values(3, torch.int64, rank, d) for d in range(n)]  # gloo's list form: equal sizes
