@@ -156,10 +156,13 @@ def _one_string(rank, n, port):
     losses, params = _train("ddp", None, rank)
     exact = torch.equal(losses, reference[0]) and all(
         torch.equal(a, b) for a, b in zip(params, reference[1], strict=True))
-    return exact, dist.get_backend(), mb.communicator().calls.counts()
+    backend, communicator = dist.get_backend(), mb.communicator()
+    dist.destroy_process_group()  # the group's shutdown stops the communicator's threads
+    stopped = communicator._worker is None and (communicator._swapper is None or communicator._swapper._stop)
+    return exact, backend, communicator.calls.counts(), stopped
 
 
 def test_init_process_group_mccl():
-    for exact, backend, counts in run_ranks(_one_string, 2, free_port(), timeout_s=200):
-        assert exact and backend == "mccl"
+    for exact, backend, counts, stopped in run_ranks(_one_string, 2, free_port(), timeout_s=200):
+        assert exact and backend == "mccl" and stopped
         assert counts.get(("all_reduce", "schedule"), 0) >= STEPS, counts

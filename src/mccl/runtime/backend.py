@@ -322,6 +322,12 @@ class MCCLProcessGroup(dist.ProcessGroup):
         return self._delegated("all_gather_coalesced", input_list, lambda b: b.allgather_coalesced(
             output_lists, input_list, opts or torch_private.AllgatherOptions()))
 
+    def shutdown(self) -> None:
+        """``dist.destroy_process_group``: stop the communicator's threads (after its queued
+        collectives), then shut the delegate backends down as torch does for any group."""
+        self.communicator.close()
+        dist.ProcessGroup.shutdown(self)
+
     # ---- coalescing (dist._coalescing_manager with a device) ------------------------
     def start_coalescing(self, device=None):
         """Open a coalescing window: every call until :meth:`end_coalescing` joins one Work."""
