@@ -2,7 +2,9 @@
 
 Read first: ``api`` (the user API), ``communicator`` (sequence numbers, issuing,
 hot-swap callbacks), ``executor`` (a plan on point-to-point operations), ``plan``
-(Schedule → this rank's operations, pure), ``binding`` (the per-size work, cached),
+(Schedule → this rank's operations, pure), ``collectives`` (torch-shaped calls → bodies
+the communicator runs), ``agreement`` (every rank agrees on a call's shape first),
+``calls`` (which path ran each call), ``binding`` (the per-size work, cached),
 ``drivers`` (how operations are issued and waited for: one protocol, ``prepare`` →
 program, ``run``), ``transport`` (gloo vs NCCL, named), ``telemetry`` (passive
 measurement), ``hotswap`` (version agreement), ``sources`` (the seams to the

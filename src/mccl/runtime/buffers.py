@@ -30,6 +30,7 @@ REDUCERS: dict[object, Reducer] = {
     dist.ReduceOp.PRODUCT: lambda acc, incoming: acc.mul_(incoming),
     dist.ReduceOp.MIN: lambda acc, incoming: torch.minimum(acc, incoming, out=acc),
     dist.ReduceOp.MAX: lambda acc, incoming: torch.maximum(acc, incoming, out=acc),
+    dist.ReduceOp.AVG: lambda acc, incoming: acc.add_(incoming),  # a sum, divided by n when copied out
 }
 
 
@@ -207,14 +208,20 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
     per_rank = _check_gathered("reduce_scatter", whole=(inp, "input"), part=(out, "output"), n=n)
     work = inp.clone()
 
+    average = op == dist.ReduceOp.AVG
+
     def finish() -> None:
         out.copy_(work[rank * per_rank:(rank + 1) * per_rank])
+        if average:  # the sum of the n contributions, divided once at the end as gloo's AVG does
+            out.div_(n)
 
     return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64),
                    lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish, _reducer(op), work)
 
 
 def all_reduce_buffers(plan: RankPlan, tensor: torch.Tensor, op: object) -> Buffers:
+    if op == dist.ReduceOp.AVG:  # nothing here divides the sum: refuse rather than return n × the mean
+        raise MCCLError("reduction AVG is not supported by an AllReduce schedule (SUM, PRODUCT, MIN, MAX are)")
     flat = _flat(tensor, "tensor")
     blocks = even_blocks(flat.numel(), plan.n_ranks)
     starts = np.concatenate([[0], np.cumsum(blocks)])
@@ -225,5 +232,5 @@ def all_reduce_buffers(plan: RankPlan, tensor: torch.Tensor, op: object) -> Buff
 def _reducer(op: object) -> Reducer:
     reducer = REDUCERS.get(op)
     if reducer is None:
-        raise MCCLError(f"reduction {op} is not supported by the mccl executor (SUM, PRODUCT, MIN, MAX are)")
+        raise MCCLError(f"reduction {op} is not supported by the mccl executor (SUM, AVG, PRODUCT, MIN, MAX are)")
     return reducer

@@ -6,7 +6,9 @@ kind at that number; collectives then execute strictly in sequence order (sync c
 on the caller's thread, ``async_op=True`` calls on the communicator's worker thread),
 so a hot swap never lets two schedules run at once. A collective kind without an
 installed schedule runs torch's own collective on the transport group (the vendor
-path; also what ReduceScatter keeps, §3).
+path; also what ReduceScatter keeps, §3). The collectives themselves (tensor shapes,
+reductions, the pre-flight agreement) are in :mod:`mccl.runtime.collectives`;
+:attr:`Communicator.calls` records which path ran each one (:mod:`mccl.runtime.calls`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from mccl.errors import InvalidSchedule, MCCLError, PeerLost
 from mccl.runtime import executor, torch_private
+from mccl.runtime.calls import CallLog
+from mccl.runtime.collectives import Collectives
 from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
 from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
@@ -48,19 +50,22 @@ class Installed:
     layouts: dict = field(default_factory=dict, compare=False, repr=False)  # element layouts by block sizes
 
 
-class Communicator:
+class Communicator(Collectives):
     """See module docstring. Build one with :func:`mccl.runtime.init`; methods mirror torch.distributed."""
 
     def __init__(self, transport: Transport, *, name: str, topology: Topology | None = None,
                  schedules: Sequence[Schedule] = (), source: ScheduleSource | None = None,
                  sink: TelemetrySink | None = None, telemetry: TelemetryConfig | None = None,
-                 control: ControlChannel | None = None, driver: str | None = None, poll_s: float = 0.02) -> None:
+                 control: ControlChannel | None = None, driver: str | None = None, poll_s: float = 0.02,
+                 check: bool = False) -> None:
         self.transport = transport
         self.name = name
         self.rank = transport.rank
         self.size = transport.size
         self.topology = topology
         self.driver = driver
+        self.check = check  # the pre-flight agreement of every collective (mccl.runtime.agreement)
+        self.calls = CallLog()  # which path ran each call (mccl.runtime.calls)
         self._installed: dict[Collective, Installed] = {}
         self._staged: dict[Collective, dict[int, Installed]] = {}
         self._pending: list[tuple[int, dict[Collective, Installed]]] = []
@@ -221,14 +226,16 @@ class Communicator:
                 self._next_to_run = seq + 1
                 self._turn.notify_all()
 
-    def _submit(self, kind: Collective | None, body: Callable[[int, Installed | None], None],
+    def _submit(self, kind: Collective | None, op: str, body: Callable[[int, Installed | None], int | None],
                 result: list[torch.Tensor], async_op: bool) -> object | None:
+        """Run ``body`` in sequence order (now, or on the worker thread when ``async_op``) and record
+        which path it took: the schedule version it returns, or None (delegated to the transport)."""
         seq, installed = self._launch(kind)
-        name = f"{kind.value if kind is not None else 'barrier'} #{seq}"
+        name = f"{kind.value if kind is not None else 'barrier'} #{seq}"  # (what PeerLost messages name)
 
         def run() -> None:
             try:
-                body(seq, installed)
+                self.calls.record(seq, op, body(seq, installed))
             except PeerLost as error:
                 self.broken = f"{name} failed on rank {self.rank}: {error}"
                 log.error("mccl: communicator %r: %s", self.name, self.broken)
@@ -265,73 +272,6 @@ class Communicator:
             self._meters.seq = seq
         executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
                          layout_cache=installed.layouts, driver=self.driver)
-
-    # ---- collectives ------------------------------------------------------------------
-    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False):
-        def body(seq: int, installed: Installed | None) -> None:
-            if installed is None:
-                self.transport.native_all_gather(output, input)
-            else:
-                self._execute(installed, executor.all_gather_buffers(installed.plan, output, input), seq)
-        return self._submit(Collective.ALLGATHER, body, [output], async_op)
-
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int] | None = None,
-                          input_split_sizes: Sequence[int] | None = None, *, async_op: bool = False):
-        def body(seq: int, installed: Installed | None) -> None:
-            if installed is None:
-                self.transport.native_all_to_all(output, input, list(output_split_sizes or []),
-                                                 list(input_split_sizes or []))
-                return
-            buffers = executor.all_to_all_buffers(installed.plan, output, input, output_split_sizes, input_split_sizes,
-                                                  self._split_matrix, installed.layouts)
-            self._execute(installed, buffers, seq)
-        return self._submit(Collective.ALLTOALL, body, [output], async_op)
-
-    def _split_matrix(self, mine: list[int]) -> np.ndarray:
-        """Every rank's input splits (elements), gathered over the transport (relays need them)."""
-        device = torch.device("cuda") if self.transport.backend == "nccl" else torch.device("cpu")
-        local = torch.tensor(mine, dtype=torch.int64, device=device)
-        gathered = torch.empty(self.size * len(mine), dtype=torch.int64, device=device)
-        self.transport.native_all_gather(gathered, local)
-        return gathered.cpu().numpy().reshape(self.size, self.size)
-
-    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = dist.ReduceOp.SUM, *,
-                              async_op: bool = False):
-        def body(seq: int, installed: Installed | None) -> None:
-            if installed is None or op not in executor.REDUCERS:
-                self.transport.native_reduce_scatter(output, input, op)
-            else:
-                self._execute(installed, executor.reduce_scatter_buffers(installed.plan, output, input, op), seq)
-        return self._submit(Collective.REDUCESCATTER, body, [output], async_op)
-
-    def all_reduce(self, tensor: torch.Tensor, op: object = dist.ReduceOp.SUM, *, async_op: bool = False):
-        """ReduceScatter with torch's own collective (the reduction stays on the vendor path),
-        then AllGather through mccl (mccl-paper §3)."""
-        def body(seq: int, installed: Installed | None) -> None:
-            flat = tensor.reshape(-1) if tensor.is_contiguous() else None
-            if flat is None:
-                raise MCCLError("all_reduce: the tensor must be contiguous")
-            if flat.is_complex():
-                flat = torch.view_as_real(flat).reshape(-1)
-            n = self.size
-            per_rank = -(-flat.numel() // n)
-            source = torch.zeros(per_rank * n, dtype=flat.dtype, device=flat.device)
-            source[:flat.numel()].copy_(flat)
-            target = flat if per_rank * n == flat.numel() else torch.empty_like(source)
-            mine = target[self.rank * per_rank:(self.rank + 1) * per_rank]
-            self.transport.native_reduce_scatter(mine, source, op)
-            if installed is None:
-                self.transport.native_all_gather(target, mine.clone())
-            else:
-                self._execute(installed, executor.all_gather_buffers(installed.plan, target, mine), seq)
-            if target is not flat:
-                flat.copy_(target[:flat.numel()])
-        return self._submit(Collective.ALLGATHER, body, [tensor], async_op)
-
-    def barrier(self, *, async_op: bool = False):
-        def body(seq: int, installed: Installed | None) -> None:
-            self.transport.barrier()
-        return self._submit(None, body, [], async_op)
 
     # ---- telemetry and shutdown -------------------------------------------------------
     @property

@@ -28,10 +28,17 @@ public torch only. When torch grows a public equivalent, replace the wrapper's b
   ``torch._C``.
 * :func:`backend_name` — ``ProcessGroup._get_backend_name``: the backend of a group not
   registered with torch.distributed (``dist.get_backend`` only knows registered ones).
+* :func:`register_backend` — ``ProcessGroup._register_backend``: the "mccl" group registers its
+  delegate (gloo / NCCL) as its c10d backend for a device type, which is what torch's own
+  ``init_process_group`` does for every group it builds. Without it, a C++ caller of an
+  operation the Python group does not override gets "No backend type associated with
+  device type cpu", and ``group.group_name`` (read by ``DeviceMesh`` and the functional
+  collectives) "ProcessGroup name not set": torch keeps a group's name on its backends.
 * :data:`PROCESS_GROUP_ALIASES` / :func:`add_private_aliases` — the private method
   names under which torch's C++ ``ProcessGroup`` trampoline (and older Python callers,
   e.g. ``torch.distributed.nn.functional``'s ``_reduce_scatter_base``) reach a Python
-  process group's gather and reduce-scatter; the "mccl" backend answers to them too.
+  process group's gather and reduce-scatter, and ``dist._coalescing_manager`` opens and
+  closes a coalescing window; the "mccl" backend answers to them too.
 """
 
 from __future__ import annotations
@@ -41,12 +48,14 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
 
 __all__ = ["AllgatherOptions", "PROCESS_GROUP_ALIASES", "add_private_aliases", "all_gather_base", "backend_name",
-           "default_store", "end_coalescing", "reduce_scatter_base", "start_coalescing", "work_from_future"]
+           "default_store", "end_coalescing", "reduce_scatter_base", "register_backend", "start_coalescing",
+           "work_from_future"]
 
 TORCH_CHECKED = "2.13.0"
 
 # private method name torch may call on a Python ProcessGroup -> the public method that serves it
-PROCESS_GROUP_ALIASES = {"_allgather_base": "all_gather_single", "_reduce_scatter_base": "reduce_scatter_single"}
+PROCESS_GROUP_ALIASES = {"_allgather_base": "all_gather_single", "_reduce_scatter_base": "reduce_scatter_single",
+                         "_start_coalescing": "start_coalescing", "_end_coalescing": "end_coalescing"}
 
 
 def work_from_future(future: torch.futures.Future) -> object:
@@ -77,6 +86,11 @@ def all_gather_base(group: object, output: torch.Tensor, input: torch.Tensor) ->
 def reduce_scatter_base(group: object, output: torch.Tensor, input: torch.Tensor, options: object) -> object:
     """A bare c10d Backend's reduce-scatter of one tensor (see module docstring)."""
     return group._reduce_scatter_base(output, input, options)
+
+
+def register_backend(group: dist.ProcessGroup, device: str, backend_type: object, backend: object) -> None:
+    """Make ``backend`` ``group``'s c10d backend for ``device`` tensors (see module docstring)."""
+    group._register_backend(torch.device(device), backend_type, backend)
 
 
 def backend_name(group: object) -> str | None:

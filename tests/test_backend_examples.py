@@ -1,0 +1,37 @@
+"""The two examples run under torchrun on "mccl" and on "gloo" and print the same losses.
+
+They are what the README shows a user (examples/train_ddp.py, examples/train_fsdp2.py);
+this keeps them working. Small model, few steps: the point is the one-string change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _run(script: str, backend: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'examples'}"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(ROOT / "examples" / script), "--backend", backend, "--width", "32", "--steps", "11"],
+                            capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_fsdp2.py"])
+def test_example_runs_on_mccl_as_on_gloo(script):
+    on_mccl, on_gloo = _run(script, "mccl"), _run(script, "gloo")
+    losses = re.findall(r"loss [0-9.]+", on_mccl)
+    assert len(losses) == 2 and losses == re.findall(r"loss [0-9.]+", on_gloo)
+    counts = on_mccl[on_mccl.index("calls by"):]
+    assert "'schedule'" in counts and ("all_reduce" in counts if script == "train_ddp.py" else
+                                      "reduce_scatter_tensor', 'schedule'" in counts)
