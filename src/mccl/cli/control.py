@@ -6,8 +6,12 @@ Both import their libraries lazily: ``mccl demo`` loads torch, nothing else here
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from mccl.cli.common import console, format_size, load_topology_arg
@@ -21,18 +25,47 @@ __all__ = ["controller_command", "demo_command"]
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="ZeroMQ endpoint to bind")
 @click.option("--alpha", default=0.3, show_default=True, type=float, help="EWMA smoothing factor α (§3.2)")
 @click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ on max δ_a (Algorithm 1)")
-def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float) -> None:
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), envvar="MCCL_CONTROL_SECRET_FILE",
+              default=None, help="the job's control-plane secret (read if it exists, else created 0600); default: a "
+                                 "fresh one in a private temporary file, removed on exit. Executors get it through "
+                                 "MCCL_CONTROL_SECRET_FILE.")
+@click.option("--insecure", is_flag=True, help="no authentication (loopback binds only)")
+def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float,
+                       secret_file: Path | None, insecure: bool) -> None:
     """Run the controller service until interrupted (executors connect with mccl.control.ControllerClient)."""
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
+    from mccl.control.auth import is_loopback, new_secret, read_secret_file, write_secret_file
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if insecure and not is_loopback(bind):
+        raise click.UsageError(f"--insecure serves loopback, ipc or inproc endpoints only, not {bind}")
+    config = ControlConfig(alpha=alpha, gamma=gamma)  # refuses non-finite / out-of-range values before anything else
     topology = load_topology_arg(topology_text, faults)
-    service = ControllerService(ScheduleManager(topology, ControlConfig(alpha=alpha, gamma=gamma)), bind)
-    console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, Γ={gamma:g}); Ctrl-C stops")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    scratch: Path | None = None
+    secret = None
+    if not insecure:
+        if secret_file is not None and secret_file.exists():
+            secret = read_secret_file(secret_file)
+        else:
+            if secret_file is None:
+                scratch = Path(tempfile.mkdtemp(prefix="mccl-controller-"))  # 0700
+                secret_file = scratch / "control.key"
+            secret = write_secret_file(secret_file, new_secret()) and read_secret_file(secret_file)
     try:
-        service.serve_forever()
-    except KeyboardInterrupt:
-        console.print("stopped")
+        service = ControllerService(ScheduleManager(topology, config), bind, secret=secret,
+                                    authenticate=not insecure)
+        mode = "UNAUTHENTICATED" if insecure else f"secret in {secret_file}"
+        console.print(f"mccl controller for {escape(topology.name)} at {escape(service.address)} (α={alpha:g}, "
+                      f"Γ={gamma:g}; {escape(mode)}); Ctrl-C stops", soft_wrap=True)
+        if secret_file is not None:
+            console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={escape(str(secret_file))}", soft_wrap=True)
+        try:
+            service.serve_forever()
+        except KeyboardInterrupt:
+            console.print("stopped")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @click.command("demo")
