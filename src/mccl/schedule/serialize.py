@@ -2,21 +2,42 @@
 
 The controller's messages, test fixtures and bug reports are such files, so a
 schedule read back is equal to the one written.
+
+Reading is bounded (files come from users and, through the controller, from the
+network): a file that is not UTF-8, nested too deeply, holds a non-finite number or
+an integer beyond 64 bits, or a column that is not a flat list of integers (fractions:
+numbers) is refused with a :class:`~mccl.errors.ScheduleFileError`. Step numbers are
+renumbered compactly on reading (``0, 1, 2, ...`` in the same order — the meaning of a
+schedule depends only on the order of its steps), so a file with steps ``{0, 2e9}``
+cannot make an executor loop over two billion empty steps; :func:`mccl.schedule.validate`
+refuses such a schedule built in memory.
+
+Writing encodes the large columns in slices of ``_SLICE`` values, so writing a 40 MiB
+schedule never holds the GIL for long in one C call (the controller writes schedules on
+a worker thread while its socket thread must keep answering polls). Writing a file
+goes to a temporary file renamed over the target: a failed write never leaves a partial
+file or damages the previous one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mccl.errors import ScheduleFileError
 from mccl.schedule.ir import Chunks, Collective, CutLink, Schedule, ScheduleMeta, Transfers
+from mccl.topology.fileformat import write_atomic
 
 __all__ = ["FORMAT", "schedule_to_dict", "schedule_from_dict", "dumps_schedule", "loads_schedule",
            "dump_schedule", "load_schedule"]
 
 FORMAT = "mccl-schedule/1"
+_SLICE = 1 << 16
+_MAX_INT_DIGITS = 19
 
 
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
@@ -60,6 +81,33 @@ def _field(data: dict[str, Any], key: str, where: str) -> Any:
     return data[key]
 
 
+def _column(data: dict[str, Any], key: str, where: str, *, integral: bool = True) -> np.ndarray:
+    """A flat list of integers (``integral``) or finite numbers, as an array; ScheduleFileError otherwise."""
+    values = _field(data, key, where)
+    if not isinstance(values, list):
+        raise ScheduleFileError(f"{where}.{key}: must be a list of {'integers' if integral else 'numbers'}")
+    array = np.asarray(values) if values else np.zeros(0, dtype=np.int64 if integral else np.float64)
+    if array.ndim != 1 or array.dtype.kind not in ("iu" if integral else "iuf"):
+        raise ScheduleFileError(f"{where}.{key}: must be a flat list of {'integers' if integral else 'numbers'}"
+                                f" (found {'nested lists' if array.ndim != 1 else 'a ' + _kind_name(array)})")
+    if integral and array.size and (array.min() < -2**31 or array.max() >= 2**31):
+        raise ScheduleFileError(f"{where}.{key}: values must fit in 32 bits")
+    return array
+
+
+def _kind_name(array: np.ndarray) -> str:
+    return {"f": "fractional number", "b": "boolean", "U": "string", "O": "mixed value"}.get(array.dtype.kind,
+                                                                                              str(array.dtype))
+
+
+def _compact_steps(step: np.ndarray) -> np.ndarray:
+    """Steps renumbered 0, 1, 2, ... in the same order (a schedule's meaning is the order of its steps)."""
+    if step.size == 0 or step.min() < 0:
+        return step  # validate() names a negative step
+    used, compact = np.unique(step, return_inverse=True)
+    return step if used[-1] == len(used) - 1 else compact.reshape(step.shape)
+
+
 def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
     if not isinstance(data, dict):
         raise ScheduleFileError(f"{source}: a schedule file is a JSON object")
@@ -77,11 +125,12 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
     transfer_data = _field(data, "transfers", source)
     meta_data = data.get("meta", {})
     try:
-        chunks = Chunks(*(_field(chunk_data, key, f"{source}: chunks") for key in ("source", "destination", "fraction")))
-        transfers = Transfers(*(
-            _field(transfer_data, key, f"{source}: transfers")
-            for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")
-        ))
+        chunks = Chunks(*(_column(chunk_data, key, f"{source}: chunks", integral=key != "fraction")
+                          for key in ("source", "destination", "fraction")))
+        columns = [_column(transfer_data, key, f"{source}: transfers")
+                   for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")]
+        columns[3] = _compact_steps(columns[3])
+        transfers = Transfers(*columns)
         meta = ScheduleMeta(
             synthesizer=str(meta_data.get("synthesizer", "unknown")),
             version=int(meta_data.get("version", 0)),
@@ -101,25 +150,68 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
 
 
 def dumps_schedule(schedule: Schedule) -> str:
-    return json.dumps(schedule_to_dict(schedule), separators=(",", ":")) + "\n"
+    """The schedule file's text. Large columns are encoded slice by slice (see module docstring);
+    the text is the same as one ``json.dumps`` of :func:`schedule_to_dict`."""
+    data = schedule_to_dict(schedule)
+    arrays = {("chunks", key): getattr(schedule.chunks, key) for key in ("source", "destination", "fraction")}
+    arrays.update({("transfers", key): getattr(schedule.transfers, key)
+                   for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")})
+    marks = {}
+    for (group, key), array in arrays.items():
+        if len(array) > _SLICE:
+            mark = f"@@mccl-column-{group}-{key}@@"
+            data[group][key] = mark
+            marks[f'"{mark}"'] = array
+    text = json.dumps(data, separators=(",", ":")) + "\n"
+    for mark, array in marks.items():
+        pieces = [json.dumps(array[start:start + _SLICE].tolist(), separators=(",", ":"))[1:-1]
+                  for start in range(0, len(array), _SLICE)]
+        text = text.replace(mark, "[" + ",".join(pieces) + "]", 1)
+    return text
 
 
-def loads_schedule(text: str, source: str = "<schedule>") -> Schedule:
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ScheduleFileError(f"the number {text[:40]} is not finite")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ScheduleFileError(f"an integer of {len(text)} digits (at most {_MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise ScheduleFileError(f"{text} is not a finite number")
+
+
+def loads_schedule(text: str | bytes, source: str = "<schedule>") -> Schedule:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ScheduleFileError(f"{source}: not UTF-8 text (byte {error.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
         raise ScheduleFileError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
+    except RecursionError:
+        raise ScheduleFileError(f"{source}: nested too deeply for a schedule file") from None
+    except ScheduleFileError as error:
+        raise ScheduleFileError(f"{source}: {error}") from None
     return schedule_from_dict(data, source)
 
 
 def dump_schedule(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps_schedule(schedule))
+    write_atomic(path, dumps_schedule(schedule))
 
 
 def load_schedule(path: str | Path) -> Schedule:
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         raise ScheduleFileError(f"{path}: cannot read schedule file: {error.strerror or error}") from None
-    return loads_schedule(text, str(path))
+    return loads_schedule(data, str(path))

@@ -18,8 +18,11 @@ YAML), so line numbers work for both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,8 @@ import yaml
 from mccl.errors import TopologyError, TopologyFileError
 from mccl.topology.model import Link, Node, NodeKind, Topology, unreachable_gpu_pair
 
-__all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict"]
+__all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict",
+           "write_atomic"]
 
 FORMAT = "mccl-topology/1"
 _NODE_FIELDS = {"id", "kind", "host", "rail", "rack", "segment", "pod"}
@@ -65,7 +69,38 @@ def dumps_topology(topology: Topology, fmt: str = "yaml") -> str:
 def dump_topology(topology: Topology, path: str | Path) -> None:
     path = Path(path)
     fmt = "json" if path.suffix.lower() == ".json" else "yaml"
-    path.write_text(dumps_topology(topology, fmt))
+    write_atomic(path, dumps_topology(topology, fmt))
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, renamed over it:
+    a write that fails (disk full, a file-size limit, an interrupt) leaves the old file as it was and
+    no partial new one. OSError as the system reports it."""
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())  # what open() would have given a new file
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask would, for a moment, in every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def load_topology(path: str | Path) -> Topology:
