@@ -11,10 +11,10 @@ import tempfile
 from pathlib import Path
 
 import click
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from mccl.cli.common import console, format_size, load_topology_arg
+from mccl.cli.common import FiniteFloat, console, format_size, load_topology_arg
 
 __all__ = ["controller_command", "demo_command"]
 
@@ -23,8 +23,8 @@ __all__ = ["controller_command", "demo_command"]
 @click.option("--topology", "topology_text", required=True, help="topology file or builder call, e.g. rail_optimized(1,2,8)")
 @click.option("--fault", "faults", multiple=True, help="fault applied to the nominal topology (rarely wanted)")
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="ZeroMQ endpoint to bind")
-@click.option("--alpha", default=0.3, show_default=True, type=float, help="EWMA smoothing factor α (§3.2)")
-@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ on max δ_a (Algorithm 1)")
+@click.option("--alpha", default=0.3, show_default=True, type=FiniteFloat(), help="EWMA smoothing factor α (§3.2)")
+@click.option("--gamma", default=0.2, show_default=True, type=FiniteFloat(), help="drift threshold Γ on max δ_a (Algorithm 1)")
 @click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), envvar="MCCL_CONTROL_SECRET_FILE",
               default=None, help="the job's control-plane secret (read if it exists, else created 0600); default: a "
                                  "fresh one in a private temporary file, removed on exit. Executors get it through "
@@ -55,10 +55,10 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
         service = ControllerService(ScheduleManager(topology, config), bind, secret=secret,
                                     authenticate=not insecure)
         mode = "UNAUTHENTICATED" if insecure else f"secret in {secret_file}"
-        console.print(f"mccl controller for {escape(topology.name)} at {escape(service.address)} (α={alpha:g}, "
-                      f"Γ={gamma:g}; {escape(mode)}); Ctrl-C stops", soft_wrap=True)
+        console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, "
+                      f"Γ={gamma:g}; {mode}); Ctrl-C stops", soft_wrap=True)
         if secret_file is not None:
-            console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={escape(str(secret_file))}", soft_wrap=True)
+            console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={secret_file}", soft_wrap=True)
         try:
             service.serve_forever()
         except KeyboardInterrupt:
@@ -71,15 +71,15 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
 @click.command("demo")
 @click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="gloo ranks (GPUs)")
 @click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
-@click.option("--alpha", default=0.5, show_default=True, type=float, help="EWMA smoothing factor α")
-@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ")
+@click.option("--alpha", default=0.5, show_default=True, type=FiniteFloat(), help="EWMA smoothing factor α")
+@click.option("--gamma", default=0.2, show_default=True, type=FiniteFloat(), help="drift threshold Γ")
 def demo_command(ranks: str, quick: bool, alpha: float, gamma: float) -> None:
     """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
     from mccl.experiments.demo import DemoConfig, run_demo
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
                         **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
-    report = run_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+    report = run_demo(config, progress=lambda text: console.print(Text(text, style="dim")))
     _print_report(report)
 
 
@@ -101,7 +101,7 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoR
             notes.append(f"swapped to v{record.version} (K={previous.seq}"
                          + (f", OOB {swap.oob_s * 1e3:.1f} ms)" if swap else ")"))
         table.add_row(str(record.seq), f"{record.start - start:.2f}", f"v{record.version}", f"{record.seconds * 1e3:.1f}",
-                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else "[red]WRONG[/red]", "; ".join(notes))
+                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else Text("WRONG", style="red"), "; ".join(notes))
         previous = record
     console.print(table)
     for event in report.events:
@@ -123,9 +123,9 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoR
     console.print(f"median algbw: healthy {show(healthy)}, degraded {show(degraded)}, recovered {show(recovered)}"
                   + (f" ({recovered / degraded:.2f}x the degraded)" if recovered and degraded else ""))
     stats = report.controller_stats
-    console.print(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} messages, "
-                  f"{stats.get('telemetry_dropped', 0)} dropped; every result "
-                  + ("equal to torch's" if report.all_correct else "[red]NOT equal to torch's[/red]"))
+    console.print(Text.assemble(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} "
+                                f"messages, {stats.get('telemetry_dropped', 0)} dropped; every result ",
+                                "equal to torch's" if report.all_correct else ("NOT equal to torch's", "red")))
 
 
 def _ms(value: float | None) -> str:

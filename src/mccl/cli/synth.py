@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from mccl.cli.common import console, load_topology_arg
-from mccl.schedule import Collective, Schedule, dump_schedule, validate
+from mccl.cli.common import console, load_topology_arg, write_outputs
+from mccl.schedule import Collective, Schedule, dumps_schedule, validate
 from mccl.synth import DirectOptions, RingOptions, optimize
 
 __all__ = ["synth_group"]
@@ -20,8 +20,9 @@ def synth_group() -> None:
     """Synthesize schedules."""
 
 
-def _report(schedule: Schedule, out: Path) -> None:
-    dump_schedule(schedule, out)
+def _report(schedule: Schedule, out: Path, also: dict[Path, str] | None = None) -> None:
+    """Write the schedule (and ``also``: other outputs of the command) all or nothing, then describe it."""
+    write_outputs({out: dumps_schedule(schedule), **(also or {})})
     meta = schedule.meta
     cut = ", ".join(f"{c.link}" for c in meta.bottleneck_cut[:8]) + (" ..." if len(meta.bottleneck_cut) > 8 else "")
     console.print(f"wrote {out}: {schedule.collective.value} by {meta.synthesizer} on {meta.topology}, "

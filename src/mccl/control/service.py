@@ -27,7 +27,11 @@ count, frames above ``max_message_bytes`` are refused by libzmq (``ZMQ_MAXMSGSIZ
 registrations per communicator name are bounded (``max_communicators``), and heavy
 messages — every ``register`` (parse and validate a schedule) and any frame above
 ``inline_bytes`` — are handled on a worker thread, at most ``max_pending`` at a time
-(more are refused with "busy"), so polls keep being answered meanwhile.
+(more are refused with "busy"), so polls keep being answered meanwhile. Frames above
+``subprocess_bytes`` are parsed in a helper process: ``json.loads`` of a 38 MiB
+schedule is one C call that holds the GIL for ~2 s, which a thread alone cannot hide
+(measured: a poll then waited 2.6 s); the helper returns the parsed schedule's arrays,
+which unpickle in milliseconds.
 
 Threads. The service thread owns the socket (ZeroMQ sockets are single-threaded):
 it ingests telemetry, answers requests, and every ``check_interval_s`` hands
@@ -41,10 +45,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import zmq
@@ -61,7 +67,7 @@ from mccl.control.protocol import (
     versions_field,
 )
 from mccl.errors import ControllerError
-from mccl.schedule import Collective, loads_schedule
+from mccl.schedule import Collective, Schedule, loads_schedule
 
 __all__ = ["ControllerService"]
 
@@ -92,7 +98,8 @@ class ControllerService:
     def __init__(self, manager: ScheduleManager, bind: str, *, check_interval_s: float = 0.02,
                  secret: JobSecret | str | bytes | None = None, authenticate: bool = True,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, inline_bytes: int = 256 << 10,
-                 max_communicators: int = 1024, max_pending: int = 4, max_status_events: int = 1000) -> None:
+                 max_communicators: int = 1024, max_pending: int = 4, max_status_events: int = 1000,
+                 subprocess_bytes: int = 1 << 20) -> None:
         self.manager = manager
         self.check_interval_s = check_interval_s
         self.max_message_bytes = max_message_bytes
@@ -100,6 +107,8 @@ class ControllerService:
         self.max_communicators = max_communicators
         self.max_pending = max_pending
         self.max_status_events = max_status_events
+        self.subprocess_bytes = subprocess_bytes
+        self._parser: ProcessPoolExecutor | None = None
         if authenticate:
             self.secret: JobSecret | None = as_secret(secret) or secret_from_env() or new_secret()
         elif not is_loopback(bind):
@@ -188,6 +197,8 @@ class ControllerService:
         finally:
             self._heavy.shutdown(wait=True, cancel_futures=True)
             self._worker.shutdown(wait=True, cancel_futures=True)
+            if self._parser is not None:
+                self._parser.shutdown(wait=True, cancel_futures=True)
             self._close()
 
     def _drain(self) -> None:
@@ -259,11 +270,24 @@ class ControllerService:
             if reply is not None:
                 self._reply(identity, reply)
 
+    def _parse_elsewhere(self, frame: bytes) -> dict[str, Any]:
+        """decode() (and a register's schedule parsed) in the helper process; see module docstring."""
+        if self._parser is None:
+            self._parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            return self._parser.submit(_parse_message, frame, self.max_message_bytes).result()
+        except BrokenProcessPool:  # the helper died (memory?): a fresh one for the next message
+            self._parser = None
+            raise ControllerError("the controller could not parse that message (its parser process died)") from None
+
     def _handle(self, identity: bytes, frame: bytes) -> bytes | None:
         """The reply to one message (None: no reply). Never raises: any failure is an error reply."""
         op: str | None = None
         try:
-            message = decode(frame, max_bytes=self.max_message_bytes)
+            if len(frame) > self.subprocess_bytes:
+                message = self._parse_elsewhere(frame)
+            else:
+                message = decode(frame, max_bytes=self.max_message_bytes)
             op = message["op"]
             if op == "telemetry":
                 samples = samples_of(message)
@@ -299,12 +323,13 @@ class ControllerService:
 
     def _register(self, message: dict[str, Any]) -> bytes:
         communicator = text_field(message, "communicator")
-        text = message.get("schedule")
-        if not isinstance(text, str):
+        schedule = message.get("schedule")
+        if not isinstance(schedule, str | Schedule):
             raise ControllerError("register: 'schedule' must be a schedule file's text")
         if communicator not in self._communicators and len(self._communicators) >= self.max_communicators:
             raise ControllerError(f"register: the controller serves at most {self.max_communicators} communicators")
-        schedule = loads_schedule(text)
+        if isinstance(schedule, str):
+            schedule = loads_schedule(schedule)
         version = self.manager.register(communicator, schedule)
         self._communicators.add(communicator)
         self.stats["registrations"] += 1
@@ -319,6 +344,14 @@ class ControllerService:
                 self.stats["schedules_sent"] += 1
                 return encode("schedule", collective=kind.value, version=latest[0], schedule=latest[1])
         return encode("idle", versions=self.manager.versions(communicator))
+
+
+def _parse_message(frame: bytes, max_bytes: int) -> dict[str, Any]:
+    """In the helper process: the decoded message, a register's schedule as a Schedule (pickled back)."""
+    message = decode(frame, max_bytes=max_bytes)
+    if message["op"] == "register" and isinstance(message.get("schedule"), str):
+        message["schedule"] = loads_schedule(message["schedule"])
+    return message
 
 
 def _looks_like_register(frame: bytes) -> bool:

@@ -14,6 +14,12 @@ Format ``mccl-topology/1``::
 Link ids are positions; a hand-written file may leave them out. ``duplex: true``
 stands for a cable (two directed links). JSON is read by the same parser (it is
 YAML), so line numbers work for both.
+
+Reading is bounded: a file that is not UTF-8, nested deeper than libyaml's limit (or
+Python's, for JSON), or whose YAML aliases would expand to more than
+``MAX_EXPANDED_NODES`` nodes (a "billion laughs" file of 333 bytes expands to 10⁹) is
+refused with a :class:`~mccl.errors.TopologyFileError` before anything is expanded.
+Files are written to a temporary file renamed over the target (:func:`write_atomic`).
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from mccl.errors import TopologyError, TopologyFileError
 from mccl.topology.model import Link, Node, NodeKind, Topology, unreachable_gpu_pair
 
 __all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict",
-           "write_atomic"]
+           "write_atomic", "new_file_mode"]
 
 FORMAT = "mccl-topology/1"
+MAX_EXPANDED_NODES = 1_000_000  # YAML nodes after alias expansion: a 512-GPU fabric file has ~50k
 _NODE_FIELDS = {"id", "kind", "host", "rail", "rack", "segment", "pod"}
 _LINK_FIELDS = {"id", "src", "dst", "gbps", "latency_us", "duplex"}
 _KIND_ALIASES = {"spine": NodeKind.AGGREGATION, "leaf": NodeKind.TOR}
@@ -84,7 +91,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # what open() would have given a new file
+        os.chmod(temporary, new_file_mode())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -92,8 +99,13 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         raise
 
 
+def new_file_mode() -> int:
+    """The mode open() gives a new file (0o666 less the umask), read without changing the umask
+    (os.umask would, for a moment, in every thread)."""
+    return 0o666 & ~_umask()
+
+
 def _umask() -> int:
-    """The process umask, read without changing it (os.umask would, for a moment, in every thread)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -106,9 +118,13 @@ def _umask() -> int:
 def load_topology(path: str | Path) -> Topology:
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         raise TopologyFileError(f"{path}: cannot read topology file: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise TopologyFileError(f"{path}: not UTF-8 text (byte {error.start})") from None
     return loads_topology(text, source=str(path))
 
 
@@ -148,32 +164,82 @@ def loads_topology(text: str, source: str = "<topology>") -> Topology:
     The fast path parses with libyaml (or json) and keeps no positions; only when the
     content is wrong is the text parsed again, slowly, to name the line of the fault.
     """
+    if "&" in text:
+        _check_aliases(text, source)
     try:
         return _build(_parse_fast(text, source), _Reader(source))
-    except TopologyFileError:
+    except TopologyFileError as first:
         reader = _Reader(source)
-        data = reader.plain(_compose(text, source), "")
+        try:
+            data = reader.plain(_compose(text, source), "")
+        except RecursionError:  # deep, but within libyaml's limit: report without a line
+            raise first from None
         return _build(data, reader)
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml_error(error: yaml.YAMLError, source: str) -> TopologyFileError:
+    mark = getattr(error, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or error
+    return TopologyFileError(f"{source}{line}: not valid YAML/JSON: {str(problem).splitlines()[0][:200]}")
+
+
 def _parse_fast(text: str, source: str) -> Any:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except RecursionError:
+            raise TopologyFileError(f"{source}: nested too deeply for a topology file") from None
+        except ValueError:
+            pass  # not JSON: read as YAML, which names the line
     try:
-        return json.loads(text) if text.lstrip().startswith("{") else yaml.load(text, Loader=loader)  # noqa: S506
-    except (ValueError, yaml.YAMLError):
-        return _compose(text, source)  # raises with the line of the syntax error
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise _yaml_error(error, source) from None
 
 
 def _compose(text: str, source: str) -> yaml.Node:
     try:
         tree = yaml.compose(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise TopologyFileError(f"{source}{line}: not valid YAML/JSON: {getattr(error, 'problem', error)}") from None
+        raise _yaml_error(error, source) from None
     if tree is None:
         raise TopologyFileError(f"{source}: the file is empty")
     return tree
+
+
+def _check_aliases(text: str, source: str) -> None:
+    """Refuse a file whose aliases expand to more than MAX_EXPANDED_NODES nodes, from libyaml's event
+    stream (nothing is expanded): each node's expanded size is 1 + its children's, an alias's that of
+    its anchor."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # [expanded size so far, anchor] per open collection
+    try:
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                stack[-1][0] += sizes.get(event.anchor, 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                stack[-1][0] += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.CollectionStartEvent):
+                stack.append([1, event.anchor])
+            elif isinstance(event, yaml.CollectionEndEvent):
+                size, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = size
+                stack[-1][0] += size
+            else:
+                continue
+            if stack[-1][0] > MAX_EXPANDED_NODES or any(entry[0] > MAX_EXPANDED_NODES for entry in stack[-2:]):
+                line = event.start_mark.line + 1 if event.start_mark is not None else 0
+                raise TopologyFileError(f"{source}:{line}: YAML aliases expand to more than {MAX_EXPANDED_NODES} "
+                                        "nodes; refused (alias expansion is bounded)")
+    except yaml.YAMLError as error:
+        raise _yaml_error(error, source) from None
 
 
 def _build(data: Any, reader: _Reader) -> Topology:
