@@ -8,6 +8,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def schedule_file(tmp_path_factory) -> str:
 
 
 def _edited(schedule_file: str, tmp_path, edit) -> str:
-    data = json.loads(open(schedule_file).read())
+    data = json.loads(Path(schedule_file).read_text())
     edit(data)
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(data))
@@ -94,7 +95,7 @@ def test_non_utf8_and_deep_schedule_files(capsys, tmp_path):
 
 def test_sparse_steps_are_compacted_on_reading(capsys, tmp_path, schedule_file):
     """Steps {0, 2e9}: reading renumbers them, so eval is quick and small (it allocated 14.9 GiB)."""
-    steps = json.loads(open(schedule_file).read())["transfers"]["step"]
+    steps = json.loads(Path(schedule_file).read_text())["transfers"]["step"]
     path = _edited(schedule_file, tmp_path, lambda d: d["transfers"].__setitem__(
         "step", [1_000_000_000 * s for s in d["transfers"]["step"]]))  # {0, 1e9, 2e9}
     schedule = load_schedule(path)
