@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from mccl.errors import InvalidSchedule, MCCLError, PeerLost
 from mccl.runtime import executor, torch_private
-from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
+from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode, staged_payload
 from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
@@ -173,7 +173,7 @@ class Communicator:
         return None
 
     def _sync_round(self, exchange: Callable[[bytes], list[bytes]]) -> tuple[int, dict[str, int], float]:
-        staged = {kind.value: sorted(items) for kind, items in self._staged.items()}
+        staged = staged_payload(self._staged)  # versions with content digests (issue 13)
         with self._issue_lock:  # hold the issuing of new collectives only for the exchange
             start = time.perf_counter()
             payloads = exchange(encode(self._seq, staged))
