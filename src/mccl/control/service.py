@@ -33,12 +33,18 @@ schedule is one C call that holds the GIL for ~2 s, which a thread alone cannot 
 (measured: a poll then waited 2.6 s); the helper returns the parsed schedule's arrays,
 which unpickle in milliseconds.
 
-Threads. The service thread owns the socket (ZeroMQ sockets are single-threaded):
-it ingests telemetry, answers requests, and every ``check_interval_s`` hands
-``ScheduleManager.step`` (drift test, synthesis) to one worker thread, so telemetry
-keeps flowing while a synthesis runs (the manager aborts a synthesis whose
-degradation cleared meanwhile). Replies computed on the heavy-message thread are
-sent by the service thread.
+Threads. The service thread owns the socket (ZeroMQ sockets are single-threaded)
+and never waits for the manager's lock (``ScheduleManager.register`` holds it while it
+writes a schedule's text, seconds for a 38 MiB one): it answers polls from a snapshot
+of the active versions that the other threads refresh after every change they make,
+and hands telemetry to an ingest thread (in order; batches beyond ``max_ingest_backlog``
+are dropped and counted, as a client drops what it cannot send). Every
+``check_interval_s`` it hands ``ScheduleManager.step`` (drift test, synthesis) to one
+worker thread, so telemetry keeps flowing while a synthesis runs (the manager aborts a
+synthesis whose degradation cleared meanwhile). Replies computed on the heavy-message
+thread are sent by the service thread. The snapshot covers the communicators registered
+or polled here; a poll for one registered on the manager directly is answered once the
+next check has refreshed it (≤ ``check_interval_s`` plus a check).
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ class ControllerService:
                  secret: JobSecret | str | bytes | None = None, authenticate: bool = True,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, inline_bytes: int = 256 << 10,
                  max_communicators: int = 1024, max_pending: int = 4, max_status_events: int = 1000,
-                 subprocess_bytes: int = 1 << 20) -> None:
+                 subprocess_bytes: int = 1 << 20, max_ingest_backlog: int = 256) -> None:
         self.manager = manager
         self.check_interval_s = check_interval_s
         self.max_message_bytes = max_message_bytes
@@ -108,6 +114,7 @@ class ControllerService:
         self.max_pending = max_pending
         self.max_status_events = max_status_events
         self.subprocess_bytes = subprocess_bytes
+        self.max_ingest_backlog = max_ingest_backlog
         self._parser: ProcessPoolExecutor | None = None
         if authenticate:
             self.secret: JobSecret | None = as_secret(secret) or secret_from_env() or new_secret()
@@ -137,8 +144,14 @@ class ControllerService:
         if self.secret is not None and not is_loopback(self.address):
             log.info("mccl controller: listening beyond loopback at %s (CURVE-authenticated)", self.address)
         self.stats = {"telemetry_messages": 0, "samples": 0, "malformed": 0, "polls": 0, "replies": 0,
-                      "schedules_sent": 0, "checks": 0, "auth_failures": 0, "busy": 0, "registrations": 0}
-        self._communicators: set[str] = set()
+                      "schedules_sent": 0, "checks": 0, "auth_failures": 0, "busy": 0, "registrations": 0,
+                      "telemetry_dropped": 0}
+        self._communicators: set[str] = set()  # registered here (bounded by max_communicators)
+        self._watched: set[str] = set()  # polled here: the snapshot covers them too (bounded likewise)
+        self._snapshot: dict[str, dict[Collective, tuple[int, str]]] = {}  # replaced whole, never mutated
+        self._ingest = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-ingest")
+        self._ingest_backlog = 0
+        self._ingest_lock = threading.Lock()
         self._stop = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-synth")
         self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-register")
@@ -195,6 +208,7 @@ class ControllerService:
                     if self._step is None or self._step.done():
                         self._step = self._worker.submit(self._run_step)
         finally:
+            self._ingest.shutdown(wait=True, cancel_futures=True)
             self._heavy.shutdown(wait=True, cancel_futures=True)
             self._worker.shutdown(wait=True, cancel_futures=True)
             if self._parser is not None:
@@ -232,8 +246,37 @@ class ControllerService:
         try:
             self.stats["checks"] += 1
             self.manager.step()
+            self._refresh(list(self._communicators | self._watched))
         except Exception:  # a bug in a check must not stop the service; it is logged
             log.exception("mccl controller: drift check failed")
+
+    def _refresh(self, communicators: list[str]) -> None:
+        """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread)."""
+        fresh = {}
+        for name in communicators:
+            entry = {kind: latest for kind in Collective if (latest := self.manager.latest(name, kind)) is not None}
+            if entry or name in self._snapshot:
+                fresh[name] = entry
+        if fresh:
+            self._snapshot = {**self._snapshot, **fresh}
+
+    def _take_telemetry(self, samples: list) -> None:
+        with self._ingest_lock:
+            if self._ingest_backlog >= self.max_ingest_backlog:
+                self.stats["telemetry_dropped"] += len(samples)
+                return
+            self._ingest_backlog += 1
+
+        def ingest() -> None:
+            try:
+                self.manager.ingest(samples)
+            except Exception:  # noqa: BLE001 - checked samples; a failure here is a bug, logged
+                log.exception("mccl controller: telemetry ingest failed")
+            finally:
+                with self._ingest_lock:
+                    self._ingest_backlog -= 1
+
+        self._ingest.submit(ingest)
 
     # ---- messages ----------------------------------------------------------------------
     def _reply(self, identity: bytes, payload: bytes) -> None:
@@ -293,7 +336,7 @@ class ControllerService:
                 samples = samples_of(message)
                 self.stats["telemetry_messages"] += 1
                 self.stats["samples"] += len(samples)
-                self.manager.ingest(samples)
+                self._take_telemetry(samples)
                 return None
             if op == "poll":
                 self.stats["polls"] += 1
@@ -332,18 +375,23 @@ class ControllerService:
             schedule = loads_schedule(schedule)
         version = self.manager.register(communicator, schedule)
         self._communicators.add(communicator)
+        self._refresh([communicator])
         self.stats["registrations"] += 1
         return encode("ok", version=version)
 
     def _answer_poll(self, message: dict[str, Any]) -> bytes:
+        """From the snapshot: the socket thread never waits for the manager (see module docstring)."""
         communicator = text_field(message, "communicator")
         have = versions_field(message)
+        if communicator not in self._watched and len(self._watched) < 2 * self.max_communicators:
+            self._watched.add(communicator)
+        active = self._snapshot.get(communicator, {})
         for kind in Collective:
-            latest = self.manager.latest(communicator, kind)
+            latest = active.get(kind)
             if latest is not None and latest[0] > have.get(kind.value, 0):
                 self.stats["schedules_sent"] += 1
                 return encode("schedule", collective=kind.value, version=latest[0], schedule=latest[1])
-        return encode("idle", versions=self.manager.versions(communicator))
+        return encode("idle", versions={kind.value: latest[0] for kind, latest in active.items()})
 
 
 def _parse_message(frame: bytes, max_bytes: int) -> dict[str, Any]:

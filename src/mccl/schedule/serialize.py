@@ -41,27 +41,23 @@ _SLICE = 1 << 16
 _MAX_INT_DIGITS = 19
 
 
+_CHUNK_COLUMNS = ("source", "destination", "fraction")
+_TRANSFER_COLUMNS = ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")
+
+
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
+    return _to_dict(schedule, lambda group, key, array: array.tolist())
+
+
+def _to_dict(schedule: Schedule, column: Any) -> dict[str, Any]:
+    """The file's document; ``column(group, key, array)`` gives each column's value."""
     meta = schedule.meta
-    transfers = schedule.transfers
     return {
         "format": FORMAT,
         "collective": schedule.collective.value,
         "ranks": list(schedule.ranks),
-        "chunks": {
-            "source": schedule.chunks.source.tolist(),
-            "destination": schedule.chunks.destination.tolist(),
-            "fraction": schedule.chunks.fraction.tolist(),
-        },
-        "transfers": {
-            "chunk": transfers.chunk.tolist(),
-            "sender": transfers.sender.tolist(),
-            "receiver": transfers.receiver.tolist(),
-            "step": transfers.step.tolist(),
-            "op": transfers.op.tolist(),
-            "route_offsets": transfers.route_offsets.tolist(),
-            "route_links": transfers.route_links.tolist(),
-        },
+        "chunks": {key: column("chunks", key, getattr(schedule.chunks, key)) for key in _CHUNK_COLUMNS},
+        "transfers": {key: column("transfers", key, getattr(schedule.transfers, key)) for key in _TRANSFER_COLUMNS},
         "meta": {
             "synthesizer": meta.synthesizer,
             "version": meta.version,
@@ -153,17 +149,16 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
 def dumps_schedule(schedule: Schedule) -> str:
     """The schedule file's text. Large columns are encoded slice by slice (see module docstring);
     the text is the same as one ``json.dumps`` of :func:`schedule_to_dict`."""
-    data = schedule_to_dict(schedule)
-    arrays = {("chunks", key): getattr(schedule.chunks, key) for key in ("source", "destination", "fraction")}
-    arrays.update({("transfers", key): getattr(schedule.transfers, key)
-                   for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")})
-    marks = {}
-    for (group, key), array in arrays.items():
-        if len(array) > _SLICE:
-            mark = f"@@mccl-column-{group}-{key}@@"
-            data[group][key] = mark
-            marks[f'"{mark}"'] = array
-    text = json.dumps(data, separators=(",", ":")) + "\n"
+    marks: dict[str, np.ndarray] = {}
+
+    def column(group: str, key: str, array: np.ndarray) -> Any:
+        if len(array) <= _SLICE:
+            return array.tolist()
+        mark = f"@@mccl-column-{group}-{key}@@"
+        marks[f'"{mark}"'] = array
+        return mark
+
+    text = json.dumps(_to_dict(schedule, column), separators=(",", ":")) + "\n"
     for mark, array in marks.items():
         pieces = [json.dumps(array[start:start + _SLICE].tolist(), separators=(",", ":"))[1:-1]
                   for start in range(0, len(array), _SLICE)]
