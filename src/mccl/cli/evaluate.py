@@ -35,7 +35,7 @@ BYTES_PER_ELEMENT = 4  # nccl-tests' count column, for float32
 @click.option("--model", type=click.Choice(["alpha-beta", "flow"]), default="alpha-beta", show_default=True,
               help="alpha-beta: the analytic model (links at their steady-state load, perfect pipelining); flow: the "
                    "flow-level simulator (max-min fair sharing, chunk dependencies, the critical chain).")
-@click.option("--slices", type=click.IntRange(min=1), default=None,
+@click.option("--slices", type=click.IntRange(1, 1024), default=None,
               help="flow model: every chunk moves as this many pipelined slices (default 4); 1 = store and forward.")
 def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: tuple[int, ...],
                  step_overhead_us: float, csv_path: Path | None, model: str, slices: int | None) -> None:

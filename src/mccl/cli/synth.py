@@ -46,8 +46,8 @@ _out = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), re
 @_fault_option
 @click.option("--collective", type=click.Choice(["allgather", "reducescatter", "allreduce"]), default="allgather")
 @click.option("--kind", type=click.Choice(_RINGS), default="nccl", help="Ring construction.")
-@click.option("--channels", type=click.IntRange(min=1), default=None, help="Rings (NCCL channels); default GPUs per host.")
-@click.option("--chunks", type=click.IntRange(min=1), default=1, help="Chunks per block and ring.")
+@click.option("--channels", type=click.IntRange(1, 1024), default=None, help="Rings (NCCL channels); default GPUs per host.")
+@click.option("--chunks", type=click.IntRange(1, 1024), default=1, help="Chunks per block and ring.")
 @_ranks
 @_out
 def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, channels: int | None, chunks: int,
@@ -65,7 +65,7 @@ def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, cha
 @synth_group.command("direct")
 @_topology_option
 @_fault_option
-@click.option("--chunks", type=click.IntRange(min=1), default=1, help="Chunks per block.")
+@click.option("--chunks", type=click.IntRange(1, 1024), default=1, help="Chunks per block.")
 @click.option("--pxn/--no-pxn", default=True, help="Relay cross-rail sends over the NVSwitch, as NCCL's PXN does.")
 @_ranks
 @_out

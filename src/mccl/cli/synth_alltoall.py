@@ -22,7 +22,7 @@ def _steps(text: str | None) -> int | str | None:
     if text is None or text == "auto":
         return text
     try:
-        value = int(text)
+        value = int(text) if len(text) <= 6 else -1
     except ValueError:
         raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}") from None
     if value < 1:

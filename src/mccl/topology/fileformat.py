@@ -166,13 +166,17 @@ def loads_topology(text: str, source: str = "<topology>") -> Topology:
     """
     if "&" in text:
         _check_aliases(text, source)
+    data = _parse_fast(text, source)  # a syntax error is reported here, with its line
     try:
-        return _build(_parse_fast(text, source), _Reader(source))
+        return _build(data, _Reader(source))
     except TopologyFileError as first:
         reader = _Reader(source)
         try:
             data = reader.plain(_compose(text, source), "")
-        except RecursionError:  # deep, but within libyaml's limit: report without a line
+        except (RecursionError, yaml.YAMLError, TopologyFileError) as second:
+            # deep (within libyaml's limit) or a tag the pure-Python reader refuses: the first report stands
+            if isinstance(second, TopologyFileError) and "given twice" in str(second):
+                raise second from None
             raise first from None
         return _build(data, reader)
 
@@ -322,8 +326,8 @@ def _read_links(reader: _Reader, entries: list[Any], node_ids: set[str]) -> list
         for end in ("src", "dst"):
             if end not in entry:
                 raise reader.fail(where, f"missing field '{end}'")
-            if entry[end] not in node_ids:
-                raise reader.fail(f"{where}.{end}", f"unknown node {entry[end]!r}")
+            if not isinstance(entry[end], str) or entry[end] not in node_ids:
+                raise reader.fail(f"{where}.{end}", f"unknown node {str(entry[end])[:80]!r}")
         if entry["src"] == entry["dst"]:
             raise reader.fail(where, f"a link cannot connect {entry['src']!r} to itself")
         if "gbps" not in entry:
