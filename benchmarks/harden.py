@@ -7,6 +7,7 @@ Reported: the poll latencies while the registration is in hand (median, p99, max
 the same with no registration (baseline), and how long the registration took.
 
     PYTHONPATH=src python benchmarks/harden.py --segments 6 --repeat 3
+    PYTHONPATH=/path/to/older/src python benchmarks/harden.py ...   # the same against an older service
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from mccl.topology import rail_optimized
 def _socket(service: ControllerService) -> zmq.Socket:
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
-    service.secret.make_client(socket)
+    if getattr(service, "secret", None) is not None:  # main before issue 13 had no authentication
+        service.secret.make_client(socket)
     socket.connect(service.address)
     return socket
 
@@ -55,8 +57,11 @@ def run(segments: int) -> dict:
     topology = rail_optimized(segments, 8, 8)
     schedule = optimize(topology, "allgather", method="ring.nccl").schedule.with_meta(version=1)
     frame = encode("register", communicator="job", schedule=dumps_schedule(schedule))
-    service = ControllerService(ScheduleManager(topology, ControlConfig()), "tcp://127.0.0.1:*",
-                                max_message_bytes=256 << 20).start()
+    try:
+        service = ControllerService(ScheduleManager(topology, ControlConfig()), "tcp://127.0.0.1:*",
+                                    max_message_bytes=256 << 20).start()
+    except TypeError:  # the service before issue 13 (PYTHONPATH=/work/main/src): no limits to set
+        service = ControllerService(ScheduleManager(topology, ControlConfig()), "tcp://127.0.0.1:*").start()
     try:
         idle = _poll_latencies(service, threading.Event(), 1.0)
         done = threading.Event()
@@ -95,5 +100,5 @@ def main() -> None:
               f"max {max(r['idle']) * 1e3:.1f} ms")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the service's helper process is spawned: guard the entry point
     main()

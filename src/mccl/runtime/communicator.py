@@ -147,8 +147,12 @@ class Communicator:
         staged = self._local.get(timeout)  # idle wait
         if staged is not None:
             return staged
-        if self._source is not None and not self.controller_lost:
-            return self._source.poll()
+        if self._source is not None:  # asked even when lost: a controller that answers again is taken back
+            found = self._source.poll()
+            if self.controller_lost:
+                self.controller_lost = False
+                self.events.append("controller answers again")
+            return found
         return None
 
     def _controller_lost(self, reason: str) -> None:

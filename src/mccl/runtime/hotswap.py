@@ -180,6 +180,9 @@ class SwapThread:
                     log.warning("mccl: the controller is unreachable (%s); keeping the last schedule", error)
                     comm._controller_lost(str(error))
                 continue
+            if self._controller_lost and not comm.controller_lost:
+                self._controller_lost = False
+                log.warning("mccl: the controller answers again; taking its schedules again")
             if schedule is None:
                 continue
             try:
