@@ -310,3 +310,20 @@ def test_fuzzed_messages_never_end_the_service(fuzz_service, message):
         assert socket.poll(10_000)
         reply = decode(socket.recv())
     assert server._thread.is_alive()
+
+
+def test_non_finite_values_never_reach_the_wire(service):
+    """A sample with a non-finite time is dropped and counted by the client (JSON has no NaN and the
+    service refuses it); a non-finite value in the manager's events is sent as null."""
+    from mccl.control.manager import Event
+
+    client = ControllerClient(service.address, "job", 0, secret=service.secret)
+    try:
+        assert client.telemetry_ready(timeout_s=5.0)
+        client.submit([Sample("inter", "job", 0, 2, 10**6, math.nan, time.time(), 5),
+                       Sample("inter", "job", 0, 2, 10**6, 0.01, time.time(), 5)])
+        assert client.dropped == 1 and client.sent_samples == 1
+        service.manager.events.append(Event(time.time(), "flagged", "job", "allgather", 1, math.inf, "test"))
+        assert client.status()["events"][-1]["value"] is None
+    finally:
+        client.close()

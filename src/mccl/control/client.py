@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 
 from mccl.control.auth import JobSecret, as_secret, secret_from_env
-from mccl.control.protocol import decode, encode, telemetry_message
+from mccl.control.protocol import decode, encode, finite_samples, telemetry_message
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Schedule, dumps_schedule, loads_schedule
 
@@ -82,16 +82,19 @@ class ControllerClient:
     def submit(self, samples: Sequence[Any]) -> None:
         if not samples:
             return
-        payload = telemetry_message(samples)
+        usable = finite_samples(samples)
+        payload = telemetry_message(usable)
+        kept = len(usable)
         with self._telemetry_lock:
-            if self._closed:
-                self.dropped += len(samples)
+            self.dropped += len(samples) - kept
+            if self._closed or not kept:
+                self.dropped += kept
                 return
             try:
                 self._telemetry.send(payload, zmq.NOBLOCK)
-                self.sent_samples += len(samples)
+                self.sent_samples += kept
             except zmq.Again:
-                self.dropped += len(samples)
+                self.dropped += kept
 
     # ---- ScheduleSource ----------------------------------------------------------------------
     def poll(self) -> Schedule | None:

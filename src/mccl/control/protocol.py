@@ -34,7 +34,8 @@ from mccl.errors import ControllerError
 from mccl.telemetry import INTER, INTRA, Sample
 
 __all__ = ["PROTOCOL_VERSION", "MAX_MESSAGE_BYTES", "encode", "decode", "telemetry_message", "samples_of",
-           "text_field", "int_field", "versions_field"]
+           "text_field", "int_field", "versions_field", "finite_or_none",
+           "finite_samples"]
 
 PROTOCOL_VERSION = 1
 # The largest frame the service takes (ZMQ_MAXMSGSIZE: libzmq drops the connection of a peer that
@@ -112,10 +113,27 @@ def versions_field(message: dict[str, Any], key: str = "have") -> dict[str, int]
 
 
 def telemetry_message(samples: Sequence[Any]) -> bytes:
-    """Encode samples (anything with the fields of ``mccl.telemetry.Sample``)."""
+    """Encode samples (anything with the fields of ``mccl.telemetry.Sample``); a sample whose seconds or
+    end time is not finite is left out (the service would refuse the whole message for it)."""
     rows = [[s.kind, s.communicator, int(s.rank), int(s.peer), int(s.bytes), float(s.seconds), float(s.end_time),
-             int(s.seq)] for s in samples]
+             int(s.seq)] for s in finite_samples(samples)]
     return encode("telemetry", samples=rows)
+
+
+def finite_samples(samples: Sequence[Any]) -> list[Any]:
+    """The samples whose seconds and end time are finite (JSON cannot carry the others)."""
+    return [s for s in samples if math.isfinite(s.seconds) and math.isfinite(s.end_time)]
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN; decode() refuses it)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
 
 
 def _number(value: Any, what: str, low: float, high: float) -> float:

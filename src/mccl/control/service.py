@@ -68,6 +68,7 @@ from mccl.control.protocol import (
     MAX_MESSAGE_BYTES,
     decode,
     encode,
+    finite_or_none,
     samples_of,
     text_field,
     versions_field,
@@ -347,7 +348,7 @@ class ControllerService:
                 events = [dataclasses.asdict(event) for event in self.manager.events[-self.max_status_events:]]
                 stats = {**self.stats, "samples_taken": self.manager.samples_taken,
                          "samples_ignored": self.manager.samples_ignored}
-                return encode("status", events=events, stats=stats)
+                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats))
             if op == "stop":
                 self._stop.set()
                 return encode("ok")
