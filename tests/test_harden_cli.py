@@ -74,9 +74,10 @@ def test_alias_bomb_through_a_builder_path_argument(capsys, tmp_path):
     (lambda d: d["transfers"].__setitem__("step", [[s] for s in d["transfers"]["step"]]), "flat list"),
     (lambda d: d["transfers"].__setitem__("chunk", [c + 0.5 for c in d["transfers"]["chunk"]]), "fractional"),
     (lambda d: d["chunks"].__setitem__("source", "oops"), "must be a list"),
-    (lambda d: d["transfers"].__setitem__("sender", [10**400] * len(d["transfers"]["sender"])), "digits"),
+    (lambda d: d["transfers"].__setitem__("sender", [10**400] * len(d["transfers"]["sender"])), "beyond 64 bits"),
     (lambda d: d["transfers"].__setitem__("sender", [2**40] * len(d["transfers"]["sender"])), "32 bits"),
-    (lambda d: d["meta"].__setitem__("version", [1]), "malformed"),
+    (lambda d: d["meta"].__setitem__("version", [1]), "meta.version"),
+    (lambda d: d["meta"].__setitem__("achieved_gbs", "fast"), "meta.achieved_gbs"),
 ])
 def test_hostile_schedule_fields(capsys, tmp_path, schedule_file, edit, message):
     path = _edited(schedule_file, tmp_path, edit)
