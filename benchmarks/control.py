@@ -153,7 +153,7 @@ def ingest(quick: bool) -> list[dict]:
     service = ControllerService(ScheduleManager(topology, ControlConfig(settle_collectives=0)), "tcp://127.0.0.1:*")
     service.manager.register("job", schedule)
     service.start()
-    clients = [ControllerClient(service.address, "job", rank, send_hwm=64) for rank in range(4)]
+    clients = [ControllerClient(service.address, "job", rank, send_hwm=64, secret=service.secret) for rank in range(4)]
     samples = telemetry_round(16, 10, rng, slow=False) * 2  # 544 samples
     samples = samples[:512]
     time.sleep(0.3)  # connect

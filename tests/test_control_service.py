@@ -9,6 +9,7 @@ import pytest
 import zmq
 
 from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
+from mccl.control.auth import new_secret, read_secret_file, write_secret_file
 from mccl.control.protocol import decode, encode, telemetry_message
 from mccl.errors import ControllerError
 from mccl.schedule import validate
@@ -62,7 +63,7 @@ def service():
 def test_round_trip_telemetry_in_new_schedule_out(service):
     schedule = optimize(TOPOLOGY, "allgather").schedule.with_meta(version=1)
     clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=0.01,
-                                 timeout_s=10.0)  # a loaded 2-core machine can starve the service thread
+                                 timeout_s=10.0, secret=service.secret)  # a loaded 2-core machine can starve the service thread
                for rank in range(4)]
     try:
         assert clients[0].register(schedule) == 1
@@ -95,7 +96,7 @@ def test_telemetry_is_ready_only_with_a_controller_to_send_to(service):
         probe.bind(("127.0.0.1", 0))
         nobody = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     lonely = ControllerClient(nobody, "job", 0, timeout_s=0.3, interval_s=0.01)
-    connected = ControllerClient(service.address, "job", 1, timeout_s=10.0, interval_s=0.01)
+    connected = ControllerClient(service.address, "job", 1, timeout_s=10.0, interval_s=0.01, secret=service.secret)
     try:
         assert not lonely.telemetry_ready(timeout_s=0.1)
         lonely.submit(round_of(1, slow=False))
@@ -114,12 +115,13 @@ def test_a_poll_before_the_controller_listens_is_sent_again_not_waited_out():
     with socket_module.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-    client = ControllerClient(endpoint, "job", 0, timeout_s=0.5, interval_s=0.01)
+    secret = new_secret()
+    client = ControllerClient(endpoint, "job", 0, timeout_s=0.5, interval_s=0.01, secret=secret)
     server = None
     try:
         assert client.poll() is None  # nobody listens yet: nothing goes out
         time.sleep(0.2)
-        server = ControllerService(ScheduleManager(TOPOLOGY), endpoint).start()
+        server = ControllerService(ScheduleManager(TOPOLOGY), endpoint, secret=secret).start()
         deadline = time.monotonic() + 1.5  # three timeouts
         while time.monotonic() < deadline:
             assert client.poll() is None  # answered "nothing new", never "did not answer"
@@ -133,7 +135,7 @@ def test_a_poll_before_the_controller_listens_is_sent_again_not_waited_out():
 def test_fail_static_when_the_service_dies():
     manager = ScheduleManager(TOPOLOGY)
     server = ControllerService(manager, "tcp://127.0.0.1:*").start()
-    client = ControllerClient(server.address, "job", 0, timeout_s=0.3, interval_s=0.01)
+    client = ControllerClient(server.address, "job", 0, timeout_s=0.3, interval_s=0.01, secret=server.secret)
     try:
         client.poll()
         time.sleep(0.05)
@@ -171,10 +173,14 @@ def test_bad_messages_are_answered_and_counted(service):
     context = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    service.secret.make_client(socket)
     socket.connect(service.address)
     try:
         socket.send(b"not json")
         socket.send(encode("bogus"))
+        assert socket.poll(5000)
+        reply = decode(socket.recv())
+        assert reply["op"] == "error" and "not JSON" in reply["message"]  # every bad request is answered
         assert socket.poll(5000)
         reply = decode(socket.recv())
         assert reply["op"] == "error" and "unknown" in reply["message"]
@@ -194,7 +200,7 @@ def test_bad_messages_are_answered_and_counted(service):
 
 
 def test_register_of_an_invalid_schedule_is_refused(service):
-    client = ControllerClient(service.address, "job", 0)
+    client = ControllerClient(service.address, "job", 0, secret=service.secret)
     try:
         other = optimize(rail_optimized(1, 2, 4), "allgather").schedule  # GPUs the service's fabric lacks
         with pytest.raises(ControllerError, match="refused"):
@@ -209,7 +215,7 @@ def test_bind_errors_are_named(service):
 
 
 @pytest.mark.multiprocess
-def test_controller_command_serves_and_bad_input_is_one_line():
+def test_controller_command_serves_and_bad_input_is_one_line(tmp_path):
     import subprocess
     import sys
 
@@ -217,10 +223,11 @@ def test_controller_command_serves_and_bad_input_is_one_line():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     endpoint = f"tcp://127.0.0.1:{port}"
+    key = write_secret_file(tmp_path / "job.key", new_secret())
     process = subprocess.Popen([sys.executable, "-m", "mccl.cli.main", "controller", "--topology",
-                                "rail_optimized(1,2,2)", "--bind", endpoint], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    client = ControllerClient(endpoint, "job", 0)
+                                "rail_optimized(1,2,2)", "--bind", endpoint, "--secret-file", str(key)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = ControllerClient(endpoint, "job", 0, secret=read_secret_file(key))
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -216,3 +216,14 @@ def test_mutated_schedules_are_accepted_or_rejected_cleanly(fabric, data):
     values[index] = data.draw(st.integers(-2, max(len(schedule.chunks), len(fabric.links)) + 2))
     with contextlib.suppress(InvalidSchedule):
         validate(_transfers(schedule, **{column: values}), fabric)
+
+
+def test_steps_with_a_gap_are_refused(four):
+    """Issue 13: steps {0, 2e9} passed validate() and hung every rank that installed it (the exchange
+    driver loops over range(n_steps)); a gap is now refused, so drivers' work is bounded by transfers."""
+    ring = naive_ring(four, "allgather")
+    sparse = _transfers(ring, step=np.where(ring.transfers.step > 0, ring.transfers.step + 2_000_000_000 - 2,
+                                            ring.transfers.step))
+    with pytest.raises(InvalidSchedule, match="step 1 has no transfers but step 2000000000 does"):
+        validate(sparse, four)
+    validate(_transfers(ring, step=ring.transfers.step), four)  # the compact original is fine

@@ -6,11 +6,15 @@ Both import their libraries lazily: ``mccl demo`` loads torch, nothing else here
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 
 import click
 from rich.table import Table
+from rich.text import Text
 
-from mccl.cli.common import console, format_size, load_topology_arg
+from mccl.cli.common import FiniteFloat, console, format_size, load_topology_arg
 
 __all__ = ["controller_command", "demo_command"]
 
@@ -19,27 +23,56 @@ __all__ = ["controller_command", "demo_command"]
 @click.option("--topology", "topology_text", required=True, help="topology file or builder call, e.g. rail_optimized(1,2,8)")
 @click.option("--fault", "faults", multiple=True, help="fault applied to the nominal topology (rarely wanted)")
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="ZeroMQ endpoint to bind")
-@click.option("--alpha", default=0.3, show_default=True, type=float, help="EWMA smoothing factor α (§3.2)")
-@click.option("--gamma", default=0.2, show_default=True, type=float, help="drift threshold Γ on max δ_a (Algorithm 1)")
-def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float) -> None:
+@click.option("--alpha", default=0.3, show_default=True, type=FiniteFloat(), help="EWMA smoothing factor α (§3.2)")
+@click.option("--gamma", default=0.2, show_default=True, type=FiniteFloat(), help="drift threshold Γ on max δ_a (Algorithm 1)")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), envvar="MCCL_CONTROL_SECRET_FILE",
+              default=None, help="the job's control-plane secret (read if it exists, else created 0600); default: a "
+                                 "fresh one in a private temporary file, removed on exit. Executors get it through "
+                                 "MCCL_CONTROL_SECRET_FILE.")
+@click.option("--insecure", is_flag=True, help="no authentication (loopback binds only)")
+def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float,
+                       secret_file: Path | None, insecure: bool) -> None:
     """Run the controller service until interrupted (executors connect with mccl.control.ControllerClient)."""
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
+    from mccl.control.auth import is_loopback, new_secret, read_secret_file, write_secret_file
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if insecure and not is_loopback(bind):
+        raise click.UsageError(f"--insecure serves loopback, ipc or inproc endpoints only, not {bind}")
+    config = ControlConfig(alpha=alpha, gamma=gamma)  # refuses non-finite / out-of-range values before anything else
     topology = load_topology_arg(topology_text, faults)
-    service = ControllerService(ScheduleManager(topology, ControlConfig(alpha=alpha, gamma=gamma)), bind)
-    console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, Γ={gamma:g}); Ctrl-C stops")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    scratch: Path | None = None
+    secret = None
+    if not insecure:
+        if secret_file is not None and secret_file.exists():
+            secret = read_secret_file(secret_file)
+        else:
+            if secret_file is None:
+                scratch = Path(tempfile.mkdtemp(prefix="mccl-controller-"))  # 0700
+                secret_file = scratch / "control.key"
+            secret = write_secret_file(secret_file, new_secret()) and read_secret_file(secret_file)
     try:
-        service.serve_forever()
-    except KeyboardInterrupt:
-        console.print("stopped")
+        service = ControllerService(ScheduleManager(topology, config), bind, secret=secret,
+                                    authenticate=not insecure)
+        mode = "UNAUTHENTICATED" if insecure else f"secret in {secret_file}"
+        console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, "
+                      f"Γ={gamma:g}; {mode}); Ctrl-C stops", soft_wrap=True)
+        if secret_file is not None:
+            console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={secret_file}", soft_wrap=True)
+        try:
+            service.serve_forever()
+        except KeyboardInterrupt:
+            console.print("stopped")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @click.command("demo")
 @click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="gloo ranks (GPUs)")
 @click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
-@click.option("--alpha", default=None, type=float, help="EWMA smoothing factor α [default: 0.5 pacer, 0.15 netemu]")
-@click.option("--gamma", default=None, type=float, help="drift threshold Γ [default: 0.2 pacer, 0.3 netemu]")
+@click.option("--alpha", default=None, type=FiniteFloat(), help="EWMA smoothing factor α [default: 0.5 pacer, 0.15 netemu]")
+@click.option("--gamma", default=None, type=FiniteFloat(), help="drift threshold Γ [default: 0.2 pacer, 0.3 netemu]")
 @click.option("--fabric", type=click.Choice(["pacer", "netemu"]), default="pacer", show_default=True,
               help="pacer: in-process paced sends; netemu: namespaces + shaped veths (root; 8 ranks, AllGather + AllToAll)")
 @click.option("--out", default="plots", show_default=True, help="netemu: directory of the timeline PNG")
@@ -56,7 +89,7 @@ def demo_command(ranks: str, quick: bool, alpha: float | None, gamma: float | No
 
     config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
                         **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
-    report = run_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+    report = run_demo(config, progress=lambda text: console.print(Text(text, style="dim")))
     _print_report(report)
 
 
@@ -78,7 +111,7 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoR
             notes.append(f"swapped to v{record.version} (K={previous.seq}"
                          + (f", OOB {swap.oob_s * 1e3:.1f} ms)" if swap else ")"))
         table.add_row(str(record.seq), f"{record.start - start:.2f}", f"v{record.version}", f"{record.seconds * 1e3:.1f}",
-                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else "[red]WRONG[/red]", "; ".join(notes))
+                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else Text("WRONG", style="red"), "; ".join(notes))
         previous = record
     console.print(table)
     for event in report.events:
@@ -100,9 +133,9 @@ def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoR
     console.print(f"median algbw: healthy {show(healthy)}, degraded {show(degraded)}, recovered {show(recovered)}"
                   + (f" ({recovered / degraded:.2f}x the degraded)" if recovered and degraded else ""))
     stats = report.controller_stats
-    console.print(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} messages, "
-                  f"{stats.get('telemetry_dropped', 0)} dropped; every result "
-                  + ("equal to torch's" if report.all_correct else "[red]NOT equal to torch's[/red]"))
+    console.print(Text.assemble(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} "
+                                f"messages, {stats.get('telemetry_dropped', 0)} dropped; every result ",
+                                "equal to torch's" if report.all_correct else ("NOT equal to torch's", "red")))
 
 
 def _ms(value: float | None) -> str:

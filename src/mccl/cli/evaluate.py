@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import click
 from rich.table import Table
 
-from mccl.cli.common import SizeParam, console, format_size, load_topology_arg
+from mccl.cli.common import FiniteFloat, SizeParam, console, format_size, load_topology_arg, write_outputs
 from mccl.experiments.scenarios import chain_summary
 from mccl.schedule import Collective, load_schedule, validate
 from mccl.sim import evaluate
@@ -28,13 +29,13 @@ BYTES_PER_ELEMENT = 4  # nccl-tests' count column, for float32
 @click.option("--fault", "faults", multiple=True, help="Faults to apply to the topology (repeatable).")
 @click.option("--size", "sizes", type=SizeParam(), multiple=True,
               help="nccl-tests size S (AllGather: output per rank; AllToAll: send buffer per rank); repeatable.")
-@click.option("--step-overhead-us", type=float, default=0.0, help="Fixed software latency per step (µs).")
+@click.option("--step-overhead-us", type=FiniteFloat(0.0, 1e9), default=0.0, help="Fixed software latency per step (µs).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the table as CSV.")
 @click.option("--model", type=click.Choice(["alpha-beta", "flow"]), default="alpha-beta", show_default=True,
               help="alpha-beta: the analytic model (links at their steady-state load, perfect pipelining); flow: the "
                    "flow-level simulator (max-min fair sharing, chunk dependencies, the critical chain).")
-@click.option("--slices", type=click.IntRange(min=1), default=None,
+@click.option("--slices", type=click.IntRange(1, 1024), default=None,
               help="flow model: every chunk moves as this many pipelined slices (default 4); 1 = store and forward.")
 def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: tuple[int, ...],
                  step_overhead_us: float, csv_path: Path | None, model: str, slices: int | None) -> None:
@@ -67,10 +68,11 @@ def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: 
     if chains:
         console.print("critical chain: " + "; ".join(chains))
     if csv_path is not None:
-        with csv_path.open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["size", "count", "type", "time_us", "algbw_gbs", "busbw_gbs"])
-            writer.writerows(rows)
+        handle = io.StringIO(newline="")
+        writer = csv.writer(handle)
+        writer.writerow(["size", "count", "type", "time_us", "algbw_gbs", "busbw_gbs"])
+        writer.writerows(rows)
+        write_outputs({csv_path: handle.getvalue()})
     links = ", ".join(f"{fabric.links[a].src}->{fabric.links[a].dst}" for a in result.bottleneck_links[:6])
     more = f" (+{len(result.bottleneck_links) - 6} more)" if len(result.bottleneck_links) > 6 else ""
     console.print(f"steady-state algbw {result.steady_state_algbw_gbs:.2f} GB/s, paced by {links}{more}")

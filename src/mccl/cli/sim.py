@@ -17,7 +17,7 @@ __all__ = ["sim_command"]
 @click.argument("scenario", type=click.Choice(sorted(SCENARIOS)), default="fig2")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory to save the scenario's PNG plot in.")
-@click.option("--slices", type=click.IntRange(min=1), default=None,
+@click.option("--slices", type=click.IntRange(1, 1024), default=None,
               help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
                    "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward).")
 def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from mccl.cli.common import console, load_topology_arg
-from mccl.schedule import Collective, Schedule, dump_schedule, validate
+from mccl.cli.common import console, load_topology_arg, write_outputs
+from mccl.schedule import Collective, Schedule, dumps_schedule, validate
 from mccl.synth import DirectOptions, RingOptions, optimize
 
 __all__ = ["synth_group"]
@@ -20,8 +20,9 @@ def synth_group() -> None:
     """Synthesize schedules."""
 
 
-def _report(schedule: Schedule, out: Path) -> None:
-    dump_schedule(schedule, out)
+def _report(schedule: Schedule, out: Path, also: dict[Path, str] | None = None) -> None:
+    """Write the schedule (and ``also``: other outputs of the command) all or nothing, then describe it."""
+    write_outputs({out: dumps_schedule(schedule), **(also or {})})
     meta = schedule.meta
     cut = ", ".join(f"{c.link}" for c in meta.bottleneck_cut[:8]) + (" ..." if len(meta.bottleneck_cut) > 8 else "")
     console.print(f"wrote {out}: {schedule.collective.value} by {meta.synthesizer} on {meta.topology}, "
@@ -45,8 +46,8 @@ _out = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), re
 @_fault_option
 @click.option("--collective", type=click.Choice(["allgather", "reducescatter", "allreduce"]), default="allgather")
 @click.option("--kind", type=click.Choice(_RINGS), default="nccl", help="Ring construction.")
-@click.option("--channels", type=click.IntRange(min=1), default=None, help="Rings (NCCL channels); default GPUs per host.")
-@click.option("--chunks", type=click.IntRange(min=1), default=1, help="Chunks per block and ring.")
+@click.option("--channels", type=click.IntRange(1, 1024), default=None, help="Rings (NCCL channels); default GPUs per host.")
+@click.option("--chunks", type=click.IntRange(1, 1024), default=1, help="Chunks per block and ring.")
 @_ranks
 @_out
 def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, channels: int | None, chunks: int,
@@ -64,7 +65,7 @@ def ring(topology: str, faults: tuple[str, ...], collective: str, kind: str, cha
 @synth_group.command("direct")
 @_topology_option
 @_fault_option
-@click.option("--chunks", type=click.IntRange(min=1), default=1, help="Chunks per block.")
+@click.option("--chunks", type=click.IntRange(1, 1024), default=1, help="Chunks per block.")
 @click.option("--pxn/--no-pxn", default=True, help="Relay cross-rail sends over the NVSwitch, as NCCL's PXN does.")
 @_ranks
 @_out

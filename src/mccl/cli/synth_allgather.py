@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from mccl.cli.common import console, load_topology_arg
+from mccl.cli.common import console, load_topology_arg, write_outputs
 from mccl.cli.synth import synth_group
-from mccl.schedule import Collective, dump_schedule, load_schedule, to_msccl_xml, validate
+from mccl.schedule import Collective, dumps_schedule, load_schedule, to_msccl_xml, validate
 from mccl.synth import TreePackOptions, optimize
 from mccl.synth.options import TREEPACK_MAX_CHUNKS as MAX_CHUNKS
 
@@ -37,9 +37,7 @@ def allgather(topology: str, faults: tuple[str, ...], warm: Path | None, chunks:
                       options=TreePackOptions(chunks=chunks, latency_aware=latency_aware))
     schedule, stats = result.schedule, result.stats
     validate(schedule, fabric)
-    dump_schedule(schedule, out)
-    if xml is not None:
-        xml.write_text(to_msccl_xml(schedule))
+    write_outputs({out: dumps_schedule(schedule), **({xml: to_msccl_xml(schedule)} if xml is not None else {})})
     meta = schedule.meta
     cut = ", ".join(f"{c.link}({fabric.links[c.link].src}->{fabric.links[c.link].dst})" for c in meta.bottleneck_cut[:6])
     more = f" ... ({len(meta.bottleneck_cut)} links)" if len(meta.bottleneck_cut) > 6 else ""

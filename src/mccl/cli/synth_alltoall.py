@@ -22,7 +22,7 @@ def _steps(text: str | None) -> int | str | None:
     if text is None or text == "auto":
         return text
     try:
-        value = int(text)
+        value = int(text) if len(text) <= 6 else -1
     except ValueError:
         raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}") from None
     if value < 1:
@@ -56,9 +56,8 @@ def alltoall(topology: str, faults: tuple[str, ...], warm: Path | None, time_lim
                                               grouping=grouping))
     schedule, stats = result.schedule, result.stats
     validate(schedule, fabric)
-    _report(schedule, out)
+    _report(schedule, out, {msccl_xml: to_msccl_xml(schedule)} if msccl_xml is not None else None)
     if msccl_xml is not None:
-        msccl_xml.write_text(to_msccl_xml(schedule))
         console.print(f"wrote {msccl_xml}: MSCCL XML")
     console.print(f"LP bound {result.bound_gbs:.2f} GB/s; gap {100 * (result.gap or 0.0):.2f}% "
                   f"(rounding {100 * stats.rounding_gap:.2f}%); {stats.columns} columns, "

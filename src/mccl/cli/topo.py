@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 from rich.table import Table
+from rich.text import Text
 
-from mccl.cli.common import console, load_topology_arg
-from mccl.topology import NodeKind, Topology, dump_topology, load_topology
+from mccl.cli.common import console, load_topology_arg, write_outputs
+from mccl.topology import NodeKind, Topology, dumps_topology, load_topology
 
 __all__ = ["topo_group"]
 
@@ -29,7 +30,7 @@ def topo_group() -> None:
 def build(spec: str, faults: tuple[str, ...], out: Path) -> None:
     """Write the topology SPEC (e.g. 'rail_optimized(1,2,8)') to a file."""
     topology = load_topology_arg(spec, faults)
-    dump_topology(topology, out)
+    write_outputs({out: dumps_topology(topology, "json" if out.suffix.lower() == ".json" else "yaml")})
     counts = topology.summary()
     console.print(f"wrote {out}: {topology.name}, {counts.get('gpu', 0)} GPUs, {counts['links']} links")
 
@@ -77,9 +78,9 @@ def show(topology: str, faults: tuple[str, ...]) -> None:
     fabric = load_topology_arg(topology, faults)
     counts = fabric.summary()
     hosts = {fabric.node(gpu).host for gpu in fabric.gpus}
-    console.print(f"[bold]{fabric.name}[/bold]: {counts.get('gpu', 0)} GPUs on {len(hosts)} hosts, "
+    console.print(Text.assemble((fabric.name, "bold"), f": {counts.get('gpu', 0)} GPUs on {len(hosts)} hosts, "
                   + ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind not in ("gpu", "links"))
-                  + f", {counts['links']} directed links")
+                  + f", {counts['links']} directed links"))
     console.print(_gpu_table(fabric))
     console.print(_link_classes(fabric))
 

@@ -14,6 +14,13 @@ imports neither torch nor the runtime. One client per rank and communicator.
   go out (not connected yet) is not counted as sent: the next poll sends it again,
   and only ``timeout_s`` of that raises too (before, a first poll that raced the
   connection waited out the whole timeout for a reply that could never come).
+* A controller declared lost is asked again every ``timeout_s`` by later polls (which
+  keep raising until it answers); once it answers, the client recovers: ``poll()``
+  returns normally again (``recoveries`` counts it).
+* Authentication (:mod:`.auth`): ``secret`` (a JobSecret, hex, or raw bytes), else
+  ``MCCL_CONTROL_SECRET_FILE`` / ``MCCL_CONTROL_SECRET`` from the environment (how the
+  launcher hands it to every rank); with none, the client speaks unauthenticated, which
+  only a service started with ``authenticate=False`` accepts.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from typing import Any
 
 import zmq
 
-from mccl.control.protocol import decode, encode, telemetry_message
+from mccl.control.auth import JobSecret, as_secret, secret_from_env
+from mccl.control.protocol import decode, encode, finite_samples, telemetry_message
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Schedule, dumps_schedule, loads_schedule
 
@@ -37,8 +45,10 @@ class ControllerClient:
     not asked for again)."""
 
     def __init__(self, endpoint: str, communicator: str, rank: int, *, installed: Sequence[Schedule] = (),
-                 timeout_s: float = 2.0, interval_s: float = 0.05, send_hwm: int = 16) -> None:
+                 timeout_s: float = 2.0, interval_s: float = 0.05, send_hwm: int = 16,
+                 secret: JobSecret | str | bytes | None = None) -> None:
         self.endpoint = endpoint
+        self.secret = as_secret(secret) or secret_from_env()
         self.communicator = communicator
         self.rank = rank
         self.timeout_s = timeout_s
@@ -47,6 +57,7 @@ class ControllerClient:
         self.dropped = 0
         self.sent_samples = 0
         self.received = 0
+        self.recoveries = 0
         self._context = zmq.Context()
         self._requests = self._socket(send_hwm)
         self._telemetry = self._socket(send_hwm)
@@ -60,6 +71,8 @@ class ControllerClient:
     def _socket(self, hwm: int) -> zmq.Socket:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self.secret is not None:
+            self.secret.make_client(socket)
         socket.setsockopt(zmq.SNDHWM, hwm)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is not connected
         socket.connect(self.endpoint)
@@ -69,24 +82,25 @@ class ControllerClient:
     def submit(self, samples: Sequence[Any]) -> None:
         if not samples:
             return
-        payload = telemetry_message(samples)
+        usable = finite_samples(samples)
+        payload = telemetry_message(usable)
+        kept = len(usable)
         with self._telemetry_lock:
-            if self._closed:
-                self.dropped += len(samples)
+            self.dropped += len(samples) - kept
+            if self._closed or not kept:
+                self.dropped += kept
                 return
             try:
                 self._telemetry.send(payload, zmq.NOBLOCK)
-                self.sent_samples += len(samples)
+                self.sent_samples += kept
             except zmq.Again:
-                self.dropped += len(samples)
+                self.dropped += kept
 
     # ---- ScheduleSource ----------------------------------------------------------------------
     def poll(self) -> Schedule | None:
         with self._request_lock:
             if self._closed:
                 raise ControllerError("the controller client was closed")
-            if self._lost is not None:
-                raise ControllerError(self._lost)
             found: Schedule | None = None
             while found is None:
                 try:
@@ -94,24 +108,41 @@ class ControllerClient:
                 except zmq.Again:
                     break
                 self._sent_at = None
+                if self._lost is not None:  # it answers again: recovered
+                    self._lost = None
+                    self.recoveries += 1
                 found = self._take(decode(frame))
             now = time.monotonic()
-            if self._sent_at is not None and now - self._sent_at > self.timeout_s:
-                self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s"
+            if self._lost is not None:
+                if self._sent_at is not None and now - self._sent_at > self.timeout_s:
+                    self._sent_at = None  # ask again: a controller that was slow or restarted may answer it
+                if self._sent_at is None:
+                    self._send_poll(now)
                 raise ControllerError(self._lost)
-            if self._sent_at is None and found is None:
-                try:
-                    self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank,
-                                               have=self.have), zmq.NOBLOCK)
-                    self._sent_at, self._unsent_since = now, None
-                except zmq.Again:  # not connected (yet): sent again on the next poll, lost after timeout_s of that
-                    if self._unsent_since is None:
-                        self._unsent_since = now
-                    elif now - self._unsent_since > self.timeout_s:
-                        self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
-                                      "(not connected)")
-                        raise ControllerError(self._lost) from None
+            if self._sent_at is not None and now - self._sent_at > self.timeout_s:
+                self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s{self._hint()}"
+                raise ControllerError(self._lost)
+            unsent = self._sent_at is None and found is None and not self._send_poll(now)
+            if unsent and now - self._unsent_since > self.timeout_s:
+                self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
+                              f"(not connected){self._hint()}")
+                raise ControllerError(self._lost)
             return found
+
+    def _send_poll(self, now: float) -> bool:
+        """Send a poll request; False (and the time since when) if it cannot go out (not connected)."""
+        try:
+            self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank, have=self.have),
+                                zmq.NOBLOCK)
+        except zmq.Again:  # not connected (yet): sent again on the next poll, lost after timeout_s of that
+            if self._unsent_since is None:
+                self._unsent_since = now
+            return False
+        self._sent_at, self._unsent_since = now, None
+        return True
+
+    def _hint(self) -> str:
+        return "" if self.secret is not None else " (this client has no control-plane secret: set MCCL_CONTROL_SECRET_FILE)"
 
     def _take(self, reply: dict[str, Any]) -> Schedule | None:
         if reply["op"] == "error":
@@ -134,12 +165,14 @@ class ControllerClient:
         """A blocking request/reply on a socket of its own (set-up, status): ControllerError on timeout."""
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        if self.secret is not None:
+            self.secret.make_client(socket)
         try:
             socket.connect(self.endpoint)
             socket.send(encode(op, **fields))
             if not socket.poll(int((timeout_s or self.timeout_s) * 1e3), zmq.POLLIN):
                 raise ControllerError(f"the controller at {self.endpoint} did not answer {op!r} "
-                                      f"within {timeout_s or self.timeout_s:g} s")
+                                      f"within {timeout_s or self.timeout_s:g} s{self._hint()}")
             reply = decode(socket.recv())
         finally:
             socket.close(linger=0)

@@ -31,6 +31,7 @@ this also damps thrashing). Samples of a communicator's first
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -86,6 +87,20 @@ class ControlConfig:
     synth_options: Mapping[Collective, object] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
+        # Non-finite or out-of-range values are refused where they are written: gamma = nan or inf
+        # would silently switch the drift test off (every comparison with it is False).
+        for name, low, high in (("alpha", 0.0, 1.0), ("gamma", 0.0, float("inf"))):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or not low < value <= high:
+                raise ControllerError(f"{name} must be a finite number in ({low:g}, {high:g}], got {value!r}")
+        if self.alpha_level is not None and (isinstance(self.alpha_level, bool) or not isinstance(
+                self.alpha_level, int | float) or not 0.0 < self.alpha_level <= 1.0):
+            raise ControllerError(f"alpha_level must be None or a number in (0, 1], got {self.alpha_level!r}")
+        for name, low in (("warmup", 1), ("settle_collectives", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ControllerError(f"{name} must be an integer >= {low}, got {value!r}")
         for name in ("methods", "synth_options"):
             given = getattr(self, name)
             object.__setattr__(self, name, MappingProxyType({Collective(key): value for key, value in given.items()}))

@@ -15,52 +15,170 @@ sockets to it, one for telemetry (send only) and one for requests (see
 * ``status`` — reply ``status`` (``events``, ``stats``).
 * ``stop`` — reply ``ok``; the service ends.
 * any failure — reply ``error`` (``message``).
+
+Bounded parsing: a message is refused (a :class:`~mccl.errors.ControllerError`, never
+another exception) when it is larger than ``MAX_MESSAGE_BYTES``, nested deeper than
+Python's recursion limit allows, holds ``NaN`` or ``Infinity``, or a field of the wrong
+type or out of its range (``1e400`` parses as inf and ``10**400`` as a big integer, and
+the range checks refuse both). Every field a handler uses is checked here, so a handler
+sees plain values.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from mccl.errors import ControllerError
-from mccl.telemetry import Sample
+from mccl.telemetry import INTER, INTRA, Sample
 
-__all__ = ["PROTOCOL_VERSION", "encode", "decode", "telemetry_message", "samples_of"]
+__all__ = ["PROTOCOL_VERSION", "MAX_MESSAGE_BYTES", "encode", "decode", "telemetry_message", "samples_of",
+           "text_field", "int_field", "versions_field", "finite_or_none",
+           "finite_samples"]
 
 PROTOCOL_VERSION = 1
+# The largest frame the service takes (ZMQ_MAXMSGSIZE: libzmq drops the connection of a peer that
+# sends more, before the frame is buffered). A 512-rank ring schedule file is ~40 MiB.
+MAX_MESSAGE_BYTES = 64 << 20
+MAX_NAME_CHARS = 256
+MAX_RANKS = 1 << 20
+MAX_SAMPLES_PER_MESSAGE = 1 << 16
+_INT64 = 2**63 - 1
+_KINDS = frozenset((INTER, INTRA))
 
 
 def encode(op: str, **fields: Any) -> bytes:
-    return json.dumps({"v": PROTOCOL_VERSION, "op": op, **fields}, separators=(",", ":")).encode()
+    return json.dumps({"v": PROTOCOL_VERSION, "op": op, **fields}, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(frame: bytes) -> dict[str, Any]:
-    """A message as a dict; ControllerError naming what is wrong with it."""
+def _no_constant(text: str) -> Any:
+    raise ControllerError(f"a controller message holds {text}, which is not a finite number")
+
+
+def decode(frame: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, Any]:
+    """A message as a dict; ControllerError naming what is wrong with it (and nothing else)."""
+    if len(frame) > max_bytes:
+        raise ControllerError(f"a controller message of {len(frame)} bytes is larger than the limit {max_bytes}")
     try:
-        message = json.loads(frame)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ControllerError(f"a controller message is not JSON: {error}") from None
+        # No parse_int / parse_float hooks (a Python call per number halved the ingest rate): a number
+        # out of range (1e400 is inf, 10**400 a big int) is refused by the field checks below.
+        message = json.loads(frame, parse_constant=_no_constant)
+    except ValueError as error:  # not JSON, not UTF-8, an integer beyond Python's 4300-digit limit
+        raise ControllerError(f"a controller message is not JSON: {str(error)[:200]}") from None
+    except RecursionError:
+        raise ControllerError("a controller message is nested too deeply") from None
     if not isinstance(message, dict) or "op" not in message:
         raise ControllerError("a controller message must be a JSON object with an 'op'")
     if message.get("v") != PROTOCOL_VERSION:
-        raise ControllerError(f"controller protocol version {message.get('v')!r}, this side speaks {PROTOCOL_VERSION}")
+        raise ControllerError(f"controller protocol version {str(message.get('v'))[:20]!r}, this side speaks "
+                              f"{PROTOCOL_VERSION}")
+    if not isinstance(message["op"], str):
+        raise ControllerError("a controller message's 'op' must be a string")
     return message
 
 
+def text_field(message: dict[str, Any], key: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars:
+        raise ControllerError(f"{message['op']}: {key!r} must be a string of 1..{max_chars} characters")
+    return value
+
+
+def int_field(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ControllerError(f"{what} must be an integer in {low}..{high}, got {str(value)[:40]}")
+    return value
+
+
+def versions_field(message: dict[str, Any], key: str = "have") -> dict[str, int]:
+    """A ``{collective: version}`` mapping (at most 16 entries, versions 0..2**63-1)."""
+    value = message.get(key, {})
+    if not isinstance(value, dict) or len(value) > 16:
+        raise ControllerError(f"{message['op']}: {key!r} must be a mapping of at most 16 collectives to versions")
+    return {str(kind)[:MAX_NAME_CHARS]: int_field(version, f"{key}[{str(kind)[:20]!r}]", 0, _INT64)
+            for kind, version in value.items()}
+
+
 def telemetry_message(samples: Sequence[Any]) -> bytes:
-    """Encode samples (anything with the fields of ``mccl.telemetry.Sample``)."""
+    """Encode samples (anything with the fields of ``mccl.telemetry.Sample``); a sample whose seconds or
+    end time is not finite is left out (the service would refuse the whole message for it)."""
     rows = [[s.kind, s.communicator, int(s.rank), int(s.peer), int(s.bytes), float(s.seconds), float(s.end_time),
-             int(s.seq)] for s in samples]
+             int(s.seq)] for s in finite_samples(samples)]
     return encode("telemetry", samples=rows)
 
 
+def finite_samples(samples: Sequence[Any]) -> list[Any]:
+    """The samples whose seconds and end time are finite (JSON cannot carry the others)."""
+    return [s for s in samples if math.isfinite(s.seconds) and math.isfinite(s.end_time)]
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN; decode() refuses it)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def _number(value: Any, what: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ControllerError(f"a telemetry row's {what} must be a number in [{low:g}, {high:g}], got "
+                              f"{str(value)[:40]}")
+    return float(value)
+
+
+def _row_ok(row: Any) -> bool:
+    """The fast check of one telemetry row (exact types: a bool is not a rank); see _explain."""
+    if type(row) is not list or len(row) != 8:
+        return False
+    kind, comm, rank, peer, nbytes, seconds, end, seq = row
+    return (kind in _KINDS and type(comm) is str and 0 < len(comm) <= MAX_NAME_CHARS
+            and type(rank) is int and 0 <= rank <= MAX_RANKS and type(peer) is int and -1 <= peer <= MAX_RANKS
+            and type(nbytes) is int and 0 <= nbytes <= 1 << 50 and type(seq) is int and 0 <= seq <= _INT64
+            and type(seconds) in (int, float) and 1e-9 <= seconds <= 1e6
+            and type(end) in (int, float) and 0.0 <= end <= 1e12)
+
+
+def _explain(row: Any) -> ControllerError:
+    """What is wrong with a row _row_ok refused (the slow path, for the error message)."""
+    if not isinstance(row, list) or len(row) != 8:
+        return ControllerError("a telemetry row is a list of 8 fields [kind, communicator, rank, peer, bytes, "
+                               "seconds, end_time, seq]")
+    kind, comm, rank, peer, nbytes, seconds, end, seq = row
+    try:
+        if kind not in _KINDS:
+            raise ControllerError(f"a telemetry row's kind must be {INTER!r} or {INTRA!r}, got {str(kind)[:40]!r}")
+        if not isinstance(comm, str) or not 0 < len(comm) <= MAX_NAME_CHARS:
+            raise ControllerError(f"a telemetry row's communicator must be a string of 1..{MAX_NAME_CHARS} "
+                                  "characters")
+        int_field(rank, "a telemetry row's rank", 0, MAX_RANKS)
+        int_field(peer, "a telemetry row's peer", -1, MAX_RANKS)
+        int_field(nbytes, "a telemetry row's bytes", 0, 1 << 50)
+        _number(seconds, "seconds", 1e-9, 1e6)
+        _number(end, "end_time", 0.0, 1e12)
+        int_field(seq, "a telemetry row's seq", 0, _INT64)
+    except ControllerError as error:
+        return error
+    return ControllerError("a telemetry row is malformed")
+
+
 def samples_of(message: dict[str, Any]) -> list[Sample]:
+    """The samples of a telemetry message, every field type- and range-checked (the EWMAs take them)."""
     rows = message.get("samples")
     if not isinstance(rows, list):
         raise ControllerError("a telemetry message needs a 'samples' list")
-    try:
-        return [Sample(str(kind), str(comm), int(rank), int(peer), int(nbytes), float(seconds), float(end), int(seq))
-                for kind, comm, rank, peer, nbytes, seconds, end, seq in rows]
-    except (TypeError, ValueError) as error:
-        raise ControllerError(f"a telemetry row is malformed: {error}") from None
+    if len(rows) > MAX_SAMPLES_PER_MESSAGE:
+        raise ControllerError(f"a telemetry message of {len(rows)} samples (at most {MAX_SAMPLES_PER_MESSAGE})")
+    samples = []
+    append = samples.append
+    for row in rows:
+        if not _row_ok(row):
+            raise _explain(row)
+        kind, comm, rank, peer, nbytes, seconds, end, seq = row
+        append(Sample(kind, comm, rank, peer, nbytes, float(seconds), float(end), seq))
+    return samples

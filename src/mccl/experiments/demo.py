@@ -146,7 +146,7 @@ class DemoReport:
 
 
 # ---- the controller process ------------------------------------------------------------------
-def _controller_main(topology_spec: str, bind: str, alpha: float, gamma: float) -> None:
+def _controller_main(topology_spec: str, bind: str, alpha: float, gamma: float, secret: str) -> None:
     import logging
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
@@ -157,11 +157,11 @@ def _controller_main(topology_spec: str, bind: str, alpha: float, gamma: float) 
     # healthy references over 4 samples per overlay link
     manager = ScheduleManager(parse_topology(topology_spec),
                               ControlConfig(alpha=alpha, gamma=gamma, warmup=4, settle_collectives=4))
-    ControllerService(manager, bind).serve_forever()
+    ControllerService(manager, bind, secret=secret).serve_forever()
 
 
 # ---- one rank ----------------------------------------------------------------------------------
-def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config: DemoConfig) -> dict:
+def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config: DemoConfig, secret: str) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -172,7 +172,7 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
 
     topology = parse_topology(config.topology_spec)
     schedule = loads_schedule(schedule_text)
-    client = ControllerClient(endpoint, COMMUNICATOR, rank, installed=[schedule])
+    client = ControllerClient(endpoint, COMMUNICATOR, rank, installed=[schedule], secret=secret)
     if rank == 0:
         client.register(schedule)
     dist.barrier()
@@ -225,12 +225,12 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
         client.close()
 
 
-def _wait_for_controller(endpoint: str, process: mp.process.BaseProcess, timeout_s: float) -> None:
+def _wait_for_controller(endpoint: str, process: mp.process.BaseProcess, timeout_s: float, secret: str) -> None:
     from mccl.control import ControllerClient
     from mccl.errors import ControllerError
 
     deadline = time.monotonic() + timeout_s
-    probe = ControllerClient(endpoint, COMMUNICATOR, -1)
+    probe = ControllerClient(endpoint, COMMUNICATOR, -1, secret=secret)
     try:
         while True:
             try:
@@ -248,6 +248,7 @@ def _wait_for_controller(endpoint: str, process: mp.process.BaseProcess, timeout
 def run_demo(config: DemoConfig, *, progress=None) -> DemoReport:
     """Run the closed loop (see module docstring) and return what happened."""
     from mccl.control import ControllerClient
+    from mccl.control.auth import new_secret
     from mccl.runtime.launch import free_port, run_ranks
     from mccl.schedule import dumps_schedule
     from mccl.synth import optimize
@@ -259,17 +260,18 @@ def run_demo(config: DemoConfig, *, progress=None) -> DemoReport:
     topology = parse_topology(config.topology_spec)
     schedule = optimize(topology, "allgather").schedule.with_meta(version=1)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
+    secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
     context = mp.get_context("spawn")
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, config.alpha,
-                                                                  config.gamma), daemon=True)
+                                                                  config.gamma, secret), daemon=True)
     controller.start()
     admin = None
     try:
         say(f"controller at {endpoint}; starting {config.ranks} gloo ranks on {config.topology_spec}")
-        _wait_for_controller(endpoint, controller, 30.0)
-        results = run_ranks(_rank_main, config.ranks, endpoint, dumps_schedule(schedule), config,
+        _wait_for_controller(endpoint, controller, 30.0, secret)
+        results = run_ranks(_rank_main, config.ranks, endpoint, dumps_schedule(schedule), config, secret,
                             timeout_s=config.timeout_s)
-        admin = ControllerClient(endpoint, COMMUNICATOR, -1)
+        admin = ControllerClient(endpoint, COMMUNICATOR, -1, secret=secret)
         status = admin.status()
         admin.request("stop")
     finally:

@@ -27,7 +27,7 @@ from mccl.errors import InvalidSchedule, MCCLError, PeerLost
 from mccl.runtime import executor, torch_private
 from mccl.runtime.calls import CallLog
 from mccl.runtime.collectives import Collectives
-from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode
+from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode, staged_payload
 from mccl.runtime.plan import RankPlan, build_plan
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
@@ -152,8 +152,12 @@ class Communicator(Collectives):
         staged = self._local.get(timeout)  # idle wait
         if staged is not None:
             return staged
-        if self._source is not None and not self.controller_lost:
-            return self._source.poll()
+        if self._source is not None:  # asked even when lost: a controller that answers again is taken back
+            found = self._source.poll()
+            if self.controller_lost:
+                self.controller_lost = False
+                self.events.append("controller answers again")
+            return found
         return None
 
     def _controller_lost(self, reason: str) -> None:
@@ -178,7 +182,7 @@ class Communicator(Collectives):
         return None
 
     def _sync_round(self, exchange: Callable[[bytes], list[bytes]]) -> tuple[int, dict[str, int], float]:
-        staged = {kind.value: sorted(items) for kind, items in self._staged.items()}
+        staged = staged_payload(self._staged)  # versions with content digests (issue 13)
         with self._issue_lock:  # hold the issuing of new collectives only for the exchange
             start = time.perf_counter()
             payloads = exchange(encode(self._seq, staged))

@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -37,8 +37,9 @@ from typing import Protocol
 import torch.distributed as dist
 
 from mccl.errors import ControllerError, MCCLError
+from mccl.schedule.serialize import schedule_digest
 
-__all__ = ["ControlChannel", "StoreControl", "SwapRecord", "agree"]
+__all__ = ["ControlChannel", "StoreControl", "SwapRecord", "SwapConflict", "agree", "conflicts", "staged_payload"]
 
 log = logging.getLogger("mccl.runtime")
 
@@ -97,20 +98,53 @@ class SwapRecord:
     total_s: float
 
 
+class SwapConflict(MCCLError):
+    """Ranks staged different schedules under the same version; none of them is adopted."""
+
+
+def staged_payload(staged: Mapping[object, Mapping[int, object]]) -> dict[str, list[list]]:
+    """``{kind: [[version, digest], ...]}`` of a communicator's staged schedules (``Installed`` items
+    by version, by collective); computed outside the issue lock (hashing is ~1 GB/s)."""
+    return {str(getattr(kind, "value", kind)): [[int(version), schedule_digest(item.schedule)]
+                                                for version, item in sorted(items.items())]
+            for kind, items in staged.items()}
+
+
+def _pairs(entries: list) -> set[tuple[int, str]]:
+    return {(int(entry[0]), str(entry[1])) for entry in entries}
+
+
 def agree(payloads: list[bytes]) -> tuple[int, dict[str, int]]:
-    """(K, {collective: version}) from every rank's ``{"seq": s, "staged": {kind: [versions]}}``."""
+    """(K, {collective: version}) from every rank's ``{"seq": s, "staged": {kind: [[version, digest]]}}``:
+    per collective the newest (version, digest) pair every rank staged."""
     decoded = [json.loads(payload) for payload in payloads]
     switch_after = max(int(item["seq"]) for item in decoded)
     kinds = set().union(*(item["staged"].keys() for item in decoded))
     adopted: dict[str, int] = {}
     for kind in sorted(kinds):
-        common = set.intersection(*(set(item["staged"].get(kind, [])) for item in decoded))
+        common = set.intersection(*(_pairs(item["staged"].get(kind, [])) for item in decoded))
         if common:
-            adopted[kind] = max(common)
+            adopted[kind] = max(common)[0]
     return switch_after, adopted
 
 
-def encode(seq: int, staged: dict[str, list[int]]) -> bytes:
+def conflicts(payloads: list[bytes], adopted: Mapping[str, int] | None = None) -> list[str]:
+    """One line per (collective, version) that ranks staged with different content, naming the ranks'
+    digests; the same on every rank (it reads the same payloads). Versions not newer than ``adopted``
+    (what this round adopted) are moot: they are dropped from every rank's staged set."""
+    decoded = [json.loads(payload) for payload in payloads]
+    found: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for rank, item in enumerate(decoded):
+        for kind, entries in item["staged"].items():
+            for version, digest in _pairs(entries):
+                found.setdefault((kind, version), {}).setdefault(digest, []).append(rank)
+    return [f"{kind} version {version}: " + "; ".join(f"ranks {ranks} staged {digest[:12]}"
+                                                      for digest, ranks in sorted(by_digest.items()))
+            for (kind, version), by_digest in sorted(found.items())
+            if len(by_digest) > 1 and version > (adopted or {}).get(kind, -1)]
+
+
+def encode(seq: int, staged: dict[str, list[list]]) -> bytes:
     return json.dumps({"seq": seq, "staged": staged}, sort_keys=True).encode()
 
 
@@ -146,6 +180,9 @@ class SwapThread:
                     log.warning("mccl: the controller is unreachable (%s); keeping the last schedule", error)
                     comm._controller_lost(str(error))
                 continue
+            if self._controller_lost and not comm.controller_lost:
+                self._controller_lost = False
+                log.warning("mccl: the controller answers again; taking its schedules again")
             if schedule is None:
                 continue
             try:
@@ -166,7 +203,18 @@ class SwapThread:
         if not self.control.ready(self.round, lambda: self._stop):
             return
         ready_at = time.perf_counter()
-        switch_after, adopted, oob_s = comm._sync_round(lambda payload: self.control.allgather(self.round, payload))
+        seen: list[list[bytes]] = []
+
+        def exchange(payload: bytes) -> list[bytes]:
+            seen.append(self.control.allgather(self.round, payload))
+            return seen[-1]
+
+        switch_after, adopted, oob_s = comm._sync_round(exchange)
         end = time.perf_counter()
-        comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())), rejected,
+        clash = conflicts(seen[0], adopted) if seen else []
+        comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())),
+                                rejected or ("; ".join(clash) if clash else None),
                                 staged_at - start, ready_at - staged_at, oob_s, end - start))
+        if clash:
+            raise SwapConflict(f"hot swap round {self.round}: ranks staged different schedules under one version "
+                               f"({'; '.join(clash)}); none of them adopted")

@@ -8,7 +8,10 @@ rule broken. The rules, in the order they are checked:
 2. chunks: each belongs to a block of the collective, fractions are positive and
    every block's fractions sum to 1;
 3. transfers: chunk, sender and receiver exist, sender != receiver, step >= 0, the
-   operation fits the collective (copies for AllGather/AllToAll, reductions for
+   steps used are 0, 1, ..., n-1 with none empty (an executor and the simulator walk
+   the steps in order: a gap of two billion empty steps would hang them, so their work
+   stays bounded by the number of transfers; reading a file renumbers steps compactly),
+   the operation fits the collective (copies for AllGather/AllToAll, reductions for
    ReduceScatter, both for AllReduce);
 4. routes: every hop is an existing link, the route starts at the sender's GPU,
    each link starts where the previous ended, it ends at the receiver's GPU and
@@ -137,6 +140,11 @@ def _check_transfers(schedule: Schedule) -> None:
             i = bad[0]
             raise InvalidSchedule(f"transfer {i} (chunk {transfers.chunk[i]}, rank {transfers.sender[i]} -> "
                                   f"rank {transfers.receiver[i]}, step {transfers.step[i]}) {message}")
+    used = np.unique(transfers.step)
+    if used[-1] != len(used) - 1:
+        gap = int(np.flatnonzero(used != np.arange(len(used)))[0])
+        raise InvalidSchedule(f"step {gap} has no transfers but step {int(used[-1])} does: steps must be numbered "
+                              f"0..{len(used) - 1} without gaps (renumber them in order; reading a file does)")
     allowed = {
         Collective.ALLGATHER: {TransferOp.COPY},
         Collective.ALLTOALL: {TransferOp.COPY},

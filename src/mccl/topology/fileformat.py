@@ -14,12 +14,21 @@ Format ``mccl-topology/1``::
 Link ids are positions; a hand-written file may leave them out. ``duplex: true``
 stands for a cable (two directed links). JSON is read by the same parser (it is
 YAML), so line numbers work for both.
+
+Reading is bounded: a file that is not UTF-8, nested deeper than libyaml's limit (or
+Python's, for JSON), or whose YAML aliases would expand to more than
+``MAX_EXPANDED_NODES`` nodes (a "billion laughs" file of 333 bytes expands to 10⁹) is
+refused with a :class:`~mccl.errors.TopologyFileError` before anything is expanded.
+Files are written to a temporary file renamed over the target (:func:`write_atomic`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +37,11 @@ import yaml
 from mccl.errors import TopologyError, TopologyFileError
 from mccl.topology.model import Link, Node, NodeKind, Topology, unreachable_gpu_pair
 
-__all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict"]
+__all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict",
+           "write_atomic", "new_file_mode"]
 
 FORMAT = "mccl-topology/1"
+MAX_EXPANDED_NODES = 1_000_000  # YAML nodes after alias expansion: a 512-GPU fabric file has ~50k
 _NODE_FIELDS = {"id", "kind", "host", "rail", "rack", "segment", "pod"}
 _LINK_FIELDS = {"id", "src", "dst", "gbps", "latency_us", "duplex"}
 _KIND_ALIASES = {"spine": NodeKind.AGGREGATION, "leaf": NodeKind.TOR}
@@ -65,15 +76,55 @@ def dumps_topology(topology: Topology, fmt: str = "yaml") -> str:
 def dump_topology(topology: Topology, path: str | Path) -> None:
     path = Path(path)
     fmt = "json" if path.suffix.lower() == ".json" else "yaml"
-    path.write_text(dumps_topology(topology, fmt))
+    write_atomic(path, dumps_topology(topology, fmt))
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, renamed over it:
+    a write that fails (disk full, a file-size limit, an interrupt) leaves the old file as it was and
+    no partial new one. OSError as the system reports it."""
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, new_file_mode())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def new_file_mode() -> int:
+    """The mode open() gives a new file (0o666 less the umask), read without changing the umask
+    (os.umask would, for a moment, in every thread)."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def load_topology(path: str | Path) -> Topology:
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         raise TopologyFileError(f"{path}: cannot read topology file: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise TopologyFileError(f"{path}: not UTF-8 text (byte {error.start})") from None
     return loads_topology(text, source=str(path))
 
 
@@ -113,32 +164,86 @@ def loads_topology(text: str, source: str = "<topology>") -> Topology:
     The fast path parses with libyaml (or json) and keeps no positions; only when the
     content is wrong is the text parsed again, slowly, to name the line of the fault.
     """
+    if "&" in text:
+        _check_aliases(text, source)
+    data = _parse_fast(text, source)  # a syntax error is reported here, with its line
     try:
-        return _build(_parse_fast(text, source), _Reader(source))
-    except TopologyFileError:
+        return _build(data, _Reader(source))
+    except TopologyFileError as first:
         reader = _Reader(source)
-        data = reader.plain(_compose(text, source), "")
+        try:
+            data = reader.plain(_compose(text, source), "")
+        except (RecursionError, yaml.YAMLError, TopologyFileError) as second:
+            # deep (within libyaml's limit) or a tag the pure-Python reader refuses: the first report stands
+            if isinstance(second, TopologyFileError) and "given twice" in str(second):
+                raise second from None
+            raise first from None
         return _build(data, reader)
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _yaml_error(error: yaml.YAMLError, source: str) -> TopologyFileError:
+    mark = getattr(error, "problem_mark", None)
+    line = f":{mark.line + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or error
+    return TopologyFileError(f"{source}{line}: not valid YAML/JSON: {str(problem).splitlines()[0][:200]}")
+
+
 def _parse_fast(text: str, source: str) -> Any:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except RecursionError:
+            raise TopologyFileError(f"{source}: nested too deeply for a topology file") from None
+        except ValueError:
+            pass  # not JSON: read as YAML, which names the line
     try:
-        return json.loads(text) if text.lstrip().startswith("{") else yaml.load(text, Loader=loader)  # noqa: S506
-    except (ValueError, yaml.YAMLError):
-        return _compose(text, source)  # raises with the line of the syntax error
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        raise _yaml_error(error, source) from None
 
 
 def _compose(text: str, source: str) -> yaml.Node:
     try:
         tree = yaml.compose(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise TopologyFileError(f"{source}{line}: not valid YAML/JSON: {getattr(error, 'problem', error)}") from None
+        raise _yaml_error(error, source) from None
     if tree is None:
         raise TopologyFileError(f"{source}: the file is empty")
     return tree
+
+
+def _check_aliases(text: str, source: str) -> None:
+    """Refuse a file whose aliases expand to more than MAX_EXPANDED_NODES nodes, from libyaml's event
+    stream (nothing is expanded): each node's expanded size is 1 + its children's, an alias's that of
+    its anchor."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # [expanded size so far, anchor] per open collection
+    try:
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                stack[-1][0] += sizes.get(event.anchor, 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                stack[-1][0] += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.CollectionStartEvent):
+                stack.append([1, event.anchor])
+            elif isinstance(event, yaml.CollectionEndEvent):
+                size, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = size
+                stack[-1][0] += size
+            else:
+                continue
+            if stack[-1][0] > MAX_EXPANDED_NODES or any(entry[0] > MAX_EXPANDED_NODES for entry in stack[-2:]):
+                line = event.start_mark.line + 1 if event.start_mark is not None else 0
+                raise TopologyFileError(f"{source}:{line}: YAML aliases expand to more than {MAX_EXPANDED_NODES} "
+                                        "nodes; refused (alias expansion is bounded)")
+    except yaml.YAMLError as error:
+        raise _yaml_error(error, source) from None
 
 
 def _build(data: Any, reader: _Reader) -> Topology:
@@ -221,8 +326,8 @@ def _read_links(reader: _Reader, entries: list[Any], node_ids: set[str]) -> list
         for end in ("src", "dst"):
             if end not in entry:
                 raise reader.fail(where, f"missing field '{end}'")
-            if entry[end] not in node_ids:
-                raise reader.fail(f"{where}.{end}", f"unknown node {entry[end]!r}")
+            if not isinstance(entry[end], str) or entry[end] not in node_ids:
+                raise reader.fail(f"{where}.{end}", f"unknown node {str(entry[end])[:80]!r}")
         if entry["src"] == entry["dst"]:
             raise reader.fail(where, f"a link cannot connect {entry['src']!r} to itself")
         if "gbps" not in entry:

@@ -32,6 +32,7 @@ BUILDERS: dict[str, Callable[..., Topology]] = {
     "single_switch": single_switch,
 }
 
+_MAX_ARGUMENT = 1e6  # builder arguments: counts (hosts, GPUs) and rates (Gbit/s)
 _DEGRADE = re.compile(r"^\s*(?P<src>[^<>\-=*\s]+)\s*(?P<arrow><->|->)\s*(?P<dst>[^=*\s]+)\s*(?P<op>[=*])\s*(?P<value>[0-9.eE+-]+)\s*$")
 
 
@@ -45,11 +46,17 @@ def _call(text: str) -> Topology:
     try:
         args = [ast.literal_eval(arg) for arg in tree.args]
         kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in tree.keywords if kw.arg}
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise TopologyError(f"{text!r}: builder arguments must be literal numbers") from None
+    for value in [*args, *kwargs.values()]:
+        # True is an int to Python, and rail_optimized(True, 2, 2) is not what anyone meant; 10**400
+        # would overflow a float, nan compare False with every bound a builder checks
+        if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= _MAX_ARGUMENT:
+            raise TopologyError(f"{text[:80]!r}: builder arguments must be finite numbers up to {_MAX_ARGUMENT:g}, "
+                                f"got {str(value)[:40]}")
     try:
         return BUILDERS[tree.func.id](*args, **kwargs)
-    except TypeError as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise TopologyError(f"{text!r}: {error}") from None
 
 
@@ -82,7 +89,11 @@ def apply_faults(topology: Topology, faults: list[str] | tuple[str, ...]) -> Top
 
 def parse_topology(text: str) -> Topology:
     """A topology from a file path or a builder call, with optional ``+Fault`` suffixes."""
-    if Path(text).is_file():
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for a path, a NUL: not a file
+        is_file = False
+    if is_file:
         return load_topology(text)
     head, *faults = _split_faults(text)
     if not re.match(r"^\s*\w+\s*\(", head):
@@ -91,12 +102,15 @@ def parse_topology(text: str) -> Topology:
 
 
 def _split_faults(text: str) -> list[str]:
-    """Split ``builder(...)+F1+F2`` at the ``+`` signs outside parentheses."""
+    """Split ``builder(...)+F1+F2`` at the ``+`` signs outside parentheses, but not at the sign of an
+    exponent (``gpu0<->tor0.0*1e+5``)."""
     parts, depth, current = [], 0, ""
-    for char in text:
+    for index, char in enumerate(text):
         depth += char == "("
         depth -= char == ")"
-        if char == "+" and depth == 0:
+        exponent = (index >= 2 and text[index - 1] in "eE" and (text[index - 2].isdigit() or text[index - 2] == ".")
+                    and index + 1 < len(text) and text[index + 1].isdigit())
+        if char == "+" and depth == 0 and not exponent:
             parts.append(current)
             current = ""
         else:
