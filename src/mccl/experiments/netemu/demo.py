@@ -93,7 +93,7 @@ def _synth_options(chunks: int) -> dict:
     return {Collective.ALLGATHER: TreePackOptions(chunks=chunks), Collective.ALLTOALL: AllToAllOptions(chunks=chunks)}
 
 
-def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int) -> None:
+def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int, secret: str) -> None:
     import logging
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
@@ -101,12 +101,12 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int) 
 
     logging.basicConfig(level=logging.WARNING)
     manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=_synth_options(chunks)))
-    ControllerService(manager, bind).serve_forever()
+    ControllerService(manager, bind, secret=secret).serve_forever()
 
 
 # ---- one rank (inside its GPU's namespace) --------------------------------------------------
 def _rank_main(rank: int, world: int, plan: FabricPlan, endpoint: str, schedules: dict[str, str],
-               config: NetemuConfig, progress: object) -> dict:
+               config: NetemuConfig, progress: object, secret: str) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -122,7 +122,7 @@ def _rank_main(rank: int, world: int, plan: FabricPlan, endpoint: str, schedules
     try:
         for kind, text in schedules.items():
             schedule = loads_schedule(text)
-            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule])
+            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret)
             if rank == 0:
                 clients[kind].register(schedule)
         dist.barrier()
@@ -238,6 +238,7 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
     """Build the fabric, run the loop (module docstring), tear everything down; what happened.
     ``on_collective`` sees rank 0's view of each collective as it finishes (the live table)."""
     from mccl.control import ControllerClient
+    from mccl.control.auth import new_secret
     from mccl.experiments.demo import _wait_for_controller
     from mccl.experiments.netemu.ranks import run_ranks_in_fabric
     from mccl.schedule import Collective, dumps_schedule
@@ -265,7 +266,8 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
             + f" (1/{config.scale:g} of the topology)")
         endpoint = f"tcp://{plan.controller_ip}:{_free_port(plan.controller_ip)}"
         context = mp.get_context("spawn")
-        controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks),
+        secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
+        controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks, secret),
                                      daemon=True)
         controller.start()
         live = context.Queue()
@@ -274,11 +276,11 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
         watcher.start()
         admin = None
         try:
-            _wait_for_controller(endpoint, controller, 60.0)
+            _wait_for_controller(endpoint, controller, 60.0, secret)
             say(f"controller at {endpoint}; starting {config.ranks} gloo ranks in their namespaces")
             texts = {kind: dumps_schedule(schedule) for kind, schedule in schedules.items()}
-            outputs = run_ranks_in_fabric(_rank_main, plan, endpoint, texts, config, live, timeout_s=config.timeout_s)
-            admin = ControllerClient(endpoint, "admin", -1)
+            outputs = run_ranks_in_fabric(_rank_main, plan, endpoint, texts, config, live, secret, timeout_s=config.timeout_s)
+            admin = ControllerClient(endpoint, "admin", -1, secret=secret)
             status = admin.status()
             admin.request("stop")
         finally:
