@@ -18,14 +18,28 @@ dropped ("aborted") and the current one kept. A collective no registered synthes
 makes (:class:`~mccl.errors.SynthesisUnavailable`) keeps the current schedule and is
 logged once.
 
-The EWMAs and their references persist across versions: the measured topology is
-always "nominal × what each overlay link delivers now relative to when healthy"
-(:mod:`.drift`), so a new schedule is judged on the same evidence, and a
-degradation that keeps deepening after a swap, or clears, flags it again — but only
-once samples of ``settle_collectives`` collectives past the one last reported when
-it was issued have arrived (the new version must have run before it is judged;
-this also damps thrashing). Samples of a communicator's first
+References per version. A rank pair's rate while sending depends on the schedule as
+much as on the fabric: 8 pairs sharing a 400 Gbit/s NIC read 50 each, one pair alone on
+a 50 Gbit/s NIC also reads 50. References learned once, under the first schedule, make a
+re-synthesized schedule's pairs through a still-degraded NIC read "healthy" (measured: the
+tree-packing AllGather under Fail2 swapped three times during one fault). So when a new
+version takes over, the EWMAs are reset and relearn their references from the new
+version's own samples, and the capacities the new version was made for (the measured
+topology) become the *base* those references stand for: the measured topology is
+``min(nominal, base × what each overlay link delivers now relative to its reference)``
+(:mod:`.drift`). A degradation that deepens flags the new version; one that clears shows
+as factors above 1 and flags it too. Which samples belong to the new version: a sample
+tagged with its collective and version (:class:`~mccl.telemetry.Sample`) is used iff its
+version is the active one; an untagged one iff it measured a collective later than
+``settle_collectives`` past the last reported when the version was issued (the swap
+lands at some later launch; this also damps thrashing). No decision is taken while an
+overlay link is still learning its reference. Samples of a communicator's first
 ``settle_collectives`` collectives are ignored (start-up transients).
+
+Cost of the reset: ``settle_collectives + warmup`` collectives after each swap without a
+decision, and a degradation that starts inside that window is measured relative to it
+(its references absorb it; a later clear then reads as a recovery above base, clipped
+to nominal).
 """
 
 from __future__ import annotations
@@ -136,7 +150,6 @@ class _Active:
     cut: CutProfile
     busy: bool = False
     judge_after_seq: int = 0
-    issued_seq: int = 0  # the communicator's last seq when it became active: later samples are its evidence
 
 
 @dataclass
@@ -145,8 +158,10 @@ class _Communicator:
     level: OverlayEWMA | None = None  # the faster estimate synthesis uses (ControlConfig.alpha_level)
     active: dict[Collective, _Active] = field(default_factory=dict)
     coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
+    base: np.ndarray | None = None  # capacities the current references stand for (module docstring)
     last_seq: int = 0
-    ignore_through: int = 0
+    startup_through: int = 0  # samples of collectives up to this seq are start-up transients
+    ignore_through: int = 0  # untagged samples of collectives up to this seq are ignored (older versions)
 
 
 class ScheduleManager:
@@ -180,7 +195,7 @@ class ScheduleManager:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
         return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives, issued_seq=comm.last_seq)
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
 
     def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
@@ -199,13 +214,15 @@ class ScheduleManager:
                     OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup))
                 if self.config.alpha_level is not None:
                     comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
-                comm.ignore_through = self.config.settle_collectives
+                comm.startup_through = comm.ignore_through = self.config.settle_collectives
             elif comm.ewma.n_ranks != schedule.n_ranks:
                 raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
                                       f"{schedule.n_ranks}")
             current = comm.active.get(schedule.collective)
             if current is not None and current.version >= version:
                 return current.version
+            if current is not None:  # a newer version registered by a rank: its own references
+                self._relearn(comm, comm.base if comm.base is not None else self._nominal)
             comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
@@ -237,7 +254,7 @@ class ScheduleManager:
         with self._lock:
             for sample in samples:
                 comm = self._comms.get(sample.communicator)
-                if comm is None or sample.seq <= comm.ignore_through:
+                if comm is None or not self._current(comm, sample):
                     ignored += 1
                     continue
                 comm.last_seq = max(comm.last_seq, sample.seq)
@@ -253,11 +270,28 @@ class ScheduleManager:
             self.samples_ignored += ignored
         return taken
 
+    @staticmethod
+    def _current(comm: _Communicator, sample: Sample) -> bool:
+        """Whether ``sample`` measured the active version (module docstring, "References per version")."""
+        if sample.collective and sample.version >= 0:
+            active = next((item for kind, item in comm.active.items() if kind.value == sample.collective), None)
+            return active is not None and sample.version == active.version and sample.seq > comm.startup_through
+        return sample.seq > comm.ignore_through
+
+    def _relearn(self, comm: _Communicator, base: np.ndarray) -> None:
+        """A new version takes over: forget the references, remember what fabric they will stand for."""
+        comm.base = np.array(base, dtype=float)
+        comm.ewma.reset()
+        if comm.level is not None:
+            comm.level.reset()
+        comm.ignore_through = max(comm.ignore_through, comm.last_seq + self.config.settle_collectives)
+
     # ---- decisions --------------------------------------------------------------------
+    def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
+        return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base)
+
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
-        inter, intra = comm.ewma.factors()
-        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal,
-                                         comm.ewma.fresh(active.issued_seq))
+        capacities = self._measured(comm, comm.ewma)
         return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
 
     def check(self) -> list[Decision]:
@@ -265,7 +299,7 @@ class ScheduleManager:
         decisions = []
         with self._lock:
             for name, comm in self._comms.items():
-                if comm.ewma.learned == 0:
+                if comm.ewma.learned == 0 or comm.ewma.learning > 0:
                     continue
                 for kind, active in comm.active.items():
                     if comm.last_seq > active.judge_after_seq:
@@ -302,7 +336,7 @@ class ScheduleManager:
         capacities = decision.capacities_gbps
         if comm.level is not None:
             with self._lock:
-                capacities = measured_capacities(comm.coverage, *comm.level.factors(), self._nominal)
+                capacities = self._measured(comm, comm.level)
         measured = self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
         start = time.perf_counter()
         previous = active.result if active.result is not None else active.schedule
@@ -333,8 +367,7 @@ class ScheduleManager:
             result = result.with_version(version)
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured)
-            if comm.level is not None:
-                comm.ewma.anchor(comm.level)
+            self._relearn(comm, capacities)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms")
             return schedule

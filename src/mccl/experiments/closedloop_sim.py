@@ -14,7 +14,8 @@ fold those readings into one measurement window per overlay link per collective,
 runtime's keys: ``"inter"`` per rank pair across hosts, ``"intra"`` per rank for all its
 same-host peers together (the rank's injection rate), and emit one
 :class:`~mccl.telemetry.Sample` each when the collective completes, tagged with its
-sequence number. Paths used concurrently inside one hook interval count their common
+sequence number and with the collective and schedule version it ran (so the manager
+compares it with that version's references). Paths used concurrently inside one hook interval count their common
 busy time once (max, not sum), as one window would. Readings of an interval that spans
 the end of one collective and the start of the next go to the first; keeping
 ``interval_s`` a small fraction of a collective (default 1/8) bounds that error.
@@ -79,6 +80,8 @@ class VirtualExecutors:
         self.communicator = communicator
         self.model = model
         self.rank_of = {gpu: rank for rank, gpu in enumerate(schedule.ranks)}
+        self.collective = schedule.collective.value
+        self.initial_version = int(schedule.meta.version)
         self.host = [topology.node(gpu).host for gpu in schedule.ranks]
         self.rng = np.random.default_rng(model.seed)
         self.seq = 0  # collectives completed, as the runtime's communicator counts them
@@ -107,10 +110,12 @@ class VirtualExecutors:
         if not completed:
             return []
         self.seq += len(completed)
-        return self._emit(view.time_s)
+        return self._emit(view.time_s, completed[-1].schedule)
 
-    def _emit(self, now: float) -> list[Sample]:
+    def _emit(self, now: float, label: str) -> list[Sample]:
         samples = []
+        found = _VERSION.search(label)
+        version = int(found.group(1)) if found else self.initial_version
         for (rank, peer), size in sorted(self._bytes.items()):
             seconds = self._busy[(rank, peer)]
             if size <= 0 or seconds <= 0:
@@ -120,7 +125,7 @@ class VirtualExecutors:
             if self.model.burst_probability > 0 and self.rng.random() < self.model.burst_probability:
                 seconds *= self.model.burst_slowdown
             samples.append(Sample(INTRA if peer == -1 else INTER, self.communicator, rank, peer, int(size), seconds,
-                                  now, self.seq))
+                                  now, self.seq, self.collective, version))
         self._bytes.clear()
         self._busy.clear()
         self.emitted += len(samples)
