@@ -51,6 +51,15 @@ a re-synthesized version was made for), so a physical link's capacity is
 measurement covers keep their base capacity. A degradation that clears raises the
 factors of the paths through it, the measured topology moves back towards nominal, and
 the schedule made for the degraded fabric gets flagged in its turn.
+
+Recoveries. A schedule made for a degraded link loads it lightly, so after a repair the
+pairs through it are often paced by another link and speed up by less than the link
+did: ``base · factor`` then stays below nominal, the next version is made for that, its
+references are learned there, and the estimate never gets back (measured: the AllToAll
+after Fail3 cleared ran at 57 GB/s against 85.6 before). Gray failures clear by repair,
+so a link believed degraded whose best path speeds up clearly (``recovered_factor``,
+the manager passes 1 + Γ: beyond noise and beyond what the drift test ignores) is taken
+back to nominal; a partial recovery smaller than that keeps ``base · factor``.
 """
 
 from __future__ import annotations
@@ -180,11 +189,14 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
 def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
                         nominal_gbps: np.ndarray,
                         fresh: tuple[np.ndarray, np.ndarray] | None = None, *,
-                        base_gbps: np.ndarray | None = None) -> np.ndarray:
+                        base_gbps: np.ndarray | None = None, recovered_factor: float | None = None) -> np.ndarray:
     """Per link, ``min(nominal, base · max factor)`` over the overlay links that cover it (module
     docstring); ``base_gbps``: the capacities the references were learned on (None: nominal, which
     makes it ``nominal · min(1, max factor)``); ``fresh``: ``(inter, intra)`` masks of the overlay
     links sampled since the active version was issued. Uncovered links keep their base capacity.
+    ``recovered_factor``: a link believed degraded (base below nominal) whose best path now runs
+    more than this many times faster than its reference is taken as repaired, back to nominal
+    (module docstring, "Recoveries").
 
     Factors are NaN where an overlay link has no reference yet; those are skipped."""
     n = mapping.n_ranks
@@ -208,4 +220,7 @@ def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_fac
         raise ControllerError(f"base capacities for {result.shape} links, nominal for {nominal.shape}")
     touched = np.isfinite(best)
     result[touched] = np.minimum(result[touched] * best[touched], nominal[touched])
+    if recovered_factor is not None:
+        repaired = touched & (best > recovered_factor)
+        result[repaired] = nominal[repaired]
     return np.minimum(result, nominal)

@@ -45,18 +45,17 @@ to nominal).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
 
 from mccl.control.drift import (
     CutProfile,
-    DriftResult,
-    OverlayMap,
     drift_test,
     measured_capacities,
     merge_maps,
@@ -64,14 +63,16 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
+from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
+from mccl.control.records import Decision, Event, _Active, _Communicator
 from mccl.errors import ControllerError, InvalidOptions, MCCLError, SynthesisError, SynthesisUnavailable
-from mccl.schedule import Collective, Schedule, dumps_schedule, validate
+from mccl.schedule import Collective, Schedule, bottleneck_cut, dumps_schedule, validate
 from mccl.synth import SynthesisResult, optimize
 from mccl.synth.registry import method_for
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
-__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision"]
+__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
 
 log = logging.getLogger("mccl.control")
 
@@ -86,10 +87,14 @@ class ControlConfig:
     ``alpha_level``: a second, faster EWMA of the same samples that the synthesizer's
     measured topology is taken from (None: the detection EWMA itself). Why: a slow ``alpha``
     filters microbursts but has moved only about Γ when it flags a deep change, so a schedule
-    made from it would be re-flagged as it converges (several swaps for one change); with
-    ``alpha_level`` the schedule is made for the current level, and on issue the detection
-    EWMA is anchored to it. ``synth_options``: that method's options object per collective (e.g.
-    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own."""
+    made from a slow estimate would be made for a partial depth; with ``alpha_level`` it is made
+    for the current level. ``synth_options``: that method's options object per collective (e.g.
+    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own.
+    ``guard``: compare every re-synthesized schedule with the active one and the NCCL-style
+    baseline before a swap and keep the fastest (:mod:`.guard`); ``guard_tolerance``: how much
+    faster (relative) the active one or the baseline must be predicted to win over the candidate;
+    ``guard_size_bytes``: the collective size S compared at when neither the registration nor
+    telemetry gives one."""
 
     alpha: float = 0.3
     gamma: float = 0.2
@@ -98,6 +103,9 @@ class ControlConfig:
     settle_collectives: int = 3
     methods: Mapping[Collective, str] = field(default_factory=lambda: MappingProxyType({}))
     synth_options: Mapping[Collective, object] = field(default_factory=lambda: MappingProxyType({}))
+    guard: bool = True
+    guard_tolerance: float = 0.01
+    guard_size_bytes: float = float(2**30)
 
     def __post_init__(self) -> None:
         for name in ("methods", "synth_options"):
@@ -115,60 +123,13 @@ class ControlConfig:
                                                          f"got {type(options).__name__}")
 
 
-@dataclass(frozen=True)
-class Event:
-    """One thing the manager did (wall-clock ``time``, s since the epoch). ``kind``: registered,
-    flagged, synthesized, issued, aborted, unavailable, failed. ``value``: max δ (flagged),
-    synthesis seconds (synthesized, aborted), achieved GB/s on the measured topology (issued)."""
-
-    time: float
-    kind: str
-    communicator: str
-    collective: str
-    version: int
-    value: float = 0.0
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The drift test of one active schedule under the current measurements."""
-
-    communicator: str
-    collective: Collective
-    version: int
-    result: DriftResult
-    capacities_gbps: np.ndarray
-
-
-@dataclass
-class _Active:
-    schedule: Schedule
-    result: SynthesisResult | None  # what the controller synthesized it with (warm state); None when registered
-    version: int
-    text: str
-    cut: CutProfile
-    busy: bool = False
-    judge_after_seq: int = 0
-
-
-@dataclass
-class _Communicator:
-    ewma: OverlayEWMA
-    level: OverlayEWMA | None = None  # the faster estimate synthesis uses (ControlConfig.alpha_level)
-    active: dict[Collective, _Active] = field(default_factory=dict)
-    coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
-    base: np.ndarray | None = None  # capacities the current references stand for (module docstring)
-    last_seq: int = 0
-    startup_through: int = 0  # samples of collectives up to this seq are start-up transients
-    ignore_through: int = 0  # untagged samples of collectives up to this seq are ignored (older versions)
-
-
 class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
-                 synthesize: Callable[..., SynthesisResult] = optimize) -> None:
+                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None) -> None:
+        """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
+        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator)."""
         self.topology = topology
         self.config = config or ControlConfig()
         if self.config.gamma <= 0:
@@ -177,6 +138,8 @@ class ScheduleManager:
         if self.config.alpha_level is not None:
             OverlayEWMA(2, self.config.alpha_level)
         self._synthesize = synthesize
+        self.guard = Guard(topology, optimize, predict=predict, tolerance=self.config.guard_tolerance,
+                           default_size_bytes=self.config.guard_size_bytes)
         self._nominal = topology.capacities_gbps
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
@@ -197,14 +160,18 @@ class ScheduleManager:
         return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
                        judge_after_seq=comm.last_seq + self.config.settle_collectives)
 
-    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None) -> int:
+    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
+                 size_bytes: float | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
 
         A version not newer than the active one is ignored (every rank may register). ``result``: the
         synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
-        by the first re-synthesis, as for the manager's own)."""
+        by the first re-synthesis, as for the manager's own). ``size_bytes``: the job's nccl-tests size
+        S of this collective, for the guard (else inferred from telemetry)."""
         if result is not None and result.schedule is not schedule:
             raise ControllerError("register: result= must be the synthesis result of the registered schedule")
+        if size_bytes is not None and not (size_bytes > 0 and math.isfinite(size_bytes)):
+            raise ControllerError(f"register: size_bytes must be a positive number of bytes, got {size_bytes}")
         validate(schedule, self.topology)
         version = int(schedule.meta.version)
         with self._lock:
@@ -219,6 +186,8 @@ class ScheduleManager:
                 raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
                                       f"{schedule.n_ranks}")
             current = comm.active.get(schedule.collective)
+            if size_bytes is not None:
+                comm.sizes[schedule.collective] = float(size_bytes)
             if current is not None and current.version >= version:
                 return current.version
             if current is not None:  # a newer version registered by a rank: its own references
@@ -258,6 +227,7 @@ class ScheduleManager:
                     ignored += 1
                     continue
                 comm.last_seq = max(comm.last_seq, sample.seq)
+                comm.meter.add(sample.collective, sample.seq, sample.bytes)
                 before = comm.ewma.ignored
                 comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
                 if comm.level is not None:
@@ -288,7 +258,8 @@ class ScheduleManager:
 
     # ---- decisions --------------------------------------------------------------------
     def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
-        return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base)
+        return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base,
+                                   recovered_factor=1.0 + self.config.gamma)
 
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         capacities = self._measured(comm, comm.ewma)
@@ -359,15 +330,49 @@ class ScheduleManager:
         seconds = time.perf_counter() - start
         with self._lock:
             self._event("synthesized", name, kind, active.version, seconds)
+        guarded = self._compare(name, comm, kind, active, result, measured) if self.config.guard else None
+        with self._lock:
             again = self._decide(name, comm, kind, active)
             if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
+            chosen = "candidate"
+            if guarded is not None:
+                verdict, baseline = guarded
+                chosen = verdict.chosen
+                if chosen == ACTIVE:  # the flagged schedule is still predicted fastest: keep it, judged from now
+                    active.cut = self._cut_on(active.schedule, measured)
+                    active.judge_after_seq = comm.last_seq + self.config.settle_collectives
+                    self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
+                                f"guard: {dict(verdict.predicted_s)}")
+                    return None
+                if chosen == BASELINE and baseline is not None:
+                    result = replace(baseline, schedule=baseline.schedule.with_meta(
+                        bottleneck_cut=bottleneck_cut(baseline.schedule, measured)))
             version = active.version + 1
             result = result.with_version(version)
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured)
             self._relearn(comm, capacities)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms")
+                        f"synthesized in {seconds * 1e3:.1f} ms; {chosen}")
             return schedule
+
+    def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
+        """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""
+        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
+
+    def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
+                 measured: Topology) -> tuple[GuardDecision, SynthesisResult | None] | None:
+        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails."""
+        try:
+            baseline = self.guard.baseline(name, kind, active.schedule.ranks)
+            schedules = {"candidate": result.schedule, "active": active.schedule}
+            if baseline is not None:
+                schedules["baseline"] = baseline.schedule
+            with self._lock:
+                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule)
+            return self.guard.compare(name, kind, active.version, schedules, measured, size), baseline
+        except MCCLError as error:
+            log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
+            return None
