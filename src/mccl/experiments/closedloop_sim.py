@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mccl.control.guard import Predictor
 from mccl.control.manager import ControlConfig, Event, ScheduleManager
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
@@ -210,6 +211,7 @@ def run_loop(
     model: TelemetryModel | None = None,
     synthesis_delay_s: float | None = None,
     options: SimOptions | None = None,
+    predict: Predictor | None = None,
     job: str = "job",
 ) -> LoopResult:
     """Run ``collectives`` collectives of ``schedule`` (or as many as launch before ``until_s``)
@@ -220,15 +222,16 @@ def run_loop(
     training step's communication is a fraction of it); ``interval_s``: the hook period
     (default 1/8 of the healthy collective time); ``synthesis_delay_s``: simulated time
     from an issue to the new version being available (None: the synthesis's measured wall
-    seconds; 0 for reproducible tests).
+    seconds, plus the guard's predictions; 0 for reproducible tests); ``predict``: the manager's
+    guard predictor (:mod:`mccl.control.guard`; None: its α-β default).
     """
     options = options or SimOptions(keep_chain=False)
     healthy_s = simulate_schedule(schedule, topology, size_bytes, options=options).time_s
     gap_s = 3 * healthy_s if gap_s is None else gap_s
     interval_s = healthy_s / 8 if interval_s is None else interval_s
-    manager = ScheduleManager(topology, config)
+    manager = ScheduleManager(topology, config, predict=predict)
     communicator = job
-    manager.register(communicator, schedule)
+    manager.register(communicator, schedule, size_bytes=size_bytes)
     executors = VirtualExecutors(job, communicator, schedule, topology, model or TelemetryModel())
     op = schedule.collective.value
     swaps: list[Swap] = []
@@ -255,7 +258,8 @@ def run_loop(
                 result = manager.active_result(communicator, schedule.collective)
                 if result is None or result.schedule.meta.version != event.version:
                     raise MCCLError("the manager issued a version it does not hold")
-                delay = synthesis if synthesis_delay_s is None else synthesis_delay_s
+                guard = manager.guard.decisions[-1].seconds if manager.guard.decisions else 0.0
+                delay = synthesis + guard if synthesis_delay_s is None else synthesis_delay_s
                 pending.append((view.time_s + delay, view.time_s, result.schedule))
 
     if collectives is None and not math.isfinite(until_s):
