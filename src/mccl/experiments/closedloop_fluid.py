@@ -171,4 +171,4 @@ def run_fluid_loop(
         now = end + gap_s
         iteration += 1
     return LoopResult(tuple(runs), tuple(swaps), tuple(events), samples_out, iteration, math.nan,
-                      int(schedule.meta.version), {"gap_s": gap_s, "evaluator": 1.0})
+                      int(schedule.meta.version), {"gap_s": gap_s}, tuple(manager.guard.decisions))

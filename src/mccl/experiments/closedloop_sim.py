@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mccl.control.guard import Predictor
+from mccl.control.guard import GuardDecision, Predictor
 from mccl.control.manager import ControlConfig, Event, ScheduleManager
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
@@ -172,6 +172,7 @@ class LoopResult:
     interval_s: float
     initial_version: int = 0
     notes: dict[str, float] = field(default_factory=dict)
+    guard: tuple[GuardDecision, ...] = ()  # the manager's never-worse comparisons, in order
 
     def check(self) -> None:
         """Raise unless every collective ran exactly once, in order, on the version in force at its launch."""
@@ -274,5 +275,5 @@ def run_loop(
         launched += 1
     return LoopResult(runs, tuple(swaps), tuple(events), executors.emitted, launched, interval_s,
                       int(schedule.meta.version), {"healthy_s": healthy_s, "gap_s": gap_s,
-                                                   "sim_wall_s": result.stats.wall_s})
+                                                   "sim_wall_s": result.stats.wall_s}, tuple(manager.guard.decisions))
 

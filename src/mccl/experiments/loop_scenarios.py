@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mccl.control.guard import Predictor
+from mccl.control.guard import GuardDecision, Predictor
 from mccl.control.manager import ControlConfig
 from mccl.experiments.closedloop_fluid import run_fluid_loop
 from mccl.experiments.closedloop_sim import LoopResult, TelemetryModel, run_loop, run_version
@@ -45,7 +45,7 @@ from mccl.synth import optimize
 from mccl.topology import FAULTS, Topology, degrade, rail_optimized
 
 __all__ = ["LOOP_SCENARIOS", "EXPECTED_SWAPS", "DEFAULT_CONFIG", "LoopOutcome", "run_scenario", "loop_report",
-           "fault_changes"]
+           "fault_changes", "simulated_predictor"]
 
 LOOP_SCENARIOS = ("fail1", "fail2", "fail3", "microburst", "offcut", "uniform")
 EXPECTED_SWAPS = {"fail1": 2, "fail2": 2, "fail3": 2, "microburst": 0, "offcut": 0, "uniform": 0}
@@ -64,6 +64,17 @@ def fault_changes(healthy: Topology, faulted: Topology, start_s: float, end_s: f
             if math.isfinite(end_s):
                 changes.append(CapacityChange(end_s, link.id, link.gbps))
     return changes
+
+
+def simulated_predictor(options: SimOptions | None = None) -> Predictor:
+    """The guard's predictor backed by the flow-level simulator (affordable at 16 GPUs: 0.1–0.5 s CPU
+    per prediction; ~25 s at 128, where the manager's α-β default is used instead)."""
+    options = options or SimOptions(keep_chain=False)
+
+    def predict(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+        return simulate_schedule(schedule, topology, size_bytes, options=options).time_s
+
+    return predict
 
 
 def _offcut(healthy: Topology, schedule: Schedule) -> Topology:
@@ -136,6 +147,11 @@ class LoopOutcome:
     @property
     def swaps(self) -> int:
         return len(self.loop.swaps)
+
+    @property
+    def guard(self) -> tuple[GuardDecision, ...]:
+        """The manager's never-worse comparisons (which schedule won, predicted times)."""
+        return self.loop.guard
 
     def algbw(self, start: float, stop: float, version: int | None = None) -> float:
         """Median algbw of the collectives that ran during [start, stop) (on ``version`` if given)."""
