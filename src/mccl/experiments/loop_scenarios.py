@@ -1,7 +1,9 @@
 """Closed-loop scenarios (issue 11): the real controller against faults that start, persist and clear.
 
 Each scenario runs one collective stream (AllGather by tree packing, AllToAll by column
-generation) on ``rail_optimized(1, H, 8)`` through :func:`~mccl.experiments.closedloop_sim.run_loop`:
+generation) on ``rail_optimized(1, H, 8)`` through :func:`~mccl.experiments.closedloop_sim.run_loop`
+(the flow-level simulator) or, at 128 GPUs and more where one simulated collective costs ~25 s
+CPU, :func:`~mccl.experiments.closedloop_fluid.run_fluid_loop` (the per-path rate model):
 ``healthy`` collectives on the healthy fabric, then a change for ``persist`` collectives
 (counted at the degraded pace, so at least that many run under it), then ``after``
 collectives' worth of healthy fabric again. The changes:
