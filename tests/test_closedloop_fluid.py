@@ -52,3 +52,16 @@ def test_fluid_loop_swap_count_alltoall_16(name):
 def test_unknown_evaluator_is_refused():
     with pytest.raises(ValueError, match="evaluator"):
         run_scenario("fail2", "alltoall", evaluator="exact")
+
+
+@pytest.mark.slow  # ~8 s CPU: 128 GPUs, ~45 collectives of ~16 k samples each, three AllToAll syntheses
+def test_fluid_loop_fail2_alltoall_128():
+    """The issue's 128-GPU size: one swap when Fail2 starts, one back when it clears, none lost."""
+    outcome = run_scenario("fail2", "alltoall", hosts=16, healthy=10, persist=14, after=14, synthesis_delay_s=0.0,
+                           min_gap_s=0.0, evaluator="fluid")
+    outcome.loop.check()
+    assert outcome.n_gpus == 128 and outcome.swaps == 2
+    into, back = outcome.loop.swaps
+    assert outcome.start_s < into.time_s < outcome.end_s < back.time_s
+    assert outcome.algbw(into.time_s, outcome.end_s, version=1) > 1.2 * outcome.algbw(outcome.start_s, into.time_s,
+                                                                                      version=0)
