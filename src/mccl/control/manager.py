@@ -75,6 +75,7 @@ from mccl.topology import Topology
 __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
 
 log = logging.getLogger("mccl.control")
+_KIND_BY_NAME = {kind.value: kind for kind in Collective}  # a sample's collective tag, without Enum() per sample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +245,8 @@ class ScheduleManager:
     def _current(comm: _Communicator, sample: Sample) -> bool:
         """Whether ``sample`` measured the active version (module docstring, "References per version")."""
         if sample.collective and sample.version >= 0:
-            active = next((item for kind, item in comm.active.items() if kind.value == sample.collective), None)
+            kind = _KIND_BY_NAME.get(sample.collective)
+            active = comm.active.get(kind) if kind is not None else None
             return active is not None and sample.version == active.version and sample.seq > comm.startup_through
         return sample.seq > comm.ignore_through
 
