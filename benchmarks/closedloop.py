@@ -99,6 +99,12 @@ def main() -> None:
                          "clear_first_new_s": clear.first_new_s, "algbw_before": algbw[0],
                          "algbw_during": algbw[1], "algbw_after": algbw[2], "wall_s": wall, "cpu_s": cpu,
                          "evaluator": args.evaluator, "predictor": args.predictor, "guard": guard})
+            console.print(f"{name} {kind}: swaps {outcome.swaps} (bar {EXPECTED_SWAPS[name]}), detect "
+                          f"{_ms(start.detection_s)} ms, synth {_ms(start.synthesis_s)} ms, first new "
+                          f"{_ms(start.first_new_s)} ms; clear {_ms(clear.detection_s)} / {_ms(clear.synthesis_s)} / "
+                          f"{_ms(clear.first_new_s)} ms; algbw {' / '.join(f'{v:.1f}' for v in algbw)}; guard {guard}; "
+                          f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
+            write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}.csv", rows)
             timeline = tuple((run.end_s, run.algbw_gbs, run.schedule) for run in outcome.loop.runs)
             events = [(s.time_s, f"swap to v{s.version}") for s in outcome.loop.swaps]
             events += [(outcome.start_s, f"{name} starts"), (outcome.end_s, f"{name} clears")]
@@ -109,7 +115,7 @@ def main() -> None:
                                     (), timeline, tuple(sorted(set(events))))
             plot_report(report, args.out)
     console.print(table)
-    write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}.csv", rows)
+    write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}.csv", rows)
     console.print(f"CSV and PNGs: {args.out}")
 
 
