@@ -40,6 +40,13 @@ Cost of the reset: ``settle_collectives + warmup`` collectives after each swap w
 decision, and a degradation that starts inside that window is measured relative to it
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
+
+Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
+issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
+the job's size on the measured topology and the fastest is kept — the active one ("kept":
+its cut is re-based on the measured fabric so the same evidence does not flag it again),
+or the baseline, issued as the next version. ``ScheduleManager.guard.decisions`` records
+each comparison.
 """
 
 from __future__ import annotations
