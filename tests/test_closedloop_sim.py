@@ -36,12 +36,9 @@ def test_swap_count_bar_alltoall_16(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "known, measured after merging the controller's fresh-evidence rule with alpha_level: during the "
-    "fault, v1 is flagged on link 33 and re-synthesized for a measured fabric that looks healthy "
-    "(3 swaps: 0.069 s v1, 0.110 s v2, 0.136 s v3). Per-pair references learned once under the first "
-    "schedule are the suspected cause (see the session's closing note); strict, so a fix shows up here"))
 def test_swap_count_bar_allgather_fail2_16() -> None:
+    """Was a strict xfail (3 swaps during one fault): v1 shares GPU 0's degraded NIC among fewer pairs,
+    which read "healthy" against references learned under v0. References are now per version."""
     outcome = run_scenario("fail2", "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
     outcome.loop.check()
     assert outcome.swaps == 2
@@ -71,10 +68,11 @@ def test_virtual_executors_emit_runtime_keys() -> None:
     paths = (PathSample("j", g[0], g[1], (1,), 1e6, 1e-3), PathSample("j", g[0], g[1], (2,), 1e6, 5e-4),
              PathSample("j", g[0], g[2], (3,), 2e6, 2e-3), PathSample("other", g[0], g[2], (3,), 9e9, 1.0))
     assert executors.observe(ControlView(0.1, paths, (), {})) == []
-    run = type("Run", (), {"job": "j"})()
+    run = type("Run", (), {"job": "j", "schedule": "alltoall.cg v2"})()  # a finished collective on version 2
     samples = executors.observe(ControlView(0.2, (), (run,), {}))  # type: ignore[arg-type]
     same_host = fabric.node(g[0]).host == fabric.node(g[1]).host
     assert same_host and fabric.node(g[0]).host != fabric.node(g[2]).host
     by_kind = {(s.kind, s.peer): s for s in samples}
     assert by_kind[(INTRA, -1)].bytes == 2_000_000 and by_kind[(INTRA, -1)].seconds == pytest.approx(1e-3)
     assert by_kind[(INTER, 2)].bytes == 2_000_000 and by_kind[(INTER, 2)].seq == 1
+    assert {(s.collective, s.version) for s in samples} == {("alltoall", 2)}  # compared with v2's references

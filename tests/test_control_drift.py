@@ -191,3 +191,32 @@ def test_merge_maps_is_the_union_per_overlay_link(hpn):
     for overlay in range(len(first.offsets) - 1):
         expected = np.union1d(first.links_of(overlay), second.links_of(overlay))
         assert merged.links_of(overlay).tolist() == expected.tolist()
+
+
+def test_base_scales_factors_and_a_clear_recovery_snaps_to_nominal():
+    """References learned on a believed fabric (``base``): a factor of 1 is that fabric, above 1 a
+    recovery (clipped at nominal); a path through a link believed degraded that speeds up by more
+    than ``recovered_factor`` takes that link back to nominal (issue 11: the half-recovered estimate
+    after Fail3 kept the AllToAll at 57 of 85.6 GB/s)."""
+    from mccl.control.drift import OverlayMap
+
+    n = 2
+    owners = {1: [0], 2: [1]}  # pair 0->1 covers link 0, pair 1->0 covers link 1; link 2 uncovered
+    counts = [len(owners.get(o, [])) for o in range(n * n + n)]
+    mapping = OverlayMap(n, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                         np.array(owners[1] + owners[2], dtype=np.int64))
+    nominal = np.array([400.0, 400.0, 400.0])
+    base = np.array([50.0, 100.0, 200.0])
+    intra = np.full(n, np.nan)
+    same = np.array([[np.nan, 1.0], [1.0, np.nan]])
+    assert measured_capacities(mapping, same, intra, nominal, base_gbps=base).tolist() == [50.0, 100.0, 200.0]
+    faster = np.array([[np.nan, 1.1], [6.0, np.nan]])
+    assert measured_capacities(mapping, faster, intra, nominal, base_gbps=base) == pytest.approx([55.0, 400.0, 200.0])
+    snapped = measured_capacities(mapping, faster, intra, nominal, base_gbps=base, recovered_factor=1.2)
+    assert snapped == pytest.approx([55.0, 400.0, 200.0])  # 1.1 is within noise; 6x is a repair
+    partial = np.array([[np.nan, 1.5], [1.0, np.nan]])
+    assert measured_capacities(mapping, partial, intra, nominal, base_gbps=base,
+                               recovered_factor=1.2).tolist() == [400.0, 100.0, 200.0]
+    assert measured_capacities(mapping, partial, intra, nominal, base_gbps=base) == pytest.approx([75.0, 100.0, 200.0])
+    with pytest.raises(ControllerError, match="base"):
+        measured_capacities(mapping, same, intra, nominal, base_gbps=base[:2])

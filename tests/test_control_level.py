@@ -1,9 +1,8 @@
 """``ControlConfig.alpha_level``: a slow EWMA decides, a fast one says what the fabric is now.
 
 Why it matters (issue 11, the controller on the simulator): with a slow α alone the first
-schedule is made from an estimate that has moved only about Γ, and the manager swaps again
-as the estimate converges. With ``alpha_level`` the first synthesis sees the real depth and
-the detection EWMA is anchored to it, so the same fault flags nothing more.
+schedule is made from an estimate that has moved only about Γ, a schedule for the wrong
+depth. With ``alpha_level`` the first synthesis sees the real depth.
 """
 
 from __future__ import annotations
@@ -47,9 +46,13 @@ def test_level_estimate_gives_one_synthesis_at_the_real_depth() -> None:
     assert slowest.min() == pytest.approx(50 / 400, rel=1e-6)  # the real Fail2 depth, not a partial one
 
 
-def test_without_level_the_slow_estimate_swaps_again() -> None:
+def test_without_level_the_synthesis_sees_a_partial_depth() -> None:
+    """The slow estimate flags when it has moved about Γ: the schedule is made for a NIC at more than
+    half its speed, not the real 1/8. (Before references were per version it was flagged again as
+    the estimate converged; now the new version's references are learned under the fault, so the
+    wrong depth stays — which is why the simulator's scenarios use ``alpha_level``.)"""
     manager, seen = _run(alpha_level=None)
-    assert len(seen) >= 2 and manager.versions("job")["alltoall"] >= 2
+    assert len(seen) >= 1
     assert (seen[0] / rail_optimized(1, 2, 8).capacities_gbps).min() > 0.5  # flagged at a partial estimate
 
 

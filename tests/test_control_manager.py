@@ -157,14 +157,20 @@ def test_alltoall_warm_state_is_kept_through_the_manager():
     assert first is not None and first.warm_state is not None and first.schedule.meta.version == 2
     assert not first.stats.warm.restarted  # the registered schedule had no state: warm from its routes
     assert 85 < first.bound_gbs < 95  # the measured fabric: Fail2's 89.06 GB/s, up to the EWMA's estimate
-    for seq in range(12, 30):  # the cable is repaired
+    for seq in range(12, 16):  # the new version runs under the fault: its references are learned there
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert manager.step() == []
+    for seq in range(16, 30):  # the cable is repaired
         manager.ingest(samples(16, seq))
     assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
     second = manager.active_result("job", "alltoall")
     assert second.schedule.meta.version == 3
     assert second.stats.warm.restarted or second.stats.warm.repaired  # from the first one's state
     assert second.bound_gbs == pytest.approx(100.0, rel=1e-4)  # healthy 2x8 optimum, up to the EWMA
-    for seq in range(30, 48):  # and the cable degrades again: warm from the healthy re-synthesis's state
+    for seq in range(30, 34):  # the healthy version learns its references
+        manager.ingest(samples(16, seq))
+    assert manager.step() == []
+    for seq in range(34, 52):  # and the cable degrades again: warm from the healthy re-synthesis's state
         manager.ingest(samples(16, seq, slow_rank=0))
     assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
     third = manager.active_result("job", "alltoall")
@@ -191,7 +197,10 @@ def test_a_degradation_that_clears_after_the_swap_brings_the_nominal_schedule_ba
     manager = fail2_seen(topology, schedule)
     manager.step()
     assert manager.versions("job") == {"allgather": 2}
-    for seq in range(12, 30):  # the cable is repaired: every factor back to 1
+    for seq in range(12, 16):  # the new version runs under the fault: its references are learned there
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert manager.step() == []
+    for seq in range(16, 30):  # the cable is repaired: the pairs through it 8x faster than their references
         manager.ingest(samples(16, seq))
     kinds = [event.kind for event in manager.step()]
     assert kinds == ["flagged", "synthesized", "issued"] and manager.versions("job") == {"allgather": 3}
@@ -200,6 +209,26 @@ def test_a_degradation_that_clears_after_the_swap_brings_the_nominal_schedule_ba
     back = loads_schedule(manager.latest("job", "allgather")[1])
     healthy = steady_state_algbw(link_load(back, len(topology.links)), topology.capacities_gbps, 16)
     assert healthy == pytest.approx(schedule.meta.achieved_gbs, rel=0.02)
+
+
+def test_references_are_per_version(hpn_schedule):
+    """After the swap, the new schedule shares the degraded NIC among fewer pairs, so they read 4x
+    faster than under the old one although the fault persists. Compared with the old version's
+    references that looks like a recovery and swaps again (the measured thrash of the tree packing
+    under Fail2); compared with the new version's own, it is the fabric it was made for."""
+    topology, schedule = hpn_schedule
+    manager = fail2_seen(topology, schedule)
+    manager.step()
+    assert manager.versions("job") == {"allgather": 2}
+    for seq in range(12, 40):  # same fault, new schedule: rank 0's pairs at 1/2 of healthy, not 1/8
+        manager.ingest(samples(16, seq, slow_rank=0, factor=0.5))
+        assert manager.step() == []
+    assert manager.versions("job") == {"allgather": 2}
+    decision = manager.check()[0]
+    assert decision.capacities_gbps.min() < 60  # still about Fail2's 50 Gbit/s NIC (the estimate at the flag)
+    for seq in range(40, 50):  # now it clears: 2x over the new references
+        manager.ingest(samples(16, seq))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
 
 
 def test_alltoall_fail2_is_resynthesized_by_column_generation():

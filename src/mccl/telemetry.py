@@ -24,6 +24,10 @@ class Sample:
     (all peers on its host together, §3.3), ``peer`` is -1; ``"inter"`` — one rank
     pair across hosts. ``end_time``: wall clock (s since the epoch) when the window
     closed. ``seq``: the communicator's sequence number of the collective.
+    ``collective`` and ``version``: the schedule whose traffic the window measured, when the
+    sender knows it ("" and -1: unknown). Why: a rank pair's rate depends on the schedule
+    (how many pairs share a NIC), so the controller compares a sample only with references
+    learned under the same version; untagged samples are attributed by sequence number.
     """
 
     kind: str
@@ -34,6 +38,8 @@ class Sample:
     seconds: float
     end_time: float
     seq: int
+    collective: str = ""
+    version: int = -1
 
     @property
     def gbps(self) -> float:

@@ -41,14 +41,25 @@ fabric. Mapping onto physical links, the choice made here:
   issued), a link covered by a fresh overlay link takes the max over the fresh ones
   only; a link only stale ones cover keeps the max over those (the last word on it).
 
-Rates are compared with what the same overlay link delivered while healthy (the
-:class:`~mccl.control.ewma.OverlayEWMA` references, learned once at start-up), so
-the fabric's absolute speed does not matter (loopback in the demo, RDMA on GPUs):
-``factor_o = M_o / reference_o``, and a physical link's capacity is
-``nominal_a · min(1, factor_a)``. Links no measurement covers keep their nominal
-capacity. A degradation that clears brings the factors back to 1, the measured
-topology back to nominal, and the schedule made for the degraded fabric gets
-flagged in its turn.
+Rates are compared with what the same overlay link delivered when the active schedule
+version started (the :class:`~mccl.control.ewma.OverlayEWMA` references, relearned per
+version), so the fabric's absolute speed does not matter (loopback in the demo, RDMA on
+GPUs): ``factor_o = M_o / reference_o``. The references were taken on the fabric the
+manager then believed in, ``base`` (nominal for the first version; the measured topology
+a re-synthesized version was made for), so a physical link's capacity is
+``min(nominal_a, base_a · factor_a)``: a factor above 1 is a recovery. Links no
+measurement covers keep their base capacity. A degradation that clears raises the
+factors of the paths through it, the measured topology moves back towards nominal, and
+the schedule made for the degraded fabric gets flagged in its turn.
+
+Recoveries. A schedule made for a degraded link loads it lightly, so after a repair the
+pairs through it are often paced by another link and speed up by less than the link
+did: ``base · factor`` then stays below nominal, the next version is made for that, its
+references are learned there, and the estimate never gets back (measured: the AllToAll
+after Fail3 cleared ran at 57 GB/s against 85.6 before). Gray failures clear by repair,
+so a link believed degraded whose best path speeds up clearly (``recovered_factor``,
+the manager passes 1 + Γ: beyond noise and beyond what the drift test ignores) is taken
+back to nominal; a partial recovery smaller than that keeps ``base · factor``.
 """
 
 from __future__ import annotations
@@ -177,9 +188,15 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
 
 def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
                         nominal_gbps: np.ndarray,
-                        fresh: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Per link, ``nominal · min(1, max factor)`` over the overlay links that cover it (module docstring);
-    ``fresh``: ``(inter, intra)`` masks of the overlay links sampled since the active version was issued.
+                        fresh: tuple[np.ndarray, np.ndarray] | None = None, *,
+                        base_gbps: np.ndarray | None = None, recovered_factor: float | None = None) -> np.ndarray:
+    """Per link, ``min(nominal, base · max factor)`` over the overlay links that cover it (module
+    docstring); ``base_gbps``: the capacities the references were learned on (None: nominal, which
+    makes it ``nominal · min(1, max factor)``); ``fresh``: ``(inter, intra)`` masks of the overlay
+    links sampled since the active version was issued. Uncovered links keep their base capacity.
+    ``recovered_factor``: a link believed degraded (base below nominal) whose best path now runs
+    more than this many times faster than its reference is taken as repaired, back to nominal
+    (module docstring, "Recoveries").
 
     Factors are NaN where an overlay link has no reference yet; those are skipped."""
     n = mapping.n_ranks
@@ -197,7 +214,13 @@ def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_fac
         best_fresh = np.full(len(nominal_gbps), -np.inf)
         np.maximum.at(best_fresh, mapping.links[current], per_entry[current])
         best = np.where(np.isfinite(best_fresh), best_fresh, best)
-    result = np.array(nominal_gbps, dtype=float)
+    nominal = np.asarray(nominal_gbps, dtype=float)
+    result = np.array(nominal if base_gbps is None else base_gbps, dtype=float)
+    if result.shape != nominal.shape:
+        raise ControllerError(f"base capacities for {result.shape} links, nominal for {nominal.shape}")
     touched = np.isfinite(best)
-    result[touched] *= np.minimum(best[touched], 1.0)
-    return result
+    result[touched] = np.minimum(result[touched] * best[touched], nominal[touched])
+    if recovered_factor is not None:
+        repaired = touched & (best > recovered_factor)
+        result[repaired] = nominal[repaired]
+    return np.minimum(result, nominal)

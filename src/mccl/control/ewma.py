@@ -15,7 +15,9 @@ Each overlay link also learns a *reference*: its smoothed value once it has seen
 probing, §3.1). The controller compares later values with it (``factors``), so its
 decisions do not depend on the absolute speed of the fabric (loopback in the demo,
 NVLink/RDMA on GPUs), only on relative change. The state is plain numpy arrays;
-:meth:`reset` starts over.
+:meth:`reset` starts over — the manager does so whenever a new schedule version takes
+over, because a pair's rate depends on the schedule as much as on the fabric (see
+:mod:`mccl.control.manager`, "References per version").
 """
 
 from __future__ import annotations
@@ -93,18 +95,6 @@ class OverlayEWMA:
             count += 1
         return count - (self.ignored - before)
 
-    def anchor(self, other: OverlayEWMA) -> None:
-        """Move every value to ``other``'s current factor (times this EWMA's own reference).
-
-        Why: once a change is confirmed and a schedule issued for it, the slow detection
-        average's memory of the old level is stale; left alone it would keep drifting
-        towards the new level and flag the new schedule again (one swap per change)."""
-        inter, intra = other.factors()
-        known = ~np.isnan(inter) & ~np.isnan(self.inter_reference)
-        self.inter[known] = inter[known] * self.inter_reference[known]
-        known = ~np.isnan(intra) & ~np.isnan(self.intra_reference)
-        self.intra[known] = intra[known] * self.intra_reference[known]
-
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
         """``(inter, intra)``: current value / reference per overlay link; NaN where not yet learned."""
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -113,6 +103,15 @@ class OverlayEWMA:
     def fresh(self, after_seq: int) -> tuple[np.ndarray, np.ndarray]:
         """``(inter, intra)``: which overlay links were sampled in a collective after ``after_seq``."""
         return self.inter_seq > after_seq, self.intra_seq > after_seq
+
+    @property
+    def learning(self) -> int:
+        """How many overlay links have samples but no reference yet (0 < count < warmup).
+
+        Why: right after a reset (a new schedule version), a decision on the few links already
+        learned would compare a partial picture; the manager waits until this is 0."""
+        return int(np.count_nonzero((self.inter_count > 0) & (self.inter_count < self.warmup))
+                   + np.count_nonzero((self.intra_count > 0) & (self.intra_count < self.warmup)))
 
     @property
     def learned(self) -> int:

@@ -18,14 +18,35 @@ dropped ("aborted") and the current one kept. A collective no registered synthes
 makes (:class:`~mccl.errors.SynthesisUnavailable`) keeps the current schedule and is
 logged once.
 
-The EWMAs and their references persist across versions: the measured topology is
-always "nominal × what each overlay link delivers now relative to when healthy"
-(:mod:`.drift`), so a new schedule is judged on the same evidence, and a
-degradation that keeps deepening after a swap, or clears, flags it again — but only
-once samples of ``settle_collectives`` collectives past the one last reported when
-it was issued have arrived (the new version must have run before it is judged;
-this also damps thrashing). Samples of a communicator's first
+References per version. A rank pair's rate while sending depends on the schedule as
+much as on the fabric: 8 pairs sharing a 400 Gbit/s NIC read 50 each, one pair alone on
+a 50 Gbit/s NIC also reads 50. References learned once, under the first schedule, make a
+re-synthesized schedule's pairs through a still-degraded NIC read "healthy" (measured: the
+tree-packing AllGather under Fail2 swapped three times during one fault). So when a new
+version takes over, the EWMAs are reset and relearn their references from the new
+version's own samples, and the capacities the new version was made for (the measured
+topology) become the *base* those references stand for: the measured topology is
+``min(nominal, base × what each overlay link delivers now relative to its reference)``
+(:mod:`.drift`). A degradation that deepens flags the new version; one that clears shows
+as factors above 1 and flags it too. Which samples belong to the new version: a sample
+tagged with its collective and version (:class:`~mccl.telemetry.Sample`) is used iff its
+version is the active one; an untagged one iff it measured a collective later than
+``settle_collectives`` past the last reported when the version was issued (the swap
+lands at some later launch; this also damps thrashing). No decision is taken while an
+overlay link is still learning its reference. Samples of a communicator's first
 ``settle_collectives`` collectives are ignored (start-up transients).
+
+Cost of the reset: ``settle_collectives + warmup`` collectives after each swap without a
+decision, and a degradation that starts inside that window is measured relative to it
+(its references absorb it; a later clear then reads as a recovery above base, clipped
+to nominal).
+
+Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
+issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
+the job's size on the measured topology and the fastest is kept — the active one ("kept":
+its cut is re-based on the measured fabric so the same evidence does not flag it again),
+or the baseline, issued as the next version. ``ScheduleManager.guard.decisions`` records
+each comparison.
 """
 
 from __future__ import annotations
@@ -35,15 +56,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
 
 from mccl.control.drift import (
     CutProfile,
-    DriftResult,
-    OverlayMap,
     drift_test,
     measured_capacities,
     merge_maps,
@@ -51,16 +70,19 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
+from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
+from mccl.control.records import Decision, Event, _Active, _Communicator
 from mccl.errors import ControllerError, InvalidOptions, MCCLError, SynthesisError, SynthesisUnavailable
-from mccl.schedule import Collective, Schedule, dumps_schedule, validate
+from mccl.schedule import Collective, Schedule, bottleneck_cut, dumps_schedule, validate
 from mccl.synth import SynthesisResult, optimize
 from mccl.synth.registry import method_for
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
-__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision"]
+__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
 
 log = logging.getLogger("mccl.control")
+_KIND_BY_NAME = {kind.value: kind for kind in Collective}  # a sample's collective tag, without Enum() per sample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,10 +95,14 @@ class ControlConfig:
     ``alpha_level``: a second, faster EWMA of the same samples that the synthesizer's
     measured topology is taken from (None: the detection EWMA itself). Why: a slow ``alpha``
     filters microbursts but has moved only about Γ when it flags a deep change, so a schedule
-    made from it would be re-flagged as it converges (several swaps for one change); with
-    ``alpha_level`` the schedule is made for the current level, and on issue the detection
-    EWMA is anchored to it. ``synth_options``: that method's options object per collective (e.g.
-    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own."""
+    made from a slow estimate would be made for a partial depth; with ``alpha_level`` it is made
+    for the current level. ``synth_options``: that method's options object per collective (e.g.
+    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own.
+    ``guard``: compare every re-synthesized schedule with the active one and the NCCL-style
+    baseline before a swap and keep the fastest (:mod:`.guard`); ``guard_tolerance``: how much
+    faster (relative) the active one or the baseline must be predicted to win over the candidate;
+    ``guard_size_bytes``: the collective size S compared at when neither the registration nor
+    telemetry gives one."""
 
     alpha: float = 0.3
     gamma: float = 0.2
@@ -85,6 +111,9 @@ class ControlConfig:
     settle_collectives: int = 3
     methods: Mapping[Collective, str] = field(default_factory=lambda: MappingProxyType({}))
     synth_options: Mapping[Collective, object] = field(default_factory=lambda: MappingProxyType({}))
+    guard: bool = True
+    guard_tolerance: float = 0.01
+    guard_size_bytes: float = float(2**30)
 
     def __post_init__(self) -> None:
         # Non-finite or out-of-range values are refused where they are written: gamma = nan or inf
@@ -116,59 +145,13 @@ class ControlConfig:
                                                          f"got {type(options).__name__}")
 
 
-@dataclass(frozen=True)
-class Event:
-    """One thing the manager did (wall-clock ``time``, s since the epoch). ``kind``: registered,
-    flagged, synthesized, issued, aborted, unavailable, failed. ``value``: max δ (flagged),
-    synthesis seconds (synthesized, aborted), achieved GB/s on the measured topology (issued)."""
-
-    time: float
-    kind: str
-    communicator: str
-    collective: str
-    version: int
-    value: float = 0.0
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The drift test of one active schedule under the current measurements."""
-
-    communicator: str
-    collective: Collective
-    version: int
-    result: DriftResult
-    capacities_gbps: np.ndarray
-
-
-@dataclass
-class _Active:
-    schedule: Schedule
-    result: SynthesisResult | None  # what the controller synthesized it with (warm state); None when registered
-    version: int
-    text: str
-    cut: CutProfile
-    busy: bool = False
-    judge_after_seq: int = 0
-    issued_seq: int = 0  # the communicator's last seq when it became active: later samples are its evidence
-
-
-@dataclass
-class _Communicator:
-    ewma: OverlayEWMA
-    level: OverlayEWMA | None = None  # the faster estimate synthesis uses (ControlConfig.alpha_level)
-    active: dict[Collective, _Active] = field(default_factory=dict)
-    coverage: OverlayMap | None = None  # overlay link -> physical links, over every version so far
-    last_seq: int = 0
-    ignore_through: int = 0
-
-
 class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
-                 synthesize: Callable[..., SynthesisResult] = optimize) -> None:
+                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None) -> None:
+        """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
+        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator)."""
         self.topology = topology
         self.config = config or ControlConfig()
         if self.config.gamma <= 0:
@@ -177,6 +160,8 @@ class ScheduleManager:
         if self.config.alpha_level is not None:
             OverlayEWMA(2, self.config.alpha_level)
         self._synthesize = synthesize
+        self.guard = Guard(topology, optimize, predict=predict, tolerance=self.config.guard_tolerance,
+                           default_size_bytes=self.config.guard_size_bytes)
         self._nominal = topology.capacities_gbps
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
@@ -195,16 +180,20 @@ class ScheduleManager:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
         return _Active(schedule, result, version, dumps_schedule(schedule), profile(schedule, len(on.links)),
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives, issued_seq=comm.last_seq)
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
 
-    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None) -> int:
+    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
+                 size_bytes: float | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
 
         A version not newer than the active one is ignored (every rank may register). ``result``: the
         synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
-        by the first re-synthesis, as for the manager's own)."""
+        by the first re-synthesis, as for the manager's own). ``size_bytes``: the job's nccl-tests size
+        S of this collective, for the guard (else inferred from telemetry)."""
         if result is not None and result.schedule is not schedule:
             raise ControllerError("register: result= must be the synthesis result of the registered schedule")
+        if size_bytes is not None and not (size_bytes > 0 and math.isfinite(size_bytes)):
+            raise ControllerError(f"register: size_bytes must be a positive number of bytes, got {size_bytes}")
         validate(schedule, self.topology)
         version = int(schedule.meta.version)
         with self._lock:
@@ -214,13 +203,17 @@ class ScheduleManager:
                     OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup))
                 if self.config.alpha_level is not None:
                     comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
-                comm.ignore_through = self.config.settle_collectives
+                comm.startup_through = comm.ignore_through = self.config.settle_collectives
             elif comm.ewma.n_ranks != schedule.n_ranks:
                 raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
                                       f"{schedule.n_ranks}")
             current = comm.active.get(schedule.collective)
+            if size_bytes is not None:
+                comm.sizes[schedule.collective] = float(size_bytes)
             if current is not None and current.version >= version:
                 return current.version
+            if current is not None:  # a newer version registered by a rank: its own references
+                self._relearn(comm, comm.base if comm.base is not None else self._nominal)
             comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology)
             self._event("registered", communicator, schedule.collective, version)
             return version
@@ -252,10 +245,11 @@ class ScheduleManager:
         with self._lock:
             for sample in samples:
                 comm = self._comms.get(sample.communicator)
-                if comm is None or sample.seq <= comm.ignore_through:
+                if comm is None or not self._current(comm, sample):
                     ignored += 1
                     continue
                 comm.last_seq = max(comm.last_seq, sample.seq)
+                comm.meter.add(sample.collective, sample.seq, sample.bytes)
                 before = comm.ewma.ignored
                 comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
                 if comm.level is not None:
@@ -268,11 +262,30 @@ class ScheduleManager:
             self.samples_ignored += ignored
         return taken
 
+    @staticmethod
+    def _current(comm: _Communicator, sample: Sample) -> bool:
+        """Whether ``sample`` measured the active version (module docstring, "References per version")."""
+        if sample.collective and sample.version >= 0:
+            kind = _KIND_BY_NAME.get(sample.collective)
+            active = comm.active.get(kind) if kind is not None else None
+            return active is not None and sample.version == active.version and sample.seq > comm.startup_through
+        return sample.seq > comm.ignore_through
+
+    def _relearn(self, comm: _Communicator, base: np.ndarray) -> None:
+        """A new version takes over: forget the references, remember what fabric they will stand for."""
+        comm.base = np.array(base, dtype=float)
+        comm.ewma.reset()
+        if comm.level is not None:
+            comm.level.reset()
+        comm.ignore_through = max(comm.ignore_through, comm.last_seq + self.config.settle_collectives)
+
     # ---- decisions --------------------------------------------------------------------
+    def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
+        return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base,
+                                   recovered_factor=1.0 + self.config.gamma)
+
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
-        inter, intra = comm.ewma.factors()
-        capacities = measured_capacities(comm.coverage, inter, intra, self._nominal,
-                                         comm.ewma.fresh(active.issued_seq))
+        capacities = self._measured(comm, comm.ewma)
         return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
 
     def check(self) -> list[Decision]:
@@ -280,7 +293,7 @@ class ScheduleManager:
         decisions = []
         with self._lock:
             for name, comm in self._comms.items():
-                if comm.ewma.learned == 0:
+                if comm.ewma.learned == 0 or comm.ewma.learning > 0:
                     continue
                 for kind, active in comm.active.items():
                     if comm.last_seq > active.judge_after_seq:
@@ -317,7 +330,7 @@ class ScheduleManager:
         capacities = decision.capacities_gbps
         if comm.level is not None:
             with self._lock:
-                capacities = measured_capacities(comm.coverage, *comm.level.factors(), self._nominal)
+                capacities = self._measured(comm, comm.level)
         measured = self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
         start = time.perf_counter()
         previous = active.result if active.result is not None else active.schedule
@@ -340,16 +353,49 @@ class ScheduleManager:
         seconds = time.perf_counter() - start
         with self._lock:
             self._event("synthesized", name, kind, active.version, seconds)
+        guarded = self._compare(name, comm, kind, active, result, measured) if self.config.guard else None
+        with self._lock:
             again = self._decide(name, comm, kind, active)
             if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
+            chosen = "candidate"
+            if guarded is not None:
+                verdict, baseline = guarded
+                chosen = verdict.chosen
+                if chosen == ACTIVE:  # the flagged schedule is still predicted fastest: keep it, judged from now
+                    active.cut = self._cut_on(active.schedule, measured)
+                    active.judge_after_seq = comm.last_seq + self.config.settle_collectives
+                    self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
+                                f"guard: {dict(verdict.predicted_s)}")
+                    return None
+                if chosen == BASELINE and baseline is not None:
+                    result = replace(baseline, schedule=baseline.schedule.with_meta(
+                        bottleneck_cut=bottleneck_cut(baseline.schedule, measured)))
             version = active.version + 1
             result = result.with_version(version)
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured)
-            if comm.level is not None:
-                comm.ewma.anchor(comm.level)
+            self._relearn(comm, capacities)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms")
+                        f"synthesized in {seconds * 1e3:.1f} ms; {chosen}")
             return schedule
+
+    def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
+        """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""
+        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
+
+    def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
+                 measured: Topology) -> tuple[GuardDecision, SynthesisResult | None] | None:
+        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails."""
+        try:
+            baseline = self.guard.baseline(name, kind, active.schedule.ranks)
+            schedules = {"candidate": result.schedule, "active": active.schedule}
+            if baseline is not None:
+                schedules["baseline"] = baseline.schedule
+            with self._lock:
+                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule)
+            return self.guard.compare(name, kind, active.version, schedules, measured, size), baseline
+        except MCCLError as error:
+            log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
+            return None

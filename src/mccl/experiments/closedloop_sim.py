@@ -14,7 +14,8 @@ fold those readings into one measurement window per overlay link per collective,
 runtime's keys: ``"inter"`` per rank pair across hosts, ``"intra"`` per rank for all its
 same-host peers together (the rank's injection rate), and emit one
 :class:`~mccl.telemetry.Sample` each when the collective completes, tagged with its
-sequence number. Paths used concurrently inside one hook interval count their common
+sequence number and with the collective and schedule version it ran (so the manager
+compares it with that version's references). Paths used concurrently inside one hook interval count their common
 busy time once (max, not sum), as one window would. Readings of an interval that spans
 the end of one collective and the start of the next go to the first; keeping
 ``interval_s`` a small fraction of a collective (default 1/8) bounds that error.
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mccl.control.guard import GuardDecision, Predictor
 from mccl.control.manager import ControlConfig, Event, ScheduleManager
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
@@ -79,6 +81,8 @@ class VirtualExecutors:
         self.communicator = communicator
         self.model = model
         self.rank_of = {gpu: rank for rank, gpu in enumerate(schedule.ranks)}
+        self.collective = schedule.collective.value
+        self.initial_version = int(schedule.meta.version)
         self.host = [topology.node(gpu).host for gpu in schedule.ranks]
         self.rng = np.random.default_rng(model.seed)
         self.seq = 0  # collectives completed, as the runtime's communicator counts them
@@ -107,10 +111,12 @@ class VirtualExecutors:
         if not completed:
             return []
         self.seq += len(completed)
-        return self._emit(view.time_s)
+        return self._emit(view.time_s, completed[-1].schedule)
 
-    def _emit(self, now: float) -> list[Sample]:
+    def _emit(self, now: float, label: str) -> list[Sample]:
         samples = []
+        found = _VERSION.search(label)
+        version = int(found.group(1)) if found else self.initial_version
         for (rank, peer), size in sorted(self._bytes.items()):
             seconds = self._busy[(rank, peer)]
             if size <= 0 or seconds <= 0:
@@ -120,7 +126,7 @@ class VirtualExecutors:
             if self.model.burst_probability > 0 and self.rng.random() < self.model.burst_probability:
                 seconds *= self.model.burst_slowdown
             samples.append(Sample(INTRA if peer == -1 else INTER, self.communicator, rank, peer, int(size), seconds,
-                                  now, self.seq))
+                                  now, self.seq, self.collective, version))
         self._bytes.clear()
         self._busy.clear()
         self.emitted += len(samples)
@@ -166,6 +172,7 @@ class LoopResult:
     interval_s: float
     initial_version: int = 0
     notes: dict[str, float] = field(default_factory=dict)
+    guard: tuple[GuardDecision, ...] = ()  # the manager's never-worse comparisons, in order
 
     def check(self) -> None:
         """Raise unless every collective ran exactly once, in order, on the version in force at its launch."""
@@ -205,6 +212,7 @@ def run_loop(
     model: TelemetryModel | None = None,
     synthesis_delay_s: float | None = None,
     options: SimOptions | None = None,
+    predict: Predictor | None = None,
     job: str = "job",
 ) -> LoopResult:
     """Run ``collectives`` collectives of ``schedule`` (or as many as launch before ``until_s``)
@@ -215,15 +223,16 @@ def run_loop(
     training step's communication is a fraction of it); ``interval_s``: the hook period
     (default 1/8 of the healthy collective time); ``synthesis_delay_s``: simulated time
     from an issue to the new version being available (None: the synthesis's measured wall
-    seconds; 0 for reproducible tests).
+    seconds, plus the guard's predictions; 0 for reproducible tests); ``predict``: the manager's
+    guard predictor (:mod:`mccl.control.guard`; None: its α-β default).
     """
     options = options or SimOptions(keep_chain=False)
     healthy_s = simulate_schedule(schedule, topology, size_bytes, options=options).time_s
     gap_s = 3 * healthy_s if gap_s is None else gap_s
     interval_s = healthy_s / 8 if interval_s is None else interval_s
-    manager = ScheduleManager(topology, config)
+    manager = ScheduleManager(topology, config, predict=predict)
     communicator = job
-    manager.register(communicator, schedule)
+    manager.register(communicator, schedule, size_bytes=size_bytes)
     executors = VirtualExecutors(job, communicator, schedule, topology, model or TelemetryModel())
     op = schedule.collective.value
     swaps: list[Swap] = []
@@ -250,7 +259,8 @@ def run_loop(
                 result = manager.active_result(communicator, schedule.collective)
                 if result is None or result.schedule.meta.version != event.version:
                     raise MCCLError("the manager issued a version it does not hold")
-                delay = synthesis if synthesis_delay_s is None else synthesis_delay_s
+                guard = manager.guard.decisions[-1].seconds if manager.guard.decisions else 0.0
+                delay = synthesis + guard if synthesis_delay_s is None else synthesis_delay_s
                 pending.append((view.time_s + delay, view.time_s, result.schedule))
 
     if collectives is None and not math.isfinite(until_s):
@@ -265,5 +275,5 @@ def run_loop(
         launched += 1
     return LoopResult(runs, tuple(swaps), tuple(events), executors.emitted, launched, interval_s,
                       int(schedule.meta.version), {"healthy_s": healthy_s, "gap_s": gap_s,
-                                                   "sim_wall_s": result.stats.wall_s})
+                                                   "sim_wall_s": result.stats.wall_s}, tuple(manager.guard.decisions))
 

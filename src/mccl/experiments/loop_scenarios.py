@@ -1,7 +1,9 @@
 """Closed-loop scenarios (issue 11): the real controller against faults that start, persist and clear.
 
 Each scenario runs one collective stream (AllGather by tree packing, AllToAll by column
-generation) on ``rail_optimized(1, H, 8)`` through :func:`~mccl.experiments.closedloop_sim.run_loop`:
+generation) on ``rail_optimized(1, H, 8)`` through :func:`~mccl.experiments.closedloop_sim.run_loop`
+(the flow-level simulator) or, at 128 GPUs and more where one simulated collective costs ~25 s
+CPU, :func:`~mccl.experiments.closedloop_fluid.run_fluid_loop` (the per-path rate model):
 ``healthy`` collectives on the healthy fabric, then a change for ``persist`` collectives
 (counted at the degraded pace, so at least that many run under it), then ``after``
 collectives' worth of healthy fabric again. The changes:
@@ -32,17 +34,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mccl.control.guard import GuardDecision, Predictor
 from mccl.control.manager import ControlConfig
+from mccl.experiments.closedloop_fluid import run_fluid_loop
 from mccl.experiments.closedloop_sim import LoopResult, TelemetryModel, run_loop, run_version
 from mccl.experiments.report import MiB, ScenarioReport, ScenarioRow
 from mccl.schedule import Collective, Schedule, link_load
+from mccl.sim.analytic import evaluate
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import CapacityChange, SimOptions
 from mccl.synth import optimize
 from mccl.topology import FAULTS, Topology, degrade, rail_optimized
 
 __all__ = ["LOOP_SCENARIOS", "EXPECTED_SWAPS", "DEFAULT_CONFIG", "LoopOutcome", "run_scenario", "loop_report",
-           "fault_changes"]
+           "fault_changes", "simulated_predictor"]
 
 LOOP_SCENARIOS = ("fail1", "fail2", "fail3", "microburst", "offcut", "uniform")
 EXPECTED_SWAPS = {"fail1": 2, "fail2": 2, "fail3": 2, "microburst": 0, "offcut": 0, "uniform": 0}
@@ -61,6 +66,17 @@ def fault_changes(healthy: Topology, faulted: Topology, start_s: float, end_s: f
             if math.isfinite(end_s):
                 changes.append(CapacityChange(end_s, link.id, link.gbps))
     return changes
+
+
+def simulated_predictor(options: SimOptions | None = None) -> Predictor:
+    """The guard's predictor backed by the flow-level simulator (affordable at 16 GPUs: 0.1–0.5 s CPU
+    per prediction; ~25 s at 128, where the manager's α-β default is used instead)."""
+    options = options or SimOptions(keep_chain=False)
+
+    def predict(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+        return simulate_schedule(schedule, topology, size_bytes, options=options).time_s
+
+    return predict
 
 
 def _offcut(healthy: Topology, schedule: Schedule) -> Topology:
@@ -134,6 +150,11 @@ class LoopOutcome:
     def swaps(self) -> int:
         return len(self.loop.swaps)
 
+    @property
+    def guard(self) -> tuple[GuardDecision, ...]:
+        """The manager's never-worse comparisons (which schedule won, predicted times)."""
+        return self.loop.guard
+
     def algbw(self, start: float, stop: float, version: int | None = None) -> float:
         """Median algbw of the collectives that ran during [start, stop) (on ``version`` if given)."""
         values = [run.algbw_gbs for run in self.loop.runs if run.start_s < stop and run.end_s > start
@@ -156,11 +177,17 @@ def _phase(loop: LoopResult, at_s: float, until_s: float) -> Phase:
 def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, *, hosts: int = 2,
                  healthy: int = 12, persist: int = 20, after: int = 20, size_per_rank: float = 16 * MiB,
                  config: ControlConfig = DEFAULT_CONFIG, model: TelemetryModel | None = None,
-                 synthesis_delay_s: float | None = None, min_gap_s: float | None = None) -> LoopOutcome:
+                 synthesis_delay_s: float | None = None, min_gap_s: float | None = None,
+                 evaluator: str = "flow", predict: Predictor | None = None) -> LoopOutcome:
     """Run scenario ``name`` (module docstring) for one collective stream on ``rail_optimized(1, hosts, 8)``.
 
     ``synthesis_delay_s``: see :func:`run_loop` (None: measured). ``min_gap_s``: least compute
-    between collectives (None: the cold synthesis time; 0 with no synthesis delay, for fast tests)."""
+    between collectives (None: the cold synthesis time; 0 with no synthesis delay, for fast tests).
+    ``evaluator``: "flow" (the flow-level simulator, :func:`run_loop`) or "fluid" (the per-path rate
+    model of :mod:`~mccl.experiments.closedloop_fluid`, for 128 GPUs and more). ``predict``: the
+    manager's guard predictor (None: its α-β default)."""
+    if evaluator not in ("flow", "fluid"):
+        raise ValueError(f"unknown evaluator {evaluator!r}; known: flow, fluid")
     kind = Collective(collective)
     fabric = rail_optimized(1, hosts, 8)
     n = len(fabric.gpus)
@@ -170,8 +197,12 @@ def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, 
     cold_s = time.perf_counter() - began
     options = SimOptions(keep_chain=False)
     faulted = _faulted(name, fabric, schedule)
-    healthy_s = simulate_schedule(schedule, fabric, size, options=options).time_s
-    degraded_s = simulate_schedule(schedule, faulted, size, options=options).time_s
+    if evaluator == "flow":
+        healthy_s = simulate_schedule(schedule, fabric, size, options=options).time_s
+        degraded_s = simulate_schedule(schedule, faulted, size, options=options).time_s
+    else:
+        healthy_s = evaluate(schedule, fabric, size).time_s
+        degraded_s = evaluate(schedule, faulted, size).time_s
     # compute between collectives: 3x the collective, and at least one cold synthesis, so that a
     # re-synthesis (1-3x the cold one on a measured fabric) lands a few collectives after detection,
     # as in training, where a step's compute is long against a synthesis
@@ -180,9 +211,15 @@ def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, 
     burst = name == "microburst"  # one healthy period: shorter than the detection delay
     end_s = start_s + (healthy_s + gap_s if burst else persist * (degraded_s + gap_s))
     until_s = end_s + after * (healthy_s + gap_s)
-    loop = run_loop(fabric, schedule, size, changes=fault_changes(fabric, faulted, start_s, end_s),
-                    until_s=until_s, gap_s=gap_s, config=config, model=model,
-                    synthesis_delay_s=synthesis_delay_s, options=options, job=f"{name}-{kind.value}")
+    changes = fault_changes(fabric, faulted, start_s, end_s)
+    if evaluator == "flow":
+        loop = run_loop(fabric, schedule, size, changes=changes, until_s=until_s, gap_s=gap_s, config=config,
+                        model=model, synthesis_delay_s=synthesis_delay_s, options=options, predict=predict,
+                        job=f"{name}-{kind.value}")
+    else:
+        loop = run_fluid_loop(fabric, schedule, size, changes=changes, until_s=until_s, gap_s=gap_s, config=config,
+                              model=model, synthesis_delay_s=synthesis_delay_s, predict=predict,
+                              job=f"{name}-{kind.value}")
     phases = (_phase(loop, start_s, end_s), _phase(loop, end_s, until_s))
     return LoopOutcome(name, kind, n, loop, start_s, end_s, phases)
 

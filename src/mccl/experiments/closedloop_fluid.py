@@ -1,0 +1,174 @@
+"""The controller on a per-path rate model: the closed loop where flow simulation is unaffordable.
+
+Why: one flow-level simulation of a 128-GPU collective costs ~25 s CPU on this machine
+(BENCHMARKS.md, "Closed loop on the simulator"), so a loop of ~50 collectives at 128 GPUs,
+let alone 1024, does not fit. Here every collective is evaluated in closed form on the
+capacities in force at its launch, and the same real :class:`~mccl.control.ScheduleManager`
+watches it through executors that emit the runtime's samples.
+
+The model (:func:`path_rates`). With link loads ``L_a`` (bytes a collective puts on link a)
+and capacities ``C_a``, link a needs ``τ_a = L_a / C_a`` seconds. The collective takes the
+α-β time of :func:`mccl.sim.analytic.evaluate` (``max_a τ_a`` plus each step's route
+latency). Each transfer's connection is busy for ``τ`` of the most loaded link on its
+route (it cannot finish before that link has carried everything it carries); an overlay
+link's window (a rank pair across hosts, or a rank's injection into its host, the
+runtime's keys) has the bytes of its transfers and the longest of their busy times
+(concurrent connections share one window, as in the flow-level executors). So a pair's
+rate falls exactly when a link on its route becomes its most loaded one, which is what
+lets the controller localize a fault.
+
+What it loses against the flow-level simulator: contention between steps and chunk
+dependencies (store-and-forward fill of deep trees — the α-β time is a lower bound for a
+tree packing, ~1.8× faster than simulated on the healthy 2×8), max-min fair sharing (here a
+link's bandwidth is split in proportion to the bytes of each connection, so every
+connection through a link finishes together), and capacity changes inside a collective
+(a collective runs on the capacities at its launch; faults here last many collectives).
+The loop's *decisions* — when a fault is seen, what is synthesized, how many swaps — are
+what this model is for; its algbw is the α-β figure, not a simulated one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.control.guard import Predictor
+from mccl.control.manager import ControlConfig, ScheduleManager
+from mccl.errors import MCCLError
+from mccl.experiments.closedloop_sim import LoopEvent, LoopResult, Swap, TelemetryModel
+from mccl.schedule import Schedule, gbps_to_gbs, link_load
+from mccl.sim.analytic import evaluate
+from mccl.sim.inputs import CapacityChange
+from mccl.sim.results import RunResult
+from mccl.telemetry import INTER, INTRA, Sample
+from mccl.topology import Topology
+
+__all__ = ["PathRates", "path_rates", "run_fluid_loop"]
+
+
+@dataclass(frozen=True)
+class PathRates:
+    """One collective under the model: its time, and per overlay link (rank, peer or -1) bytes and busy s."""
+
+    time_s: float
+    keys: np.ndarray  # (k, 2): rank, peer (-1: the rank's injection into its host)
+    bytes: np.ndarray
+    busy_s: np.ndarray
+
+
+def path_rates(schedule: Schedule, topology: Topology, size_bytes: float,
+               host_of_rank: Sequence[str | None]) -> PathRates:
+    """The per-path rate model of the module docstring; vectorized over transfers."""
+    n = schedule.n_ranks
+    block = size_bytes / n
+    capacity = gbps_to_gbs(topology.capacities_gbps) * 1e9
+    load = link_load(schedule, len(topology.links)) * block
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = np.where(load > 0, load / capacity, 0.0)
+    transfers = schedule.transfers
+    hop_tau = tau[transfers.route_links]
+    busy = np.maximum.reduceat(hop_tau, transfers.route_offsets[:-1]) if len(transfers) else np.zeros(0)
+    sender = transfers.sender.astype(np.int64)
+    receiver = transfers.receiver.astype(np.int64)
+    codes = {name: code for code, name in enumerate(sorted({h for h in host_of_rank if h is not None}))}
+    host = np.array([codes.get(h, -1) if h is not None else -1 for h in host_of_rank], dtype=np.int64)
+    same = (host[sender] >= 0) & (host[sender] == host[receiver])
+    peer = np.where(same, -1, receiver)
+    key = sender * (n + 1) + (peer + 1)
+    unique, inverse = np.unique(key, return_inverse=True)
+    sent = np.bincount(inverse, weights=schedule.chunks.fraction[transfers.chunk] * block, minlength=len(unique))
+    longest = np.zeros(len(unique))
+    np.maximum.at(longest, inverse, busy)
+    keys = np.stack([unique // (n + 1), unique % (n + 1) - 1], axis=1)
+    return PathRates(evaluate(schedule, topology, size_bytes).time_s, keys, sent, longest)
+
+
+def _capacities_at(nominal: np.ndarray, changes: Sequence[CapacityChange], time_s: float) -> np.ndarray:
+    capacities = nominal.copy()
+    for change in sorted(changes, key=lambda item: item.time_s):
+        if change.time_s <= time_s:
+            capacities[int(change.link)] = change.gbps
+    return capacities
+
+
+def run_fluid_loop(
+    topology: Topology,
+    schedule: Schedule,
+    size_bytes: float,
+    *,
+    changes: Sequence[CapacityChange] = (),
+    until_s: float,
+    gap_s: float,
+    config: ControlConfig | None = None,
+    model: TelemetryModel | None = None,
+    synthesis_delay_s: float | None = None,
+    predict: Predictor | None = None,
+    job: str = "job",
+) -> LoopResult:
+    """Collectives of ``schedule`` launched back to back with ``gap_s`` of compute until ``until_s``,
+    each evaluated by :func:`path_rates` on the capacities at its launch, watched by a real
+    :class:`ScheduleManager` (same contract as :func:`~mccl.experiments.closedloop_sim.run_loop`:
+    a version issued at time t is in force from the first launch after t + its synthesis time)."""
+    if not math.isfinite(until_s):
+        raise MCCLError("run_fluid_loop needs a finite until_s")
+    for change in changes:
+        if not isinstance(change.link, int | np.integer):
+            raise MCCLError("run_fluid_loop takes capacity changes by link id")
+    model = model or TelemetryModel()
+    rng = np.random.default_rng(model.seed)
+    manager = ScheduleManager(topology, config, predict=predict)
+    manager.register(job, schedule, size_bytes=size_bytes)
+    hosts = [topology.node(gpu).host for gpu in schedule.ranks]
+    nominal = topology.capacities_gbps
+    current, version = schedule, int(schedule.meta.version)
+    runs: list[RunResult] = []
+    swaps: list[Swap] = []
+    events: list[LoopEvent] = []
+    pending: list[tuple[float, float, Schedule]] = []
+    samples_out = 0
+    now, iteration = 0.0, 0
+    while now < until_s:
+        if pending and now > pending[-1][0]:
+            ready, issued, new = pending.pop()
+            pending.clear()
+            current, version = new, int(new.meta.version)
+            swaps.append(Swap(ready, issued, version, f"{new.meta.synthesizer} v{version}"))
+        fabric = topology.with_capacities(_capacities_at(nominal, changes, now))
+        rates = path_rates(current, fabric, size_bytes, hosts)
+        end = now + rates.time_s
+        label = current.meta.synthesizer + (f" v{version}" if version != schedule.meta.version else "")
+        algbw = size_bytes / rates.time_s / 1e9
+        runs.append(RunResult(job, current.collective.value, iteration, current.collective, label, current.n_ranks,
+                              size_bytes, now, end, algbw, algbw * (current.n_ranks - 1) / current.n_ranks,
+                              len(current.transfers), ()))
+        seconds = rates.busy_s.copy()
+        if model.noise_sigma > 0:
+            seconds *= rng.lognormal(0.0, model.noise_sigma, len(seconds))
+        if model.burst_probability > 0:
+            seconds *= np.where(rng.random(len(seconds)) < model.burst_probability, model.burst_slowdown, 1.0)
+        seq = iteration + 1
+        batch = [Sample(INTRA if peer == -1 else INTER, job, int(rank), int(peer), int(nbytes), float(busy), end, seq,
+                        current.collective.value, version)
+                 for (rank, peer), nbytes, busy in zip(rates.keys, rates.bytes, seconds, strict=True)
+                 if nbytes > 0 and busy > 0]
+        samples_out += len(batch)
+        manager.ingest(batch)
+        synthesis = 0.0
+        for event in manager.step():
+            events.append(LoopEvent(end, event))
+            if event.kind == "synthesized":
+                synthesis = event.value
+            if event.kind == "issued":
+                result = manager.active_result(job, schedule.collective)
+                if result is None or result.schedule.meta.version != event.version:
+                    raise MCCLError("the manager issued a version it does not hold")
+                guard = manager.guard.decisions[-1].seconds if manager.guard.decisions else 0.0
+                delay = synthesis + guard if synthesis_delay_s is None else synthesis_delay_s
+                pending.append((end + delay, end, result.schedule))
+        now = end + gap_s
+        iteration += 1
+    return LoopResult(tuple(runs), tuple(swaps), tuple(events), samples_out, iteration, math.nan,
+                      int(schedule.meta.version), {"gap_s": gap_s}, tuple(manager.guard.decisions))
