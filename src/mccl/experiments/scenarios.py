@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mccl.errors import SynthesisUnavailable
+from mccl.experiments.fig14 import fig14_training
 from mccl.experiments.loop_scenarios import SCENARIO_ENTRIES
 from mccl.experiments.mccs import ring_reversal
 from mccl.experiments.report import NOT_YET, MiB, ScenarioReport, ScenarioRow
@@ -170,5 +171,6 @@ SCENARIOS: dict[str, Callable[..., ScenarioReport]] = {
     "fig2": fig2_degradation,
     "fig9": fig9_failures,
     "mccs-reversal": ring_reversal,
+    "fig14": fig14_training,  # training time at 128-2048 GPUs, alpha-beta (issue 11, deliverable 4)
     **SCENARIO_ENTRIES,  # loop-fail2, loop-microburst, ...: the controller on the simulator (issue 11)
 }

@@ -1,0 +1,227 @@
+"""mccl-paper Fig. 14 (§6.3): training time of Llama-3.1-405B and DeepSeek-V3 on 128–2048 GPUs, healthy
+and under Fail1/Fail2/Fail3, NCCL-style static schedules against mccl's re-optimized ones.
+
+The model (what a step costs):
+
+* **Collectives.** The workloads of :mod:`mccl.experiments.fig14_workloads` (one pipeline stage on
+  HPN segments of 16 hosts × 8 GPUs). Each collective runs on every group of its kind at once;
+  synchronous training waits for the slowest group, so a call costs ``max`` over its groups.
+  All three faults sit on GPU 0, so only the group holding ``gpu0`` can differ from a healthy
+  one; every other group has the healthy time of the same shape (HPN is symmetric across hosts,
+  rails and segments). Per call we therefore evaluate two groups: the one holding ``gpu0`` on the
+  faulted fabric and the same group on the healthy fabric, and take the max.
+* **Concurrency.** Groups of one kind are evaluated alone on their own links. On HPN their NCCL
+  schedules use disjoint links (a TP group stays in its host; a DP rail ring uses its own rail's
+  ToRs and ToR↔aggregation cables; an EP group's direct sends stay under the rail ToRs); a
+  re-optimized schedule of the faulted group may use ToR→aggregation uplinks that a healthy
+  neighbour's schedule of the same kind does not touch. What this loses: a joint contention
+  model (a re-optimized schedule and a healthy one sharing an uplink would slow each other),
+  overlap of communication with compute and of different kinds with each other (a step here is
+  compute + Σ collectives, none hidden), stragglers, and pipeline bubbles.
+* **Group fabric (the overlay).** A group's synthesizer sees the group's GPUs, their
+  NVSwitches and — when the group spans more than one host — the ToRs its GPUs attach to and
+  the aggregation layer (:func:`group_fabric`). A one-host group (Llama TP) sees its NVSwitch
+  only: the paper's overlay joins GPUs of *different* nodes by inter-node links, so a route
+  that leaves a host through one NIC and re-enters it through another is not offered (with it,
+  tree packing beats the ring on a healthy host by 12 % in α-β, against the paper's "no gain
+  without failures"). Routes never pass through a GPU that is not a rank (:mod:`mccl.topology.routing`).
+* **Schedules.** NCCL: ``optimize(fabric, coll, ranks, method="ring.nccl")`` for AllGather /
+  ReduceScatter, ``"alltoall.direct"`` (PXN, 4 chunks per block) for AllToAll. These do not look at
+  capacities, so planning them on the healthy or the faulted fabric gives the same schedule for
+  Fail1/Fail2; Fail3 moves GPU 0 to another host, which a static library meets by re-planning at
+  communicator set-up, so the baseline is planned on the fabric it runs on. mccl:
+  ``optimize(faulted fabric, coll, ranks)`` (tree packing, column generation), and the controller
+  never runs something slower than the baseline: mccl's time is ``min(baseline, re-optimized)``
+  (issue 11, deliverable 3). When the baseline already reaches the group's AllGather cut bound
+  (max-flow; it also bounds the ReduceScatter, its reverse, on these duplex fabrics) within
+  0.5 %, no schedule can be faster and the synthesizer is not run (``skipped at bound``): this
+  is what keeps 256-rank DP groups affordable (tree packing on a 128-rank DP group: 6 s CPU,
+  and it only matches the ring).
+* **Times.** α-β (:func:`mccl.sim.analytic.evaluate`): bandwidth term of the most loaded link plus
+  per-step route latencies. Exact for rings; for trees and relayed AllToAll paths it is the
+  fluid optimum, optimistic against the flow-level simulator (BENCHMARKS.md, issue 11).
+* **Compute.** From the paper's communication shares: on the healthy fabric with NCCL,
+  collectives are ``share`` of the step (Llama 34 %, DeepSeek 65 %), so compute =
+  comm × (1 − share) / share, per model and cluster size; it is the same under every fault and
+  for both libraries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mccl.errors import MCCLError
+from mccl.experiments.fig14_results import CallTime, StepResult
+from mccl.experiments.fig14_workloads import WORKLOADS, CollectiveCall, Workload, check_size, groups
+from mccl.experiments.report import ScenarioReport
+from mccl.schedule import Collective, Schedule
+from mccl.sim.analytic import evaluate
+from mccl.synth import allgather_cut_bound, optimize
+from mccl.topology import SWITCH_KINDS, NodeKind, Topology, apply_fault, rail_optimized
+
+__all__ = ["FAULT_STATES", "SIZES", "BOUND_TOLERANCE", "group_fabric", "CallTime", "StepResult", "Fig14Report",
+           "Fig14Model", "fig14_training"]
+
+FAULT_STATES = ("healthy", "Fail1", "Fail2", "Fail3")
+SIZES = (128, 256, 512, 1024, 2048)
+BOUND_TOLERANCE = 0.005  # a baseline within 0.5 % of the cut bound is left alone
+_BASELINE = {Collective.ALLGATHER: "ring.nccl", Collective.REDUCESCATTER: "ring.nccl",
+             Collective.ALLTOALL: "alltoall.direct"}
+
+
+def group_fabric(fabric: Topology, ranks: tuple[str, ...]) -> Topology:
+    """The part of ``fabric`` a group's schedule can use: its GPUs, their NVSwitches, and for a group
+    on more than one host the ToRs of its GPUs and the aggregation switches (module docstring)."""
+    members = set(ranks)
+    hosts = {fabric.node(gpu).host for gpu in ranks}
+    kinds = {NodeKind.NVSWITCH} if len(hosts) == 1 else set(SWITCH_KINDS)
+    kept = set(members)
+    for link in fabric.links:
+        if link.src in members and fabric.node(link.dst).kind in kinds:
+            kept.add(link.dst)
+    if len(hosts) > 1:
+        kept.update(node.id for node in fabric.nodes if node.kind is NodeKind.AGGREGATION)
+    nodes = [node for node in fabric.nodes if node.id in kept]
+    edges = [(link.src, link.dst, link.gbps, link.latency_us) for link in fabric.links
+             if link.src in kept and link.dst in kept]
+    return Topology.from_edges(f"{fabric.name}[{ranks[0]}..{ranks[-1]} n={len(ranks)}]", nodes, edges)
+
+
+@dataclass(frozen=True)
+class Fig14Report(ScenarioReport):
+    """A :class:`ScenarioReport` whose table is training time, not algbw: ``columns`` and ``cells`` are
+    what ``mccl sim fig14`` prints; ``steps`` the results behind them."""
+
+    steps: tuple[StepResult, ...] = ()
+    columns: tuple[str, ...] = ()
+    cells: tuple[tuple[str, ...], ...] = field(default=())
+
+    def plot(self, out_dir: str | Path) -> Path:
+        from mccl.experiments.fig14_plot import plot_fig14
+
+        return plot_fig14(self.steps, self.title, out_dir, self.name)
+
+
+class Fig14Model:
+    """Schedules and α-β times per group shape, cached: the same group fabric (same links, same
+    capacities) and ranks give the same schedule, at every cluster size where it recurs."""
+
+    def __init__(self, *, bound_tolerance: float = BOUND_TOLERANCE) -> None:
+        self.bound_tolerance = bound_tolerance
+        self._schedules: dict[tuple[object, ...], tuple[Schedule | None, float]] = {}
+        self._bounds: dict[tuple[object, ...], float] = {}
+        self._fabrics: dict[tuple[int, str], Topology] = {}
+        self.synth_cpu_s = 0.0
+
+    def fabric(self, n_gpus: int, fault: str) -> Topology:
+        key = (n_gpus, fault)
+        if key not in self._fabrics:
+            healthy = rail_optimized(n_gpus // 128, 16, 8)
+            self._fabrics[key] = healthy if fault == "healthy" else apply_fault(healthy, fault)
+        return self._fabrics[key]
+
+    @staticmethod
+    def _shape(fabric: Topology, ranks: tuple[str, ...]) -> tuple[object, ...]:
+        return (ranks, tuple((link.src, link.dst, link.gbps, link.latency_us) for link in fabric.links),
+                tuple((node.id, node.host) for node in fabric.nodes if node.is_gpu))
+
+    def schedule(self, fabric: Topology, ranks: tuple[str, ...], collective: Collective,
+                 method: str | None) -> Schedule | None:
+        """``optimize``'s schedule (cached per shape); None when ``method`` is mccl's and the baseline is
+        already at the cut bound (the synthesizer is then not run)."""
+        key = (self._shape(fabric, ranks), collective, method)
+        if key not in self._schedules:
+            started = time.process_time()
+            options = {"chunks": 4} if method == "alltoall.direct" else {}
+            result = optimize(fabric, collective, ranks, method=method, **options)
+            self._schedules[key] = (result.schedule, time.process_time() - started)
+            if method is None:
+                self.synth_cpu_s += time.process_time() - started
+        return self._schedules[key][0]
+
+    def bound_time(self, fabric: Topology, ranks: tuple[str, ...], size: float) -> float:
+        """The AllGather cut bound's time for nccl-tests S = ``size``: no schedule moves it faster."""
+        key = self._shape(fabric, ranks)
+        if key not in self._bounds:
+            self._bounds[key] = allgather_cut_bound(fabric, ranks).algbw_gbs
+        return size / (self._bounds[key] * 1e9)
+
+    def group_times(self, fabric: Topology, ranks: tuple[str, ...], call: CollectiveCall
+                    ) -> tuple[float, float | None, str]:
+        """(baseline s, re-optimized s or None, mccl's choice) for one group on ``fabric``."""
+        sub = group_fabric(fabric, ranks)
+        base = self.schedule(sub, ranks, call.collective, _BASELINE[call.collective])
+        assert base is not None
+        base_eval = evaluate(base, sub, call.size_bytes)
+        if call.collective is not Collective.ALLTOALL:
+            bound = self.bound_time(sub, ranks, call.size_bytes)
+            if base_eval.bandwidth_time_s <= bound * (1 + self.bound_tolerance):
+                return base_eval.time_s, None, "skipped at bound"
+        reopt = self.schedule(sub, ranks, call.collective, None)
+        assert reopt is not None
+        reopt_s = evaluate(reopt, sub, call.size_bytes).time_s
+        return base_eval.time_s, reopt_s, "re-optimized" if reopt_s < base_eval.time_s else "baseline kept (faster)"
+
+    def comm(self, workload: Workload, n_gpus: int, fault: str) -> tuple[CallTime, ...]:
+        """Every call of one step: per call, the slowest group for each library."""
+        check_size(workload, n_gpus)
+        healthy, faulted = self.fabric(n_gpus, "healthy"), self.fabric(n_gpus, fault)
+        result = []
+        for call in workload.calls:
+            ranks = groups(workload, call.group, n_gpus)[0]  # the group holding gpu0
+            h_base, h_reopt, _ = self.group_times(healthy, ranks, call)
+            f_base, f_reopt, choice = self.group_times(faulted, ranks, call)
+            h_mccl = h_base if h_reopt is None else min(h_base, h_reopt)
+            f_mccl = f_base if f_reopt is None else min(f_base, f_reopt)
+            result.append(CallTime(call, call.count(workload.microbatches), max(h_base, f_base),
+                                   max(h_mccl, f_mccl), choice, f_base, f_reopt))
+        return tuple(result)
+
+    def step(self, workload: Workload, n_gpus: int, fault: str) -> StepResult:
+        started = self.synth_cpu_s
+        healthy = self.comm(workload, n_gpus, "healthy")
+        calls = healthy if fault == "healthy" else self.comm(workload, n_gpus, fault)
+        healthy_comm = sum(c.count * c.nccl_s for c in healthy)
+        compute = healthy_comm * (1 - workload.comm_share) / workload.comm_share
+        return StepResult(workload.name, n_gpus, fault, compute, sum(c.count * c.nccl_s for c in calls),
+                          sum(c.count * c.mccl_s for c in calls), calls, self.synth_cpu_s - started)
+
+
+COLUMNS = ("model", "GPUs", "fault", "NCCL step (s)", "mccl step (s)", "speedup", "paper", "comm share (NCCL)",
+           "largest call (NCCL)", "synth CPU (s)")
+
+
+def _cells(step: StepResult, workload: Workload) -> tuple[str, ...]:
+    paper = {"healthy": "1.00x", "Fail2": f"peak {workload.paper_fail2_peak:.2f}x"}.get(step.fault, "-")
+    dominant = max(step.calls, key=lambda c: c.count * c.nccl_s)
+    share = dominant.count * dominant.nccl_s / step.nccl_comm_s
+    return (workload.short, str(step.n_gpus), step.fault, f"{step.nccl_step_s:.2f}", f"{step.mccl_step_s:.2f}",
+            f"{step.speedup:.2f}x", paper, f"{step.nccl_comm_s / step.nccl_step_s:.0%}",
+            f"{dominant.call.short} {share:.0%}", f"{step.synth_cpu_s:.1f}")
+
+
+def fig14_training(sizes: tuple[int, ...] = SIZES, faults: tuple[str, ...] = FAULT_STATES,
+                   models: tuple[str, ...] = ("llama", "deepseek"), *,
+                   model: Fig14Model | None = None) -> Fig14Report:
+    """mccl-paper Fig. 14: training time per model, fault and cluster size (one pipeline stage), NCCL-style
+    static schedules against mccl's (α-β; see the module docstring for every modelling choice)."""
+    unknown = [name for name in models if name not in WORKLOADS]
+    if unknown:
+        raise MCCLError(f"unknown workload {unknown[0]!r}; known: {', '.join(WORKLOADS)}")
+    bad = [fault for fault in faults if fault not in FAULT_STATES]
+    if bad:
+        raise MCCLError(f"unknown fault state {bad[0]!r}; known: {', '.join(FAULT_STATES)}")
+    engine = model or Fig14Model()
+    steps, cells = [], []
+    for name in models:
+        workload = WORKLOADS[name]
+        for n_gpus in sizes:
+            for fault in faults:
+                step = engine.step(workload, n_gpus, fault)
+                steps.append(step)
+                cells.append(_cells(step, workload))
+    title = ("mccl-paper Fig. 14: training step time, one PP16 stage on HPN segments of 16x8 GPUs, "
+             "NCCL static vs mccl re-optimized (alpha-beta; compute from the paper's comm shares)")
+    return Fig14Report("fig14", title, (), steps=tuple(steps), columns=COLUMNS, cells=tuple(cells))
