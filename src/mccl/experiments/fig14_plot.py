@@ -30,11 +30,11 @@ def plot_fig14(steps: Sequence[StepResult], title: str, out_dir: str | Path, nam
     peaks = {workload.name: workload.paper_fail2_peak for workload in WORKLOADS.values()}
     figure, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7), squeeze=False)
     for column, model in enumerate(models):
-        steps = [step for step in steps if step.workload == model]
-        faults = list(dict.fromkeys(step.fault for step in steps))
+        mine = [step for step in steps if step.workload == model]
+        faults = list(dict.fromkeys(step.fault for step in mine))
         top, bottom = axes[0, column], axes[1, column]
         for index, fault in enumerate(faults):
-            series = sorted((step.n_gpus, step) for step in steps if step.fault == fault)
+            series = sorted(((step.n_gpus, step) for step in mine if step.fault == fault), key=lambda item: item[0])
             sizes = [n for n, _ in series]
             color = f"C{index}"
             top.plot(sizes, [s.nccl_step_s for _, s in series], marker="o", color=color, label=f"NCCL {fault}")
