@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.experiments.fig14 import Fig14Model, fig14_training, group_fabric  # noqa: E402
-from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, Workload, groups  # noqa: E402
+from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, groups  # noqa: E402
 from mccl.schedule import Collective, link_load  # noqa: E402
 from mccl.sim.analytic import evaluate  # noqa: E402
 from mccl.sim.engine import simulate_schedule  # noqa: E402
