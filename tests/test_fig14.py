@@ -125,3 +125,20 @@ def test_cli_prints_the_table_and_writes_the_plot(capsys, tmp_path, monkeypatch)
     assert code == 0
     assert "DeepSeek-V3" in out and "peak 4.99x" in out and "Fail2" in out
     assert (tmp_path / "fig14.png").stat().st_size > 10_000
+
+
+def test_slices_must_be_positive():
+    with pytest.raises(MCCLError, match="slices must be >= 1"):
+        Fig14Model(slices=0)
+
+
+@pytest.mark.slow  # Llama's TP groups on the flow simulator (8 GPUs), DP rings alpha-beta
+def test_flow_engine_agrees_with_alpha_beta_on_llama():
+    faults = ("healthy", "Fail3")
+    analytic = fig14_training((128,), faults, ("llama",))
+    flow = fig14_training((128,), faults, ("llama",), slices=4)
+    assert "flow simulation, 4 slices" in flow.title
+    for a, f in zip(analytic.steps, flow.steps, strict=True):
+        assert f.speedup == pytest.approx(a.speedup, rel=0.05)  # rings exact, one-host trees within 1 %
+    assert flow.steps[0].speedup == pytest.approx(1.0, abs=0.02)
+    assert flow.steps[1].speedup > 2  # Fail3 moves gpu0 off its host: the ring crosses a 100 Gbit/s NIC

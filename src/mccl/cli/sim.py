@@ -19,7 +19,9 @@ __all__ = ["sim_command"]
               help="Directory to save the scenario's PNG plot in.")
 @click.option("--slices", type=click.IntRange(min=1), default=None,
               help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
-                   "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward).")
+                   "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward). "
+                   "fig14: run groups of up to 64 GPUs on the flow simulator with this many slices (default: "
+                   "alpha-beta everywhere).")
 def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:
     """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal; loop-*: the
     controller on the simulator through a fault that starts, persists and clears (16 GPUs); fig14: training

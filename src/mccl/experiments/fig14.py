@@ -37,9 +37,12 @@ The model (what a step costs):
   0.5 %, no schedule can be faster and the synthesizer is not run (``skipped at bound``): this
   is what keeps 256-rank DP groups affordable (tree packing on a 128-rank DP group: 6 s CPU,
   and it only matches the ring).
-* **Times.** α-β (:func:`mccl.sim.analytic.evaluate`): bandwidth term of the most loaded link plus
-  per-step route latencies. Exact for rings; for trees and relayed AllToAll paths it is the
-  fluid optimum, optimistic against the flow-level simulator (BENCHMARKS.md, issue 11).
+* **Times.** α-β (:func:`mccl.sim.analytic.evaluate`) by default: bandwidth term of the most loaded
+  link plus per-step route latencies. Exact for rings (the flow simulator agrees within 0.2 %); for
+  trees and relayed AllToAll paths it is the fluid optimum, optimistic against the flow-level
+  simulator (64-GPU tree packing: flow 1.25–1.44× its α-β). With ``slices`` the groups of up to
+  64 GPUs run on the flow-level simulator instead, and the controller's min() compares simulated
+  times; the DP rings of 128–256 GPUs stay α-β (rings: exact).
 * **Compute.** From the paper's communication shares: on the healthy fabric with NCCL,
   collectives are ``share`` of the step (Llama 34 %, DeepSeek 65 %), so compute =
   comm × (1 − share) / share, per model and cluster size; it is the same under every fault and
@@ -58,15 +61,18 @@ from mccl.experiments.fig14_workloads import WORKLOADS, CollectiveCall, Workload
 from mccl.experiments.report import ScenarioReport
 from mccl.schedule import Collective, Schedule
 from mccl.sim.analytic import evaluate
+from mccl.sim.engine import simulate_schedule
+from mccl.sim.inputs import SimOptions
 from mccl.synth import allgather_cut_bound, optimize
 from mccl.topology import SWITCH_KINDS, NodeKind, Topology, apply_fault, rail_optimized
 
-__all__ = ["FAULT_STATES", "SIZES", "BOUND_TOLERANCE", "group_fabric", "CallTime", "StepResult", "Fig14Report",
+__all__ = ["FAULT_STATES", "SIZES", "BOUND_TOLERANCE", "FLOW_MAX_RANKS", "group_fabric", "CallTime", "StepResult", "Fig14Report",
            "Fig14Model", "fig14_training"]
 
 FAULT_STATES = ("healthy", "Fail1", "Fail2", "Fail3")
 SIZES = (128, 256, 512, 1024, 2048)
 BOUND_TOLERANCE = 0.005  # a baseline within 0.5 % of the cut bound is left alone
+FLOW_MAX_RANKS = 64  # with ``slices``: groups up to this size run on the flow simulator (EP, TP), larger ones α-β
 _BASELINE = {Collective.ALLGATHER: "ring.nccl", Collective.REDUCESCATTER: "ring.nccl",
              Collective.ALLTOALL: "alltoall.direct"}
 
@@ -108,8 +114,14 @@ class Fig14Model:
     """Schedules and α-β times per group shape, cached: the same group fabric (same links, same
     capacities) and ranks give the same schedule, at every cluster size where it recurs."""
 
-    def __init__(self, *, bound_tolerance: float = BOUND_TOLERANCE) -> None:
+    def __init__(self, *, bound_tolerance: float = BOUND_TOLERANCE, slices: int | None = None,
+                 flow_max_ranks: int = FLOW_MAX_RANKS) -> None:
+        if slices is not None and slices < 1:
+            raise MCCLError(f"slices must be >= 1 (or None for alpha-beta), got {slices}")
         self.bound_tolerance = bound_tolerance
+        self.slices = slices  # None: α-β everywhere; k: the flow simulator (k slices) on groups ≤ flow_max_ranks
+        self.flow_max_ranks = flow_max_ranks
+        self._times: dict[tuple[int, float], float] = {}
         self._schedules: dict[tuple[object, ...], tuple[Schedule | None, float]] = {}
         self._bounds: dict[tuple[object, ...], float] = {}
         self._fabrics: dict[tuple[int, str], Topology] = {}
@@ -148,21 +160,33 @@ class Fig14Model:
             self._bounds[key] = allgather_cut_bound(fabric, ranks).algbw_gbs
         return size / (self._bounds[key] * 1e9)
 
+    def time_s(self, schedule: Schedule, fabric: Topology, size: float) -> float:
+        """The schedule's completion time: flow-level simulation when enabled and the group is small enough,
+        α-β otherwise (cached per schedule and size; schedules are kept by the cache, so ids are stable)."""
+        key = (id(schedule), size)
+        if key not in self._times:
+            if self.slices is not None and schedule.n_ranks <= self.flow_max_ranks:
+                self._times[key] = simulate_schedule(schedule, fabric, size,
+                                                     options=SimOptions(slices=self.slices)).time_s
+            else:
+                self._times[key] = evaluate(schedule, fabric, size).time_s
+        return self._times[key]
+
     def group_times(self, fabric: Topology, ranks: tuple[str, ...], call: CollectiveCall
                     ) -> tuple[float, float | None, str]:
         """(baseline s, re-optimized s or None, mccl's choice) for one group on ``fabric``."""
         sub = group_fabric(fabric, ranks)
         base = self.schedule(sub, ranks, call.collective, _BASELINE[call.collective])
         assert base is not None
-        base_eval = evaluate(base, sub, call.size_bytes)
+        base_s = self.time_s(base, sub, call.size_bytes)
         if call.collective is not Collective.ALLTOALL:
             bound = self.bound_time(sub, ranks, call.size_bytes)
-            if base_eval.bandwidth_time_s <= bound * (1 + self.bound_tolerance):
-                return base_eval.time_s, None, "skipped at bound"
+            if evaluate(base, sub, call.size_bytes).bandwidth_time_s <= bound * (1 + self.bound_tolerance):
+                return base_s, None, "skipped at bound"
         reopt = self.schedule(sub, ranks, call.collective, None)
         assert reopt is not None
-        reopt_s = evaluate(reopt, sub, call.size_bytes).time_s
-        return base_eval.time_s, reopt_s, "re-optimized" if reopt_s < base_eval.time_s else "baseline kept (faster)"
+        reopt_s = self.time_s(reopt, sub, call.size_bytes)
+        return base_s, reopt_s, "re-optimized" if reopt_s < base_s else "baseline kept (faster)"
 
     def comm(self, workload: Workload, n_gpus: int, fault: str) -> tuple[CallTime, ...]:
         """Every call of one step: per call, the slowest group for each library."""
@@ -203,17 +227,20 @@ def _cells(step: StepResult, workload: Workload) -> tuple[str, ...]:
 
 
 def fig14_training(sizes: tuple[int, ...] = SIZES, faults: tuple[str, ...] = FAULT_STATES,
-                   models: tuple[str, ...] = ("llama", "deepseek"), *,
+                   models: tuple[str, ...] = ("llama", "deepseek"), *, slices: int | None = None,
                    model: Fig14Model | None = None) -> Fig14Report:
     """mccl-paper Fig. 14: training time per model, fault and cluster size (one pipeline stage), NCCL-style
-    static schedules against mccl's (α-β; see the module docstring for every modelling choice)."""
+    static schedules against mccl's (see the module docstring for every modelling choice).
+
+    ``slices=None``: α-β everywhere (seconds). ``slices=k``: groups of up to 64 GPUs (TP, EP, ZeRO) run on
+    the flow-level simulator with k slices per chunk, the DP rings of more GPUs stay α-β (minutes)."""
     unknown = [name for name in models if name not in WORKLOADS]
     if unknown:
         raise MCCLError(f"unknown workload {unknown[0]!r}; known: {', '.join(WORKLOADS)}")
     bad = [fault for fault in faults if fault not in FAULT_STATES]
     if bad:
         raise MCCLError(f"unknown fault state {bad[0]!r}; known: {', '.join(FAULT_STATES)}")
-    engine = model or Fig14Model()
+    engine = model or Fig14Model(slices=slices)
     steps, cells = [], []
     for name in models:
         workload = WORKLOADS[name]
@@ -222,6 +249,8 @@ def fig14_training(sizes: tuple[int, ...] = SIZES, faults: tuple[str, ...] = FAU
                 step = engine.step(workload, n_gpus, fault)
                 steps.append(step)
                 cells.append(_cells(step, workload))
+    how = ("alpha-beta" if engine.slices is None else
+           f"flow simulation, {engine.slices} slices, for groups <= {engine.flow_max_ranks} GPUs; alpha-beta above")
     title = ("mccl-paper Fig. 14: training step time, one PP16 stage on HPN segments of 16x8 GPUs, "
-             "NCCL static vs mccl re-optimized (alpha-beta; compute from the paper's comm shares)")
+             f"NCCL static vs mccl re-optimized ({how}; compute from the paper's comm shares)")
     return Fig14Report("fig14", title, (), steps=tuple(steps), columns=COLUMNS, cells=tuple(cells))

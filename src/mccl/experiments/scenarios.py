@@ -165,7 +165,7 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
                           tuple(rows))
 
 
-PIPELINED_SCENARIOS = ("fig2", "fig9")  # the ones that take ``slices``
+PIPELINED_SCENARIOS = ("fig2", "fig9", "fig14")  # the ones that take ``slices``
 
 SCENARIOS: dict[str, Callable[..., ScenarioReport]] = {
     "fig2": fig2_degradation,
