@@ -18,7 +18,10 @@ Parts:
       (healthy), which the one-host overlay leaves out;
    d. concurrency: the two EP groups of a segment under Fail2 (re-optimized + direct) evaluated
       jointly on one fabric against each alone;
-   e. α-β against the flow-level simulator (4 slices) for the groups that decide the speedups.
+   e. α-β against the flow-level simulator (4 slices) for the groups that decide the speedups;
+   f. what the compute time derived from the paper's communication shares implies: the MFU it would
+      take to do a step's matrix FLOPs (6 · parameters · tokens per GPU) in it on an H100 (989 TFLOP/s
+      dense BF16, 1979 FP8).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.experiments.fig14 import Fig14Model, fig14_training, group_fabric  # noqa: E402
-from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, groups  # noqa: E402
+from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, groups, llama_volumes  # noqa: E402
 from mccl.schedule import Collective, link_load  # noqa: E402
 from mccl.sim.analytic import evaluate  # noqa: E402
 from mccl.sim.engine import simulate_schedule  # noqa: E402
@@ -184,6 +187,20 @@ def flow_check() -> None:
                               f"{time.process_time() - started:.1f} s CPU)")
 
 
+def implied_mfu(model: Fig14Model) -> None:
+    """(f) The MFU that the share-derived compute time implies (matrix FLOPs only: a lower bound)."""
+    llama_tokens = LLAMA.microbatches * 8192
+    llama_flops = 6 * llama_volumes()["params_per_gpu"] * llama_tokens
+    # DeepSeek: 37 B activated parameters per token over 61 layers; a stage holds 1/16 of them per token
+    deepseek_tokens = DEEPSEEK.microbatches * 4096
+    deepseek_flops = 6 * 37e9 / 16 * deepseek_tokens
+    for workload, flops, peak, label in ((LLAMA, llama_flops, 989e12, "BF16"),
+                                         (DEEPSEEK, deepseek_flops, 1979e12, "FP8")):
+        compute = model.step(workload, 1024, "healthy").compute_s
+        console.print(f"  {workload.name}: compute {compute:.2f} s per step for {flops:.3g} FLOP per GPU -> "
+                      f"MFU {flops / compute / peak:.0%} of an H100's {label} peak")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fig14"))
@@ -209,6 +226,8 @@ def main() -> None:
     if not args.skip_flow:
         console.print("(e) alpha-beta against the flow simulator")
         flow_check()
+    console.print("(f) the compute time the comm shares imply")
+    implied_mfu(model)
 
 
 if __name__ == "__main__":
