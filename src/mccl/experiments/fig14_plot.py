@@ -13,6 +13,8 @@ from mccl.experiments.fig14_results import StepResult
 
 __all__ = ["plot_fig14"]
 
+FAULT_COLORS = {"healthy": "C0", "Fail1": "C1", "Fail2": "C2", "Fail3": "C3"}  # the same colour in every panel
+
 
 def plot_fig14(steps: Sequence[StepResult], title: str, out_dir: str | Path, name: str = "fig14") -> Path:
     """Write ``<out_dir>/<name>.png`` and return its path."""
@@ -33,10 +35,10 @@ def plot_fig14(steps: Sequence[StepResult], title: str, out_dir: str | Path, nam
         mine = [step for step in steps if step.workload == model]
         faults = list(dict.fromkeys(step.fault for step in mine))
         top, bottom = axes[0, column], axes[1, column]
-        for index, fault in enumerate(faults):
+        for fault in faults:
             series = sorted(((step.n_gpus, step) for step in mine if step.fault == fault), key=lambda item: item[0])
             sizes = [n for n, _ in series]
-            color = f"C{index}"
+            color = FAULT_COLORS.get(fault, "C4")
             top.plot(sizes, [s.nccl_step_s for _, s in series], marker="o", color=color, label=f"NCCL {fault}")
             top.plot(sizes, [s.mccl_step_s for _, s in series], marker="x", linestyle="--", color=color,
                      label=f"mccl {fault}")
