@@ -51,22 +51,25 @@ The model (what a step costs):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mccl.errors import MCCLError
+from mccl.experiments.fig14_fabric import fault_hosts, group_fabric
+from mccl.experiments.fig14_joint import joint_times
 from mccl.experiments.fig14_results import CallTime, StepResult
-from mccl.experiments.fig14_workloads import WORKLOADS, CollectiveCall, Workload, check_size, groups
+from mccl.experiments.fig14_workloads import STEPS, WORKLOADS, CollectiveCall, Workload, check_size, groups
 from mccl.experiments.report import ScenarioReport
 from mccl.schedule import Collective, Schedule
-from mccl.sim.analytic import evaluate
+from mccl.sim.analytic import Evaluation, evaluate
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import SimOptions
 from mccl.synth import allgather_cut_bound, optimize
-from mccl.topology import SWITCH_KINDS, NodeKind, Topology, apply_fault, rail_optimized
+from mccl.topology import Topology, apply_fault, rail_optimized
 
-__all__ = ["FAULT_STATES", "SIZES", "BOUND_TOLERANCE", "FLOW_MAX_RANKS", "group_fabric", "CallTime", "StepResult", "Fig14Report",
+__all__ = ["FAULT_STATES", "SIZES", "STEPS", "BOUND_TOLERANCE", "FLOW_MAX_RANKS", "group_fabric", "CallTime", "StepResult", "Fig14Report",
            "Fig14Model", "fig14_training"]
 
 FAULT_STATES = ("healthy", "Fail1", "Fail2", "Fail3")
@@ -75,24 +78,6 @@ BOUND_TOLERANCE = 0.005  # a baseline within 0.5 % of the cut bound is left alon
 FLOW_MAX_RANKS = 64  # with ``slices``: groups up to this size run on the flow simulator (EP, TP), larger ones α-β
 _BASELINE = {Collective.ALLGATHER: "ring.nccl", Collective.REDUCESCATTER: "ring.nccl",
              Collective.ALLTOALL: "alltoall.direct"}
-
-
-def group_fabric(fabric: Topology, ranks: tuple[str, ...]) -> Topology:
-    """The part of ``fabric`` a group's schedule can use: its GPUs, their NVSwitches, and for a group
-    on more than one host the ToRs of its GPUs and the aggregation switches (module docstring)."""
-    members = set(ranks)
-    hosts = {fabric.node(gpu).host for gpu in ranks}
-    kinds = {NodeKind.NVSWITCH} if len(hosts) == 1 else set(SWITCH_KINDS)
-    kept = set(members)
-    for link in fabric.links:
-        if link.src in members and fabric.node(link.dst).kind in kinds:
-            kept.add(link.dst)
-    if len(hosts) > 1:
-        kept.update(node.id for node in fabric.nodes if node.kind is NodeKind.AGGREGATION)
-    nodes = [node for node in fabric.nodes if node.id in kept]
-    edges = [(link.src, link.dst, link.gbps, link.latency_us) for link in fabric.links
-             if link.src in kept and link.dst in kept]
-    return Topology.from_edges(f"{fabric.name}[{ranks[0]}..{ranks[-1]} n={len(ranks)}]", nodes, edges)
 
 
 @dataclass(frozen=True)
@@ -107,7 +92,8 @@ class Fig14Report(ScenarioReport):
     def plot(self, out_dir: str | Path) -> Path:
         from mccl.experiments.fig14_plot import plot_fig14
 
-        return plot_fig14(self.steps, self.title, out_dir, self.name)
+        headline = self.steps[0].step if self.steps else "16k"
+        return plot_fig14([step for step in self.steps if step.step == headline], self.title, out_dir, self.name)
 
 
 class Fig14Model:
@@ -122,9 +108,11 @@ class Fig14Model:
         self.slices = slices  # None: α-β everywhere; k: the flow simulator (k slices) on groups ≤ flow_max_ranks
         self.flow_max_ranks = flow_max_ranks
         self._times: dict[tuple[int, float], float] = {}
+        self._evaluations: dict[tuple[int, float], Evaluation] = {}
         self._schedules: dict[tuple[object, ...], tuple[Schedule | None, float]] = {}
         self._bounds: dict[tuple[object, ...], float] = {}
         self._fabrics: dict[tuple[int, str], Topology] = {}
+        self._calls: dict[tuple[str, int, str], tuple[CallTime, ...]] = {}
         self.synth_cpu_s = 0.0
 
     def fabric(self, n_gpus: int, fault: str) -> Topology:
@@ -160,6 +148,13 @@ class Fig14Model:
             self._bounds[key] = allgather_cut_bound(fabric, ranks).algbw_gbs
         return size / (self._bounds[key] * 1e9)
 
+    def evaluation(self, schedule: Schedule, fabric: Topology, size: float) -> Evaluation:
+        """α-β of ``schedule`` on ``fabric`` (the fabric it was built on), cached per schedule and size."""
+        key = (id(schedule), size)
+        if key not in self._evaluations:
+            self._evaluations[key] = evaluate(schedule, fabric, size)
+        return self._evaluations[key]
+
     def time_s(self, schedule: Schedule, fabric: Topology, size: float) -> float:
         """The schedule's completion time: flow-level simulation when enabled and the group is small enough,
         α-β otherwise (cached per schedule and size; schedules are kept by the cache, so ids are stable)."""
@@ -188,69 +183,101 @@ class Fig14Model:
         reopt_s = self.time_s(reopt, sub, call.size_bytes)
         return base_s, reopt_s, "re-optimized" if reopt_s < base_s else "baseline kept (faster)"
 
-    def comm(self, workload: Workload, n_gpus: int, fault: str) -> tuple[CallTime, ...]:
-        """Every call of one step: per call, the slowest group for each library."""
+    def _relays_apply(self, faulted: Topology, ranks: tuple[str, ...], relay_hosts: frozenset[str]) -> bool:
+        """Whether the group spans hosts and a faulted host has GPUs outside it (that could relay)."""
+        members = set(ranks)
+        return (len({faulted.node(gpu).host for gpu in ranks}) > 1
+                and any(node.is_gpu and node.host in relay_hosts and node.id not in members for node in faulted.nodes))
+
+    def call_times(self, workload: Workload, n_gpus: int, fault: str) -> tuple[CallTime, ...]:
+        """Every call of ``workload`` once (count 1): per call, the slowest group for each library. Groups
+        sharing a faulted host with relays available are timed together (:mod:`mccl.experiments.fig14_joint`)."""
+        key = (workload.name, n_gpus, fault)
+        if key in self._calls:
+            return self._calls[key]
         check_size(workload, n_gpus)
         healthy, faulted = self.fabric(n_gpus, "healthy"), self.fabric(n_gpus, fault)
+        relay_hosts = fault_hosts(healthy, faulted)
         result = []
         for call in workload.calls:
-            ranks = groups(workload, call.group, n_gpus)[0]  # the group holding gpu0
+            every = groups(workload, call.group, n_gpus)
+            ranks = every[0]  # the group holding gpu0
             h_base, h_reopt, _ = self.group_times(healthy, ranks, call)
-            f_base, f_reopt, choice = self.group_times(faulted, ranks, call)
             h_mccl = h_base if h_reopt is None else min(h_base, h_reopt)
+            if self._relays_apply(faulted, ranks, relay_hosts):
+                touching = [g for g in every if any(faulted.node(gpu).host in relay_hosts for gpu in g)]
+                joint = joint_times(self, faulted, touching, call, relay_hosts, _BASELINE[call.collective])
+                result.append(CallTime(call, 1, max(h_base, joint.nccl_s), max(h_mccl, joint.mccl_s), joint.choice,
+                                       joint.nccl_s, joint.reopt_s, joint.n_groups))
+                continue
+            f_base, f_reopt, choice = self.group_times(faulted, ranks, call)
             f_mccl = f_base if f_reopt is None else min(f_base, f_reopt)
-            result.append(CallTime(call, call.count(workload.microbatches), max(h_base, f_base),
-                                   max(h_mccl, f_mccl), choice, f_base, f_reopt))
-        return tuple(result)
+            result.append(CallTime(call, 1, max(h_base, f_base), max(h_mccl, f_mccl), choice, f_base, f_reopt))
+        self._calls[key] = tuple(result)
+        return self._calls[key]
 
-    def step(self, workload: Workload, n_gpus: int, fault: str) -> StepResult:
+    def comm(self, workload: Workload, n_gpus: int, fault: str, step: str = "16k") -> tuple[CallTime, ...]:
+        """Every call of one step of kind ``step`` (:data:`STEPS`), with its count per step."""
+        microbatches = workload.step_microbatches(step)
+        return tuple(dataclasses.replace(c, count=c.call.count(microbatches))
+                     for c in self.call_times(workload, n_gpus, fault))
+
+    def step(self, workload: Workload, n_gpus: int, fault: str, step: str = "16k") -> StepResult:
+        """One training step: compute (from the paper's share of the healthy NCCL step) + its collectives."""
         started = self.synth_cpu_s
-        healthy = self.comm(workload, n_gpus, "healthy")
-        calls = healthy if fault == "healthy" else self.comm(workload, n_gpus, fault)
+        healthy = self.comm(workload, n_gpus, "healthy", step)
+        calls = healthy if fault == "healthy" else self.comm(workload, n_gpus, fault, step)
         healthy_comm = sum(c.count * c.nccl_s for c in healthy)
         compute = healthy_comm * (1 - workload.comm_share) / workload.comm_share
         return StepResult(workload.name, n_gpus, fault, compute, sum(c.count * c.nccl_s for c in calls),
-                          sum(c.count * c.mccl_s for c in calls), calls, self.synth_cpu_s - started)
+                          sum(c.count * c.mccl_s for c in calls), calls, self.synth_cpu_s - started, step)
 
 
 COLUMNS = ("model", "GPUs", "fault", "NCCL step (s)", "mccl step (s)", "speedup", "paper", "comm share (NCCL)",
-           "largest call (NCCL)", "synth CPU (s)")
+           "largest call (NCCL)", "speedup, GBS step", "synth CPU (s)")
 
 
-def _cells(step: StepResult, workload: Workload) -> tuple[str, ...]:
+def _cells(step: StepResult, workload: Workload, variant: StepResult | None) -> tuple[str, ...]:
     paper = {"healthy": "1.00x", "Fail2": f"peak {workload.paper_fail2_peak:.2f}x"}.get(step.fault, "-")
     dominant = max(step.calls, key=lambda c: c.count * c.nccl_s)
     share = dominant.count * dominant.nccl_s / step.nccl_comm_s
-    return (workload.short, str(step.n_gpus), step.fault, f"{step.nccl_step_s:.2f}", f"{step.mccl_step_s:.2f}",
+    return (workload.short, str(step.n_gpus), step.fault, f"{step.nccl_step_s:.3f}", f"{step.mccl_step_s:.3f}",
             f"{step.speedup:.2f}x", paper, f"{step.nccl_comm_s / step.nccl_step_s:.0%}",
-            f"{dominant.call.short} {share:.0%}", f"{step.synth_cpu_s:.1f}")
+            f"{dominant.call.short} {share:.0%}", "-" if variant is None else f"{variant.speedup:.2f}x",
+            f"{step.synth_cpu_s:.1f}")
 
 
 def fig14_training(sizes: tuple[int, ...] = SIZES, faults: tuple[str, ...] = FAULT_STATES,
                    models: tuple[str, ...] = ("llama", "deepseek"), *, slices: int | None = None,
-                   model: Fig14Model | None = None) -> Fig14Report:
+                   model: Fig14Model | None = None, steps: tuple[str, ...] = STEPS) -> Fig14Report:
     """mccl-paper Fig. 14: training time per model, fault and cluster size (one pipeline stage), NCCL-style
     static schedules against mccl's (see the module docstring for every modelling choice).
 
     ``slices=None``: α-β everywhere (seconds). ``slices=k``: groups of up to 64 GPUs (TP, EP, ZeRO) run on
-    the flow-level simulator with k slices per chunk, the DP rings of more GPUs stay α-β (minutes)."""
+    the flow-level simulator with k slices per chunk, the DP rings of more GPUs stay α-β (minutes).
+    ``steps``: the step definitions (:data:`STEPS`), the first the headline (table, plot); a second one
+    (default: workloads.md's global-batch step) adds its speedup as a column (same schedules, other counts)."""
     unknown = [name for name in models if name not in WORKLOADS]
     if unknown:
         raise MCCLError(f"unknown workload {unknown[0]!r}; known: {', '.join(WORKLOADS)}")
     bad = [fault for fault in faults if fault not in FAULT_STATES]
     if bad:
         raise MCCLError(f"unknown fault state {bad[0]!r}; known: {', '.join(FAULT_STATES)}")
+    if not steps or any(kind not in STEPS for kind in steps):
+        raise MCCLError(f"steps must be a non-empty subset of {', '.join(STEPS)}, got {steps!r}")
     engine = model or Fig14Model(slices=slices)
-    steps, cells = [], []
+    results, cells = [], []
     for name in models:
         workload = WORKLOADS[name]
         for n_gpus in sizes:
             for fault in faults:
-                step = engine.step(workload, n_gpus, fault)
-                steps.append(step)
-                cells.append(_cells(step, workload))
+                headline = engine.step(workload, n_gpus, fault, steps[0])
+                variant = engine.step(workload, n_gpus, fault, steps[1]) if len(steps) > 1 else None
+                results.extend(step for step in (headline, variant) if step is not None)
+                cells.append(_cells(headline, workload, variant))
     how = ("alpha-beta" if engine.slices is None else
            f"flow simulation, {engine.slices} slices, for groups <= {engine.flow_max_ranks} GPUs; alpha-beta above")
-    title = ("mccl-paper Fig. 14: training step time, one PP16 stage on HPN segments of 16x8 GPUs, "
+    step_name = {"16k": "16K-token step", "gbs": "global-batch step"}[steps[0]]
+    title = (f"mccl-paper Fig. 14: training time of one {step_name}, one PP16 stage on HPN segments of 16x8 GPUs, "
              f"NCCL static vs mccl re-optimized ({how}; compute from the paper's comm shares)")
-    return Fig14Report("fig14", title, (), steps=tuple(steps), columns=COLUMNS, cells=tuple(cells))
+    return Fig14Report("fig14", title, (), steps=tuple(results), columns=COLUMNS, cells=tuple(cells))

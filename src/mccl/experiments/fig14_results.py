@@ -19,8 +19,9 @@ class CallTime:
     nccl_s: float  # per call, max over the faulted group and a healthy one
     mccl_s: float
     mccl_choice: str  # "re-optimized", "baseline kept (faster)", "skipped at bound"
-    faulted_nccl_s: float  # the group holding gpu0, on the faulted fabric
+    faulted_nccl_s: float  # the group holding gpu0 on the faulted fabric (with joint_groups > 1: all of them, together)
     faulted_reopt_s: float | None  # the re-optimized schedule of that group (None: skipped)
+    joint_groups: int = 1  # groups timed together on the union of their link loads (fig14_joint); 1: alone
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class StepResult:
     mccl_comm_s: float
     calls: tuple[CallTime, ...]
     synth_cpu_s: float  # CPU seconds spent by the synthesizers for this row (cache misses only)
+    step: str = "16k"  # "16k": the paper's 16K-token step; "gbs": workloads.md's global-batch step
 
     @property
     def nccl_step_s(self) -> float:

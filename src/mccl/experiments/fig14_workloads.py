@@ -16,9 +16,12 @@ the paper: a simulation of N GPUs stands for a PP16 job of 16·N GPUs):
   nccl-tests S (the whole stage's parameters per TP rank) does not.
 * DeepSeek: EP64 = 8 consecutive hosts (two EP groups per segment); ZeRO-1 DP
   ReduceScatter / AllGather over the same 64 GPUs, as workloads.md states.
-* Micro-batches per step per DP rank are held at workloads.md's values (Llama 256, DeepSeek
-  240) at every size: weak scaling, the global batch grows with the cluster, so every GPU does
-  the same work per step at every N.
+* The step (two definitions, :data:`STEPS`). Headline (``"16k"``): the paper's — "a forward and
+  backward pass on a batch of 16K tokens" (§6.3, Table 1 "batch size 16K") — per DP rank:
+  16384 / sequence = 2 micro-batches of 8192 tokens (Llama), 4 of 4096 (DeepSeek); the
+  per-step collectives (FSDP / ZeRO-1) run once. Variant (``"gbs"``): workloads.md's full
+  global-batch step, 256 (Llama) / 240 (DeepSeek) micro-batches per DP rank. Either is held
+  at every size: weak scaling, so every GPU does the same work per step at every N.
 * Pipeline send/recv is left out, as the paper does ("only simulate one pipeline stage as
   traffic between stages is point-to-point"); its volume is reported in the workload's notes.
 * The EP AllToAll is uniform over the 64 GPUs of its group (nccl-tests S = the per-GPU send
@@ -35,12 +38,14 @@ from dataclasses import dataclass
 from mccl.errors import MCCLError
 from mccl.schedule import Collective
 
-__all__ = ["CollectiveCall", "Workload", "LLAMA", "DEEPSEEK", "WORKLOADS", "llama_volumes", "deepseek_volumes",
+__all__ = ["CollectiveCall", "Workload", "STEPS", "STEP_TOKENS", "LLAMA", "DEEPSEEK", "WORKLOADS", "llama_volumes", "deepseek_volumes",
            "groups", "GPUS_PER_HOST", "HOSTS_PER_SEGMENT", "check_size"]
 
 GPUS_PER_HOST = 8
 HOSTS_PER_SEGMENT = 16  # mccl-paper §6.3: HPN segments of 128 GPUs
 MiB = 2**20
+STEP_TOKENS = 16384  # mccl-paper §6.3 / Table 1: one forward and backward pass on a batch of 16K tokens
+STEPS = ("16k", "gbs")  # the paper's 16K-token step (headline), workloads.md's global-batch step
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,20 @@ class Workload:
     name: str
     short: str  # for tables
     calls: tuple[CollectiveCall, ...]
-    microbatches: int
+    microbatches: int  # per DP rank in workloads.md's global-batch step
+    sequence: int  # tokens per micro-batch (one sequence)
     comm_share: float  # mccl-paper §6.3: collectives' share of the healthy (NCCL) step time
     paper_fail2_peak: float  # mccl-paper §6.3, Fig. 14: peak speedup under Fail2
     min_gpus: int  # the smallest stage the placement fits
     notes: str = ""
+
+    def step_microbatches(self, step: str) -> int:
+        """Micro-batches per DP rank in a step of kind ``step`` (:data:`STEPS`)."""
+        if step == "16k":
+            return STEP_TOKENS // self.sequence
+        if step == "gbs":
+            return self.microbatches
+        raise MCCLError(f"unknown step {step!r}; known: {', '.join(STEPS)}")
 
 
 def llama_volumes() -> dict[str, float]:
@@ -125,7 +139,7 @@ def _llama() -> Workload:
         CollectiveCall("DP grad ReduceScatter (fp32)", "DP RS", Collective.REDUCESCATTER, "dp", v["dp_reducescatter"],
                        per_step=1),
     )
-    return Workload("Llama-3.1-405B", "Llama-405B", calls, microbatches=256, comm_share=0.34, paper_fail2_peak=2.85,
+    return Workload("Llama-3.1-405B", "Llama-405B", calls, microbatches=256, sequence=8192, comm_share=0.34, paper_fail2_peak=2.85,
                     min_gpus=HOSTS_PER_SEGMENT * GPUS_PER_HOST,
                     notes=f"PP send/recv left out (one stage): {v['pp_activation'] / MiB:.0f} MiB fwd + bwd "
                           "per micro-batch per GPU")
@@ -141,7 +155,7 @@ def _deepseek() -> Workload:
                        per_step=1),
         CollectiveCall("ZeRO-1 param AllGather (bf16)", "ZeRO AG", Collective.ALLGATHER, "ep", v["zero1_allgather"], per_step=1),
     )
-    return Workload("DeepSeek-V3-671B", "DeepSeek-V3", calls, microbatches=240, comm_share=0.65, paper_fail2_peak=4.99,
+    return Workload("DeepSeek-V3-671B", "DeepSeek-V3", calls, microbatches=240, sequence=4096, comm_share=0.65, paper_fail2_peak=4.99,
                     min_gpus=HOSTS_PER_SEGMENT * GPUS_PER_HOST,
                     notes=f"PP send/recv left out (one stage): {v['pp_activation'] / MiB:.0f} MiB per micro-batch "
                           "per GPU; EP AllToAll uniform (node-limited routing would send 4/8 copies off-host, "
