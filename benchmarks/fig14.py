@@ -10,10 +10,11 @@ Parts:
    (children's rusage), median. The bar: ≤ 10 min at 2048 GPUs (the command runs 128–2048).
 2. The full table (every model, size, fault) as CSV, and every call of every step.
 3. Deviations, each a measurement:
-   a. Llama under Fail2 — what share of its healthy NCCL communication crosses a NIC, and whether
-      any schedule could beat the DP ring there (the group's max-flow cut bound);
-   b. Llama what-ifs at 1024 GPUs: the paper's 16K-token step (2 micro-batches), DP/FSDP over
-      host-spanning 64-GPU groups, both — which of them the paper's 2.85× needs;
+   a. Llama under Fail2 at 1024 — the DP groups of host0 together: NCCL joint vs alone, mccl's
+      residual-capacity schedule joint, the host's NIC cut bound, and what the disjoint assumption
+      (relays at full capacity, timed alone) would have claimed against that schedule's joint time;
+      the cut bound without relays (the synthesizer on the real topology);
+   b. the two step definitions (paper's 16K tokens, workloads.md's global batch): shares per call;
    c. the overlay choice: tree packing on one host with the NIC loop through ToR + aggregation
       (healthy), which the one-host overlay leaves out;
    d. concurrency: the two EP groups of a segment under Fail2 (re-optimized + direct) evaluated
@@ -27,7 +28,6 @@ Parts:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import resource
 import statistics
 import subprocess
@@ -42,14 +42,16 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
-from mccl.experiments.fig14 import Fig14Model, fig14_training, group_fabric  # noqa: E402
-from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, groups, llama_volumes  # noqa: E402
+from mccl.experiments.fig14 import FAULT_STATES, Fig14Model, fig14_training, group_fabric  # noqa: E402
+from mccl.experiments.fig14_fabric import fault_hosts  # noqa: E402
+from mccl.experiments.fig14_joint import disjoint_claim, joint_times  # noqa: E402
+from mccl.experiments.fig14_workloads import DEEPSEEK, LLAMA, STEPS, groups, llama_volumes  # noqa: E402
 from mccl.schedule import Collective, link_load  # noqa: E402
 from mccl.sim.analytic import evaluate  # noqa: E402
 from mccl.sim.engine import simulate_schedule  # noqa: E402
 from mccl.sim.inputs import SimOptions  # noqa: E402
-from mccl.synth import optimize  # noqa: E402
-from mccl.topology import apply_fault, rail_optimized  # noqa: E402
+from mccl.synth import allgather_cut_bound, optimize  # noqa: E402
+from mccl.topology import NodeKind, apply_fault, rail_optimized  # noqa: E402
 
 console = Console(highlight=False, width=160)
 
@@ -76,12 +78,13 @@ def full_table(out: Path) -> None:
     console.print(f"full table: {time.process_time() - started:.1f} s CPU in-process")
     steps, calls = [], []
     for step in report.steps:
-        steps.append({"model": step.workload, "gpus": step.n_gpus, "fault": step.fault,
+        steps.append({"model": step.workload, "step": step.step, "gpus": step.n_gpus, "fault": step.fault,
                       "compute_s": f"{step.compute_s:.3f}", "nccl_comm_s": f"{step.nccl_comm_s:.3f}",
                       "mccl_comm_s": f"{step.mccl_comm_s:.3f}", "nccl_step_s": f"{step.nccl_step_s:.3f}",
                       "mccl_step_s": f"{step.mccl_step_s:.3f}", "speedup": f"{step.speedup:.4f}"})
         for call in step.calls:
-            calls.append({"model": step.workload, "gpus": step.n_gpus, "fault": step.fault, "call": call.call.name,
+            calls.append({"model": step.workload, "step": step.step, "gpus": step.n_gpus, "fault": step.fault,
+                          "call": call.call.name, "joint_groups": call.joint_groups,
                           "count": call.count, "nccl_ms": f"{call.nccl_s * 1e3:.4f}",
                           "mccl_ms": f"{call.mccl_s * 1e3:.4f}", "choice": call.mccl_choice,
                           "faulted_group_nccl_ms": f"{call.faulted_nccl_s * 1e3:.4f}",
@@ -89,47 +92,53 @@ def full_table(out: Path) -> None:
                           else f"{call.faulted_reopt_s * 1e3:.4f}"})
     write_csv(out / "fig14_steps.csv", steps)
     write_csv(out / "fig14_calls.csv", calls)
-    console.print("| model | GPUs | fault | NCCL step (s) | mccl step (s) | speedup |")
+    console.print("| model | step | GPUs | fault | NCCL step (s) | mccl step (s) | speedup |")
     for row in steps:
-        console.print(f"| {row['model']} | {row['gpus']} | {row['fault']} | {row['nccl_step_s']} | "
+        console.print(f"| {row['model']} | {row['step']} | {row['gpus']} | {row['fault']} | {row['nccl_step_s']} | "
                       f"{row['mccl_step_s']} | {float(row['speedup']):.3f}x |")
     report.plot(out)
 
 
 def llama_fail2(model: Fig14Model) -> None:
-    """(a) Which share of Llama's healthy NCCL comm crosses a NIC; the DP ring against its cut bound."""
-    healthy = model.comm(LLAMA, 1024, "healthy")
-    total = sum(c.count * c.nccl_s for c in healthy)
-    for call in healthy:
-        console.print(f"  healthy 1024: {call.call.short}: {call.count} x {call.nccl_s * 1e3:.3f} ms = "
-                      f"{call.count * call.nccl_s / total:.1%} of NCCL comm")
-    faulted = model.fabric(1024, "Fail2")
-    ranks = groups(LLAMA, "dp", 1024)[0]
-    sub = group_fabric(faulted, ranks)
+    """(a) Llama's DP groups under Fail2 at 1024: joint and alone, relays at the residual and at full capacity."""
+    healthy, faulted = model.fabric(1024, "healthy"), model.fabric(1024, "Fail2")
+    hosts = fault_hosts(healthy, faulted)
+    every = groups(LLAMA, "dp", 1024)
+    touching = [g for g in every if any(faulted.node(gpu).host in hosts for gpu in g)]
     for call in LLAMA.calls[2:]:
-        ring = optimize(sub, call.collective, ranks, method="ring.nccl").schedule
-        bound = model.bound_time(sub, ranks, call.size_bytes)
-        console.print(f"  Fail2 1024 DP group of gpu0 ({len(ranks)} GPUs): {call.short} ring bandwidth term "
-                      f"{evaluate(ring, sub, call.size_bytes).bandwidth_time_s:.4f} s, cut bound {bound:.4f} s")
+        ring_h = model.evaluation(model.schedule(group_fabric(healthy, every[0]), every[0], call.collective,
+                                                 "ring.nccl"), group_fabric(healthy, every[0]), call.size_bytes)
+        joint = joint_times(model, faulted, touching, call, hosts, "ring.nccl")
+        started = time.process_time()
+        alone, naive = disjoint_claim(model, faulted, touching, call, hosts, "ring.nccl")
+        cpu = time.process_time() - started
+        host_caps = [link.gbps for link in faulted.links if link.src in {f"gpu{i}" for i in range(8)}
+                     and faulted.node(link.dst).kind is NodeKind.TOR]
+        nic_bound = ring_h.bandwidth_time_s * 8 * 400 / sum(host_caps)
+        plain = allgather_cut_bound(group_fabric(faulted, every[0]), every[0]).algbw_gbs
+        relay = allgather_cut_bound(group_fabric(faulted, every[0], hosts), every[0]).algbw_gbs
+        console.print(f"  {call.short} {call.size_bytes / 1e9:.2f} GB, {len(touching)} DP groups on host0: healthy ring "
+                      f"{ring_h.time_s:.4f} s; NCCL joint {joint.nccl_s:.4f} s (alone, max {joint.nccl_disjoint_s:.4f}); "
+                      f"mccl joint {joint.mccl_s:.4f} s = {joint.mccl_s / ring_h.time_s:.3f}x healthy (residual sized "
+                      f"for T = {joint.target_s:.4f} s); host0 NIC cut bound {nic_bound:.4f} s "
+                      f"({nic_bound / ring_h.bandwidth_time_s:.3f}x)")
+        console.print(f"    disjoint assumption: relays at full capacity, alone {alone:.4f} s "
+                      f"({alone / ring_h.time_s:.3f}x healthy) — that schedule next to the 7 rings: {naive:.4f} s "
+                      f"({naive / ring_h.time_s:.3f}x) [{cpu:.1f} s CPU]; group cut bound without relays "
+                      f"{plain:.2f} GB/s, with {relay:.2f} GB/s")
 
 
-def llama_what_ifs(model: Fig14Model) -> None:
-    """(b) Llama variants at 1024 GPUs under Fail2 and Fail1."""
-    host_dp = tuple(dataclasses.replace(call, group="ep") if call.group == "dp" else call for call in LLAMA.calls)
-    variants = {
-        "as stated (256 micro-batches, DP rail groups)": LLAMA,
-        "paper's 16K-token step (2 micro-batches)": dataclasses.replace(LLAMA, microbatches=2),
-        "DP over 64-GPU host-spanning groups": dataclasses.replace(LLAMA, calls=host_dp),
-        "both": dataclasses.replace(LLAMA, calls=host_dp, microbatches=2),
-    }
-    for label, workload in variants.items():
-        cells = []
-        for fault in ("Fail1", "Fail2", "Fail3"):
-            step = model.step(workload, 1024, fault)
-            cells.append(f"{fault} {step.speedup:.2f}x")
-        tp = sum(c.count * c.nccl_s for c in model.comm(workload, 1024, "healthy") if c.call.group == "tp")
-        whole = sum(c.count * c.nccl_s for c in model.comm(workload, 1024, "healthy"))
-        console.print(f"  Llama 1024, {label}: {', '.join(cells)}; TP share of healthy comm {tp / whole:.1%}")
+def step_definitions(model: Fig14Model) -> None:
+    """(b) Both step definitions at 1024: per-call shares of healthy NCCL comm and the Fail2/Fail3 speedups."""
+    for workload in (LLAMA, DEEPSEEK):
+        for kind in STEPS:
+            calls = model.comm(workload, 1024, "healthy", kind)
+            total = sum(c.count * c.nccl_s for c in calls)
+            shares = ", ".join(f"{c.call.short} {c.count} x {c.nccl_s * 1e3:.2f} ms = {c.count * c.nccl_s / total:.1%}"
+                               for c in calls)
+            speedups = ", ".join(f"{fault} {model.step(workload, 1024, fault, kind).speedup:.3f}x"
+                                 for fault in FAULT_STATES[1:])
+            console.print(f"  {workload.short} {kind}: {shares}; {speedups}")
 
 
 def overlay_choice() -> None:
@@ -188,17 +197,15 @@ def flow_check() -> None:
 
 
 def implied_mfu(model: Fig14Model) -> None:
-    """(f) The MFU that the share-derived compute time implies (matrix FLOPs only: a lower bound)."""
-    llama_tokens = LLAMA.microbatches * 8192
-    llama_flops = 6 * llama_volumes()["params_per_gpu"] * llama_tokens
+    """(f) The MFU that the share-derived compute time implies (matrix FLOPs only: a lower bound), per step."""
     # DeepSeek: 37 B activated parameters per token over 61 layers; a stage holds 1/16 of them per token
-    deepseek_tokens = DEEPSEEK.microbatches * 4096
-    deepseek_flops = 6 * 37e9 / 16 * deepseek_tokens
-    for workload, flops, peak, label in ((LLAMA, llama_flops, 989e12, "BF16"),
-                                         (DEEPSEEK, deepseek_flops, 1979e12, "FP8")):
-        compute = model.step(workload, 1024, "healthy").compute_s
-        console.print(f"  {workload.name}: compute {compute:.2f} s per step for {flops:.3g} FLOP per GPU -> "
-                      f"MFU {flops / compute / peak:.0%} of an H100's {label} peak")
+    per_token = {LLAMA.name: 6 * llama_volumes()["params_per_gpu"], DEEPSEEK.name: 6 * 37e9 / 16}
+    for workload, peak, label in ((LLAMA, 989e12, "BF16"), (DEEPSEEK, 1979e12, "FP8")):
+        for kind in STEPS:
+            flops = per_token[workload.name] * workload.step_microbatches(kind) * workload.sequence
+            compute = model.step(workload, 1024, "healthy", kind).compute_s
+            console.print(f"  {workload.name} {kind}: compute {compute:.3f} s per step for {flops:.3g} FLOP per GPU -> "
+                          f"MFU {flops / compute / peak:.0%} of an H100's {label} peak")
 
 
 def main() -> None:
@@ -215,10 +222,10 @@ def main() -> None:
                       f"{cpu:.1f} s CPU")
     full_table(args.out)
     model = Fig14Model()
-    console.print("(a) Llama under Fail2")
+    console.print("(a) Llama's DP groups under Fail2 at 1024, together")
     llama_fail2(model)
-    console.print("(b) Llama what-ifs")
-    llama_what_ifs(model)
+    console.print("(b) the two step definitions")
+    step_definitions(model)
     console.print("(c) overlay of a one-host group")
     overlay_choice()
     console.print("(d) concurrency of two EP groups")

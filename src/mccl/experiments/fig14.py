@@ -9,22 +9,25 @@ The model (what a step costs):
   All three faults sit on GPU 0, so only the group holding ``gpu0`` can differ from a healthy
   one; every other group has the healthy time of the same shape (HPN is symmetric across hosts,
   rails and segments). Per call we therefore evaluate two groups: the one holding ``gpu0`` on the
-  faulted fabric and the same group on the healthy fabric, and take the max.
-* **Concurrency.** Groups of one kind are evaluated alone on their own links. On HPN their NCCL
-  schedules use disjoint links (a TP group stays in its host; a DP rail ring uses its own rail's
-  ToRs and ToR↔aggregation cables; an EP group's direct sends stay under the rail ToRs); a
-  re-optimized schedule of the faulted group may use ToR→aggregation uplinks that a healthy
-  neighbour's schedule of the same kind does not touch. What this loses: a joint contention
-  model (a re-optimized schedule and a healthy one sharing an uplink would slow each other),
-  overlap of communication with compute and of different kinds with each other (a step here is
-  compute + Σ collectives, none hidden), stragglers, and pipeline bubbles.
-* **Group fabric (the overlay).** A group's synthesizer sees the group's GPUs, their
-  NVSwitches and — when the group spans more than one host — the ToRs its GPUs attach to and
-  the aggregation layer (:func:`group_fabric`). A one-host group (Llama TP) sees its NVSwitch
-  only: the paper's overlay joins GPUs of *different* nodes by inter-node links, so a route
-  that leaves a host through one NIC and re-enters it through another is not offered (with it,
-  tree packing beats the ring on a healthy host by 12 % in α-β, against the paper's "no gain
-  without failures"). Routes never pass through a GPU that is not a rank (:mod:`mccl.topology.routing`).
+  faulted fabric (or, where groups share the faulted host, all of those together) and the same group
+  on the healthy fabric, and take the max.
+* **Concurrency.** Groups of one kind run at once. Where they use disjoint links they are evaluated
+  alone on their own links (a TP group stays in its host; an EP group holds whole hosts; a DP rail ring
+  uses its own rail's NICs, ToRs and ToR↔aggregation cables; checked: the two EP groups of a segment
+  under Fail2 share 0 links). Where they do not — Llama's 8 DP groups all hold a GPU of the faulted
+  host, and the faulted group's relays use the other 7 groups' NICs — every group touching the
+  faulted host is evaluated **together**, α-β on the union of their link loads, and mccl
+  re-synthesizes the faulted group on the capacity the others leave
+  (:mod:`mccl.experiments.fig14_joint`). What this still loses: overlap of communication with compute
+  and of different kinds with each other (a step here is compute + Σ collectives, none hidden),
+  stragglers, and pipeline bubbles.
+* **Group fabric (the overlay)** (:mod:`mccl.experiments.fig14_fabric`). A group's synthesizer sees the
+  group's GPUs, their NVSwitches and — when the group spans more than one host — the ToRs its GPUs
+  attach to and the aggregation layer, plus, on the hosts a fault touches, the host's other GPUs
+  (as relay-only switch nodes: the synthesizers drop non-rank GPUs of a topology) and their ToRs: the
+  PXN detour of a member whose NIC is degraded. A one-host group (Llama TP) sees its NVSwitch only (a
+  loop out of one NIC and back through another would beat the ring on a healthy host by 12 %, against
+  the paper's "no gain without failures").
 * **Schedules.** NCCL: ``optimize(fabric, coll, ranks, method="ring.nccl")`` for AllGather /
   ReduceScatter, ``"alltoall.direct"`` (PXN, 4 chunks per block) for AllToAll. These do not look at
   capacities, so planning them on the healthy or the faulted fabric gives the same schedule for
@@ -42,11 +45,14 @@ The model (what a step costs):
   trees and relayed AllToAll paths it is the fluid optimum, optimistic against the flow-level
   simulator (64-GPU tree packing: flow 1.25–1.44× its α-β). With ``slices`` the groups of up to
   64 GPUs run on the flow-level simulator instead, and the controller's min() compares simulated
-  times; the DP rings of 128–256 GPUs stay α-β (rings: exact).
+  times; the DP rings of 128–256 GPUs and every jointly timed call stay α-β (rings: exact).
+* **The step.** Headline: the paper's forward and backward pass on a batch of 16K tokens per DP rank
+  (§6.3, Table 1): 2 micro-batches (Llama), 4 (DeepSeek), plus the per-step FSDP / ZeRO-1
+  collectives once. Variant (a column): workloads.md's global-batch step (256 / 240 micro-batches).
 * **Compute.** From the paper's communication shares: on the healthy fabric with NCCL,
   collectives are ``share`` of the step (Llama 34 %, DeepSeek 65 %), so compute =
-  comm × (1 − share) / share, per model and cluster size; it is the same under every fault and
-  for both libraries.
+  comm × (1 − share) / share, per model, step definition and cluster size; it is the same under
+  every fault and for both libraries.
 """
 
 from __future__ import annotations

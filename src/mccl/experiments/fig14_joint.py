@@ -116,11 +116,24 @@ def joint_times(model: Fig14Model, faulted: Topology, touching: list[tuple[str, 
     return JointTimes(nccl, max(alone), min(nccl, reopt), reopt, high, choice, len(touching))
 
 
-def disjoint_claim(model: Fig14Model, faulted: Topology, ranks: tuple[str, ...], call: CollectiveCall,
-                   relay_hosts: frozenset[str]) -> float:
-    """The faulted group re-optimized with relays at full capacity and timed alone, as if no other group
-    used the relay NICs: what the "groups use disjoint links" assumption would have claimed."""
-    relay = group_fabric(faulted, ranks, relay_hosts)
-    schedule = model.schedule(relay, ranks, call.collective, None)
+def disjoint_claim(model: Fig14Model, faulted: Topology, touching: list[tuple[str, ...]], call: CollectiveCall,
+                   relay_hosts: frozenset[str], baseline: str) -> tuple[float, float]:
+    """The faulted group (``touching[0]``) re-optimized with relays at full capacity: (its time alone — what
+    the "groups use disjoint links" assumption would have claimed —, its joint time next to the others'
+    baselines — what running that schedule would really cost)."""
+    size = call.size_bytes
+    caps = faulted.capacities_gbps / 8 * 1e9
+    others, latency = np.zeros(len(caps)), 0.0
+    for ranks in touching[1:]:
+        sub = group_fabric(faulted, ranks)
+        schedule = model.schedule(sub, ranks, call.collective, baseline)
+        assert schedule is not None
+        evaluation = model.evaluation(schedule, sub, size)
+        others += _bytes_on(faulted, sub, evaluation.link_bytes)
+        latency = max(latency, evaluation.latency_time_s)
+    relay = group_fabric(faulted, touching[0], relay_hosts)
+    schedule = model.schedule(relay, touching[0], call.collective, None)
     assert schedule is not None
-    return model.evaluation(schedule, relay, call.size_bytes).time_s
+    alone = model.evaluation(schedule, relay, size)
+    together = others + _bytes_on(faulted, relay, alone.link_bytes)
+    return alone.time_s, float(np.max(together / caps)) + max(latency, alone.latency_time_s)
