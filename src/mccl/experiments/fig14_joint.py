@@ -23,22 +23,34 @@ loads on the whole fabric: time = the most loaded cable's bytes / capacity + the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from mccl.experiments.fig14_fabric import group_fabric, link_map
 from mccl.experiments.fig14_workloads import CollectiveCall
+from mccl.schedule import Collective, Schedule
+from mccl.sim.analytic import Evaluation
 from mccl.synth import allgather_cut_bound
 from mccl.topology import Topology
 
-if TYPE_CHECKING:
-    from mccl.experiments.fig14 import Fig14Model
-
-__all__ = ["JointTimes", "joint_times", "disjoint_claim", "RESIDUAL_FLOOR", "BISECTION_STEPS"]
+__all__ = ["GroupModel", "JointTimes", "joint_times", "disjoint_claim", "RESIDUAL_FLOOR", "BISECTION_STEPS"]
 
 RESIDUAL_FLOOR = 1e-3  # a link the others fill keeps this share of its capacity, at least 1 Gbit/s (a topology needs > 0)
 BISECTION_STEPS = 14  # on T between the others' time and NCCL's joint time: ≤ 0.01 % of the range
+
+
+class GroupModel(Protocol):
+    """What joint timing needs of :class:`mccl.experiments.fig14.Fig14Model` (its caches), without importing it."""
+
+    bound_tolerance: float
+
+    def schedule(self, fabric: Topology, ranks: tuple[str, ...], collective: Collective,
+                 method: str | None) -> Schedule | None: ...
+
+    def evaluation(self, schedule: Schedule, fabric: Topology, size: float) -> Evaluation: ...
+
+    def bound_time(self, fabric: Topology, ranks: tuple[str, ...], size: float) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,7 @@ def _reverse_links(topology: Topology) -> np.ndarray:
     return np.array([index[link.dst, link.src] for link in topology.links], dtype=np.int64)
 
 
-def joint_times(model: Fig14Model, faulted: Topology, touching: list[tuple[str, ...]], call: CollectiveCall,
+def joint_times(model: GroupModel, faulted: Topology, touching: list[tuple[str, ...]], call: CollectiveCall,
                 relay_hosts: frozenset[str], baseline: str) -> JointTimes:
     """NCCL and mccl for the groups in ``touching`` (the group holding the fault first) run together."""
     size = call.size_bytes
@@ -116,7 +128,7 @@ def joint_times(model: Fig14Model, faulted: Topology, touching: list[tuple[str, 
     return JointTimes(nccl, max(alone), min(nccl, reopt), reopt, high, choice, len(touching))
 
 
-def disjoint_claim(model: Fig14Model, faulted: Topology, touching: list[tuple[str, ...]], call: CollectiveCall,
+def disjoint_claim(model: GroupModel, faulted: Topology, touching: list[tuple[str, ...]], call: CollectiveCall,
                    relay_hosts: frozenset[str], baseline: str) -> tuple[float, float]:
     """The faulted group (``touching[0]``) re-optimized with relays at full capacity: (its time alone — what
     the "groups use disjoint links" assumption would have claimed —, its joint time next to the others'
