@@ -20,6 +20,7 @@ Parts:
    d. concurrency: the two EP groups of a segment under Fail2 (re-optimized + direct) evaluated
       jointly on one fabric against each alone;
    e. α-β against the flow-level simulator (4 slices) for the groups that decide the speedups;
+   g. relays on every host instead of the faulted one only (128 GPUs, healthy and Fail2, DP groups jointly);
    f. what the compute time derived from the paper's communication shares implies: the MFU it would
       take to do a step's matrix FLOPs (6 · parameters · tokens per GPU) in it on an H100 (989 TFLOP/s
       dense BF16, 1979 FP8).
@@ -208,6 +209,21 @@ def implied_mfu(model: Fig14Model) -> None:
                           f"MFU {flops / compute / peak:.0%} of an H100's {label} peak")
 
 
+def all_host_relays() -> None:
+    """(g) Relays on all 16 hosts against on the faulted host only: the 8 DP groups of 128 GPUs, jointly."""
+    model = Fig14Model()
+    every = groups(LLAMA, "dp", 128)
+    everywhere = frozenset(f"host{h}" for h in range(16))
+    for fault in ("healthy", "Fail2"):
+        fabric = model.fabric(128, fault)
+        only = fault_hosts(model.fabric(128, "healthy"), fabric)
+        for call in LLAMA.calls[2:]:
+            wide = joint_times(model, fabric, every, call, everywhere, "ring.nccl")
+            narrow = "-" if not only else f"{joint_times(model, fabric, every, call, only, 'ring.nccl').mccl_s:.4f} s"
+            console.print(f"  {fault} {call.short}: NCCL {wide.nccl_s:.4f} s, mccl with relays on every host "
+                          f"{wide.mccl_s:.4f} s ({wide.choice}), on the faulted host only {narrow}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fig14"))
@@ -233,6 +249,8 @@ def main() -> None:
     if not args.skip_flow:
         console.print("(e) alpha-beta against the flow simulator")
         flow_check()
+    console.print("(g) relays on every host")
+    all_host_relays()
     console.print("(f) the compute time the comm shares imply")
     implied_mfu(model)
 

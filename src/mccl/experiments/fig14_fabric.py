@@ -17,7 +17,8 @@ packing's switch removal and column generation's paths then route through it lik
 Why only on the hosts a fault touches: on a healthy host every NIC is fully used by its own rail's
 group (the 8 DP groups of a host run together), so a detour through it adds load to a saturated
 NIC and cannot shorten the joint phase; leaving those relays out keeps 256-rank DP groups
-tractable. A one-host group (Llama TP) gets its NVSwitch only: a loop out of one NIC and back in
+tractable (measured at 128 GPUs: relays on all 16 hosts give the same joint DP times under Fail2, and none
+gain on the healthy fabric; BENCHMARKS.md, Fig. 14 revisited). A one-host group (Llama TP) gets its NVSwitch only: a loop out of one NIC and back in
 through another would make tree packing beat the ring on a healthy host by 12 % (α-β), against
 the paper's "no gain without failures".
 """
