@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mccl.errors import SynthesisUnavailable
+from mccl.experiments.fig14 import fig14_training
 from mccl.experiments.loop_scenarios import SCENARIO_ENTRIES
 from mccl.experiments.mccs import ring_reversal
 from mccl.experiments.report import NOT_YET, MiB, ScenarioReport, ScenarioRow
@@ -164,11 +165,12 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
                           tuple(rows))
 
 
-PIPELINED_SCENARIOS = ("fig2", "fig9")  # the ones that take ``slices``
+PIPELINED_SCENARIOS = ("fig2", "fig9", "fig14")  # the ones that take ``slices``
 
 SCENARIOS: dict[str, Callable[..., ScenarioReport]] = {
     "fig2": fig2_degradation,
     "fig9": fig9_failures,
     "mccs-reversal": ring_reversal,
+    "fig14": fig14_training,  # training time at 128-2048 GPUs, alpha-beta (issue 11, deliverable 4)
     **SCENARIO_ENTRIES,  # loop-fail2, loop-microburst, ...: the controller on the simulator (issue 11)
 }
