@@ -350,3 +350,40 @@ def test_slices_pipeline_a_relayed_chunk():
     assert {step.chunk for step in sliced.critical_chain} <= set(range(4))  # reported in schedule chunk ids
     with pytest.raises(MCCLError, match="slices"):
         SimOptions(slices=0)
+
+
+def test_every_chunk_is_a_stream_of_its_own_on_every_hop():
+    """Two identical trees of one source are two streams (two link shares), not one: the executor posts
+    every chunk's transfer on its own (mccl.sim.compiled)."""
+    from mccl.sim.compiled import compile_schedule
+    from mccl.sim.ecmp import AS_SCHEDULED, routes_for
+    from mccl.synth.treepack import synthesize
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 8)
+    schedule = synthesize(fabric).schedule
+    sources = schedule.chunks.source
+    assert len(np.unique(sources)) < len(sources)  # several trees per source
+    offsets, links = routes_for(schedule, fabric, AS_SCHEDULED, "job")
+    for slices in (1, 3):
+        compiled = compile_schedule(schedule, fabric, offsets, links, slices=slices)
+        assert compiled.n_connections == len(schedule.transfers)
+        per_connection = np.bincount(compiled.connection)
+        assert (per_connection == slices).all()  # a connection moves one chunk's slices on one hop
+
+
+def test_executor_options_slice_by_size():
+    from mccl.schedule.slicing import MAX_SLICES, SLICE_BYTES
+    from mccl.synth.ring import nccl_ring
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 8)
+    ring = nccl_ring(fabric, "allgather")  # 8 channels: a chunk is 1/8 of a block
+    options = SimOptions.executor()
+    assert options.step_priority == 1.0 and options.slice_bytes == SLICE_BYTES
+    assert options.slices_for(ring, 16 * 8 * SLICE_BYTES) == 1
+    assert options.slices_for(ring, 16 * 8 * SLICE_BYTES * 3) == 3
+    assert options.slices_for(ring, 2**40) == MAX_SLICES
+    assert SimOptions(slices=5).slices_for(ring, 2**40) == 5
+    with pytest.raises(MCCLError, match="slice_bytes"):
+        SimOptions(slice_bytes=0)

@@ -18,8 +18,8 @@ __all__ = ["sim_command"]
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory to save the scenario's PNG plot in.")
 @click.option("--slices", type=click.IntRange(min=1), default=None,
-              help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
-                   "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward).")
+              help="fig2, fig9: every chunk moves as this many slices one after another (literal model; default: "
+                   "the executor's slicing and streams); 1 forwards whole chunks only (store and forward).")
 def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:
     """Simulate a paper scenario (default: fig2, mccl-paper Fig. 2): fig2, fig9, mccs-reversal; loop-*: the
     controller on the simulator through a fault that starts, persists and clears (16 GPUs)."""
