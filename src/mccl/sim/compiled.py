@@ -19,9 +19,10 @@ stream. Equal chunks (the tree packing cuts a source's data into k equal trees)
 therefore get the link shares they were planned with: a logical link of
 multiplicity m carries m streams and gets m shares. (Until 2026-11-30 the chunks of
 a block that took the same path were one stream, so m identical trees got one
-share between them: on the healthy 2×8 HPN two sources send all 6 trees alike and
-the packing lost a sixth of its rate there.) Without serialization every transfer
-(every slice) is its own connection.
+share between them: on the healthy 2×8 HPN sources 0 and 8 send all 6 trees alike,
+and got one share for six.) Without serialization every transfer (every slice) is
+its own connection. Not modeled: the stepwise driver's wait at the end of every step
+(NCCL), and gloo's one socket per rank pair (the loopback test transport).
 
 Slices. With ``slices`` = T > 1 every chunk is cut into T equal slices that take
 its path one after another (the same stream, so the same connections): a relay
@@ -29,7 +30,8 @@ forwards slice 0 while slice 1 is still arriving. This is how a runtime executes
 a schedule on a large buffer — MSCCL runs the algorithm over the buffer tile by
 tile, NCCL moves a chunk in slices through its FIFOs — and what the analytic bound
 assumes ("perfect pipelining"). With T = 1 a transfer forwards only a whole chunk
-(store and forward), the literal reading of the IR.
+(store and forward), the literal reading of the IR. The executor picks T per call
+from the size (:mod:`mccl.schedule.slicing`); ``SimOptions.executor()`` does the same.
 
 Internal order: transfers sorted by (connection, step, chunk), so a connection's
 transfers (a stream's slices) are contiguous and its queue order is index order. ``original`` maps
