@@ -11,9 +11,9 @@ protocol: ``prepare`` once per block sizes, ``run`` per call.
 Pipelining (what the simulator's executor model, ``SimOptions.executor()``, models).
 A call cuts every chunk into ``k`` slices, ``k`` = :func:`mccl.schedule.slicing.slice_count`
 of its largest chunk (slices of about 64 KiB, at most 128), and runs the sliced plan
-(:func:`mccl.runtime.plan.slice_plan`): every (chunk, peer) is a stream that moves its
-slices one after another, one in flight, a relay forwarding slice ``j`` as soon as it
-has arrived; streams do not wait for each other (the eager driver queues per stream),
+(:func:`mccl.runtime.plan.slice_plan`): every (chunk, peer) is a stream that posts its
+slices in order, a relay forwarding slice ``j`` as soon as it has arrived; streams do not
+wait for each other (the eager driver queues per stream),
 so two trees that use one link each get their share of it. No stream is paced or
 weighted: the tree packing cuts a source's data into equal trees, so equal shares are
 the planned ones. The exchange driver (one gloo alltoallv per step) is not sliced: a

@@ -193,9 +193,12 @@ def slice_plan(plan: RankPlan, slices: int) -> RankPlan:
     :mod:`mccl.sim.compiled`). Operation ``o`` becomes ``o``'s slices ``j = 0 … slices-1``:
 
     * slice ``j`` waits for slice ``j`` of everything ``o`` waited for (a relay forwards
-      slice ``j`` once slice ``j`` has arrived, not the whole chunk), and for slice ``j - 1``
-      of ``o`` itself: every (chunk, peer) is a stream with one slice in flight, streams
-      independent of each other;
+      slice ``j`` once slice ``j`` has arrived, not the whole chunk); every (chunk, peer) is
+      a stream whose slices are posted in order (the eager driver queues per stream), so a
+      transport that keeps a connection's order sends them one after another, and streams
+      do not wait for each other (no slice waits for the previous one to complete: that would
+      only add a round trip per slice, and it hides the link from the telemetry's
+      "N sends in flight" windows, §5.1);
     * it runs at step ``step + j`` (a software pipeline: a driver that waits per step,
       :mod:`.drivers.stepwise`, moves one slice of every tree level per step);
     * its tag is ``tag · slices + j``, equal on both ends; operations are ordered by
@@ -216,8 +219,6 @@ def slice_plan(plan: RankPlan, slices: int) -> RankPlan:
     for i, (step, o, j) in enumerate(keys):
         op = old[o]
         deps = [new_index[(d, j)] for d in op.deps]
-        if j:
-            deps.append(new_index[(o, j - 1)])
         ops.append(Op(i, op.is_send, op.transfer, op.chunk, op.peer, step, op.op, op.tag * slices + j, tuple(deps),
                       tuple(new_index[(d, j)] for d in op.apply_deps), j))
     groups: dict[int, list[int]] = {}

@@ -10,7 +10,7 @@ early.
 
 Connections (what the executor does, :mod:`mccl.runtime.executor`). Every chunk's
 transfer on a hop (sender, receiver, route) is one stream: the chunk's slices cross
-it one after another, one slice in flight, each sent once it is held (a relay
+it one after another (the executor posts them in order), each sent once it is held (a relay
 forwards slice j while slice j + 1 is still arriving). Streams are independent:
 two chunks on one hop (two trees of a packing that use the same logical link, two
 chunks of an AllToAll block on one path) are two streams, as two NCCL channels or
