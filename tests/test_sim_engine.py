@@ -132,8 +132,10 @@ def star_allgather(fabric):
     return Schedule(Collective.ALLGATHER, fabric.gpus, Chunks(list(range(n)), [-1] * n, [1.0] * n), transfers.freeze())
 
 
-def test_chunked_tree_pipelines_down_a_chain():
-    """One source's 4 chunks relayed gpu0 -> gpu1 -> gpu2 -> gpu3: (k + d - 1) chunk times."""
+def test_chunks_on_one_path_are_streams_of_their_own_and_slices_pipeline_them():
+    """One source's 4 chunks relayed gpu0 -> gpu1 -> gpu2 -> gpu3. Every chunk is its own stream on a
+    hop (as the executor posts it), so the 4 chunks share each link like racing flows, and all four
+    reach gpu3 together; cut into slices they pipeline, which is faster."""
     fabric = single_switch(4, 100)
     router = Router(fabric)
     k, n = 4, 4
@@ -160,8 +162,9 @@ def test_chunked_tree_pipelines_down_a_chain():
     chain = [step for step in alone.critical_chain if step.chunk < k]
     assert chain, "the chain of source 0 is critical"
     racing = simulate(fabric, [Job.single(schedule, size)], options=SimOptions(serialize_connections=False)).only()
-    assert alone.time_s < racing.time_s  # pipelining beats chunks racing each other
-
+    assert alone.time_s == pytest.approx(racing.time_s, rel=1e-9)  # a stream per chunk: they do race
+    sliced = simulate(fabric, [Job.single(schedule, size)], options=SimOptions(slices=4)).only()
+    assert sliced.time_s < 0.9 * alone.time_s
 
 def test_ecmp_collision_versus_pinned_paths_on_two_spines():
     fabric = spine_leaf(2, 2, 1, 2, 100, 100)  # gpu0, gpu1 under leaf0; gpu2, gpu3 under leaf1
@@ -347,3 +350,40 @@ def test_slices_pipeline_a_relayed_chunk():
     assert {step.chunk for step in sliced.critical_chain} <= set(range(4))  # reported in schedule chunk ids
     with pytest.raises(MCCLError, match="slices"):
         SimOptions(slices=0)
+
+
+def test_every_chunk_is_a_stream_of_its_own_on_every_hop():
+    """Two identical trees of one source are two streams (two link shares), not one: the executor posts
+    every chunk's transfer on its own (mccl.sim.compiled)."""
+    from mccl.sim.compiled import compile_schedule
+    from mccl.sim.ecmp import AS_SCHEDULED, routes_for
+    from mccl.synth.treepack import synthesize
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 8)
+    schedule = synthesize(fabric).schedule
+    sources = schedule.chunks.source
+    assert len(np.unique(sources)) < len(sources)  # several trees per source
+    offsets, links = routes_for(schedule, fabric, AS_SCHEDULED, "job")
+    for slices in (1, 3):
+        compiled = compile_schedule(schedule, fabric, offsets, links, slices=slices)
+        assert compiled.n_connections == len(schedule.transfers)
+        per_connection = np.bincount(compiled.connection)
+        assert (per_connection == slices).all()  # a connection moves one chunk's slices on one hop
+
+
+def test_executor_options_slice_by_size():
+    from mccl.schedule.slicing import MAX_SLICES, SLICE_BYTES
+    from mccl.synth.ring import nccl_ring
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 8)
+    ring = nccl_ring(fabric, "allgather")  # 8 channels: a chunk is 1/8 of a block
+    options = SimOptions.executor()
+    assert options.step_priority == 1.0 and options.slice_bytes == SLICE_BYTES
+    assert options.slices_for(ring, 16 * 8 * SLICE_BYTES) == 1
+    assert options.slices_for(ring, 16 * 8 * SLICE_BYTES * 3) == 3
+    assert options.slices_for(ring, 2**40) == MAX_SLICES
+    assert SimOptions(slices=5).slices_for(ring, 2**40) == 5
+    with pytest.raises(MCCLError, match="slice_bytes"):
+        SimOptions(slice_bytes=0)

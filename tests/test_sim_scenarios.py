@@ -32,12 +32,17 @@ def test_fig2_static_schedules_collapse_to_the_bottleneck(fig2_report):
 @pytest.mark.slow
 def test_fig2_reoptimized_schedules_recover_most_of_the_bound(fig2_report):
     """At 88 % the re-optimized schedules run > 6x the static NCCL ones (paper: up to 7.1x); the
-    AllGather stays under its cut bound. Pipelining chunks in slices is what lets deep trees get there."""
+    AllGather stays under its cut bound. Pipelining chunks in slices is what lets deep trees get there:
+    as the executor runs them (the default) the re-optimized AllGather is within 1 % of its bound."""
     reopt = {row.collective: row for row in fig2_report.rows
              if row.scenario == "gpu0 NIC -88%" and row.schedule.endswith("(re-opt.)")}
     bound = next(row for row in fig2_report.rows if row.scenario == "gpu0 NIC -88%" and row.schedule.startswith("cut"))
     assert reopt[Collective.ALLGATHER].speedup > 6.0 and reopt[Collective.ALLTOALL].speedup > 6.0
     assert reopt[Collective.ALLGATHER].algbw_gbs < bound.algbw_gbs
+    assert reopt[Collective.ALLGATHER].algbw_gbs > 0.99 * bound.algbw_gbs
+    healthy = {row.schedule: row.algbw_gbs for row in fig2_report.rows
+               if row.scenario == "healthy" and row.collective is Collective.ALLGATHER}
+    assert healthy["mccl tree packing (Orig)"] >= healthy["NCCL ring (Orig)"]  # the healthy-fabric gap is closed
     whole_chunks = fig2_degradation(slices=1)
     unpipelined = next(row for row in whole_chunks.rows
                        if row.scenario == "gpu0 NIC -88%" and row.schedule == "mccl tree packing (re-opt.)")
@@ -57,9 +62,9 @@ def test_mccs_ring_reversal_timeline(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow  # fig2 again, through the CLI
+@pytest.mark.slow  # fig2 again, through the CLI (4 slices in the literal model: ~30x cheaper than the executor's)
 def test_cli_sim_prints_and_plots(capsys, tmp_path):
-    assert main(["sim", "fig2", "--out", str(tmp_path)]) == 0
+    assert main(["sim", "fig2", "--slices", "4", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "gpu0 NIC -88%" in out and "7.63x" in out and "critical chain" in out
     assert (tmp_path / "fig2.png").stat().st_size > 10_000

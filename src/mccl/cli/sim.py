@@ -18,8 +18,8 @@ __all__ = ["sim_command"]
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory to save the scenario's PNG plot in.")
 @click.option("--slices", type=click.IntRange(1, 1024), default=None,
-              help="fig2, fig9: every chunk moves as this many slices one after another, as NCCL and MSCCL "
-                   "executors pipeline a chunk (default 4); 1 forwards whole chunks only (store and forward). "
+              help="fig2, fig9: every chunk moves as this many slices one after another (literal model; default: "
+                   "the executor's slicing and streams); 1 forwards whole chunks only (store and forward). "
                    "fig14: run groups of up to 64 GPUs on the flow simulator with this many slices (default: "
                    "alpha-beta everywhere).")
 def sim_command(scenario: str, out_dir: Path | None, slices: int | None) -> None:

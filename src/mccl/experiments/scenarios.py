@@ -11,11 +11,12 @@ a schedule was made (DESIGN.md).
 Sizes: "128 MB per source" (mccl-paper §2.3, §6.1) is nccl-tests S = n × 128 MiB
 for AllGather (the output buffer) and AllToAll (the send buffer).
 
-Pipelining: fig2 and fig9 move every chunk as ``slices`` slices that follow each other
-down its path (default 4, as NCCL and MSCCL executors pipeline a chunk in slices and
-as the papers' simulations assume); ``slices=1`` forwards whole chunks only (store and
-forward), which penalizes deep trees and relayed paths: on fig2 at 88 % the
-re-optimized AllGather then reaches 5.5× instead of 6.4× the static ring.
+Pipelining: by default fig2 and fig9 simulate what the executor does
+(``SimOptions.executor()``: every chunk cut into slices of about 64 KiB, at most 128,
+that follow each other down its path; streams share links equally). ``slices=N``
+instead moves every chunk as N slices in the literal model (a hop's older step first);
+``slices=1`` forwards whole chunks only (store and forward), which penalizes deep trees
+and relayed paths. Before 2026-11-30 the default was ``slices=4`` in the literal model.
 """
 
 from __future__ import annotations
@@ -78,7 +79,14 @@ def _missing(scenario: str, collective: Collective, label: str, fabric: Topology
     return ScenarioRow(scenario, collective, label, fabric.name, size, None, None, NOT_YET)
 
 
-def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int = 4) -> ScenarioReport:
+def _options(slices: int | None) -> tuple[SimOptions, str]:
+    """The executor's model (``slices=None``) or N slices per chunk in the literal one, and how to say so."""
+    if slices is None:
+        return SimOptions.executor(), "the executor's slicing"
+    return SimOptions(slices=slices), f"{slices} slice{'s' if slices > 1 else ''} per chunk"
+
+
+def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int | None = None) -> ScenarioReport:
     """mccl-paper Fig. 2 (§2.3): 2×8 HPN, GPU 0's NIC cable degraded by 0/50/75/88 %.
 
     AllGather with NCCL-style rings and AllToAll with NCCL-style direct sends (PXN),
@@ -90,7 +98,7 @@ def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int = 4) ->
     healthy = rail_optimized(1, 2, 8)
     n = len(healthy.gpus)
     size = per_source_bytes * n
-    options = SimOptions(slices=slices)
+    options, how = _options(slices)
     baselines = {Collective.ALLGATHER: (_nccl_baseline(healthy, Collective.ALLGATHER), "NCCL ring (Orig)"),
                  Collective.ALLTOALL: (_nccl_baseline(healthy, Collective.ALLTOALL), "NCCL direct, PXN (Orig)")}
     planned = {collective: _synthesized(healthy, collective) for collective in baselines}
@@ -122,17 +130,16 @@ def fig2_degradation(per_source_bytes: float = 128 * MiB, *, slices: int = 4) ->
                                         bound.algbw_gbs, bound.algbw_gbs * busbw_factor(collective, n),
                                         "max-flow bound", bound.algbw_gbs / base.algbw_gbs))
     return ScenarioReport("fig2", f"mccl-paper Fig. 2: {healthy.name}, 128 MB per source, GPU 0's NIC degraded, "
-                          f"{slices} slice{'s' if slices > 1 else ''} per chunk",
-                          tuple(rows))
+                          f"{how}", tuple(rows))
 
 
 def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4, 8)),
-                  per_source_bytes: float = 128 * MiB, *, slices: int = 4) -> ScenarioReport:
+                  per_source_bytes: float = 128 * MiB, *, slices: int | None = None) -> ScenarioReport:
     """mccl-paper Fig. 9 (§6.1): Fail1/Fail2/Fail3 on S×H×8 HPN, AllGather and AllToAll,
     algbw speedup of mccl's re-optimized schedule over NCCL's static one ("No reopt").
     Paper: up to 7.33× (AllGather) and 7.12× (AllToAll)."""
     rows: list[ScenarioRow] = []
-    options = SimOptions(slices=slices)
+    options, how = _options(slices)
     for shape in fabrics:
         healthy = rail_optimized(*shape)
         n = len(healthy.gpus)
@@ -161,8 +168,7 @@ def fig9_failures(fabrics: tuple[tuple[int, int, int], ...] = ((1, 2, 8), (1, 4,
                                             bound.algbw_gbs * busbw_factor(collective, n), "max-flow bound",
                                             bound.algbw_gbs / base.algbw_gbs))
     return ScenarioReport("fig9", "mccl-paper Fig. 9: speedup over NCCL under Fail1/Fail2/Fail3, 128 MB per source, "
-                          f"{slices} slice{'s' if slices > 1 else ''} per chunk",
-                          tuple(rows))
+                          f"{how}", tuple(rows))
 
 
 PIPELINED_SCENARIOS = ("fig2", "fig9", "fig14")  # the ones that take ``slices``

@@ -7,6 +7,19 @@ order, so a sum is the same on every run. The per-size work is cached
 (:mod:`binding`); how operations are issued and waited for is a driver's job
 (:mod:`drivers`: eager and exchange on gloo, stepwise on NCCL and gloo), behind one
 protocol: ``prepare`` once per block sizes, ``run`` per call.
+
+Pipelining (what the simulator's executor model, ``SimOptions.executor()``, models).
+A call cuts every chunk into ``k`` slices, ``k`` = :func:`mccl.schedule.slicing.slice_count`
+of its largest chunk (slices of about 64 KiB, at most 128), and runs the sliced plan
+(:func:`mccl.runtime.plan.slice_plan`): every (chunk, peer) is a stream that posts its
+slices in order, a relay forwarding slice ``j`` as soon as it has arrived; streams do not
+wait for each other (the eager driver queues per stream),
+so two trees that use one link each get their share of it. No stream is paced or
+weighted: the tree packing cuts a source's data into equal trees, so equal shares are
+the planned ones. The exchange driver (one gloo alltoallv per step) is not sliced: a
+bulk exchange has nothing to pipeline. What the model does not see: gloo sends all
+messages between two ranks over one socket, in posting order; on the loopback test
+transport there is no fabric to share.
 """
 
 from __future__ import annotations
@@ -23,22 +36,26 @@ from mccl.runtime.buffers import (
     reduce_scatter_buffers,
 )
 from mccl.runtime.drivers import DRIVERS, ExchangeStep
-from mccl.runtime.plan import RankPlan
+from mccl.runtime.plan import RankPlan, slice_plan, slice_spans
 from mccl.runtime.telemetry import Meters
 from mccl.runtime.transport import Transport
 from mccl.schedule import Collective
+from mccl.schedule.slicing import MAX_SLICES, SLICE_BYTES, slice_count
 
-__all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "regions", "execute", "default_driver", "all_gather_buffers",
+__all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "regions", "execute", "default_driver", "call_slices",
+           "all_gather_buffers",
            "all_to_all_buffers", "reduce_scatter_buffers", "all_reduce_buffers", "even_blocks", "REDUCERS"]
 
 
 def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int = 0,
-            meters: Meters | None = None, layout_cache: dict | None = None, driver: str | None = None) -> None:
+            meters: Meters | None = None, layout_cache: dict | None = None, driver: str | None = None,
+            slice_bytes: float = SLICE_BYTES, max_slices: int = MAX_SLICES) -> None:
     """Run ``plan`` once over ``buffers``; blocks until this rank's part is done.
 
     ``driver``: ``"eager"``, ``"exchange"`` (gloo only) or ``"stepwise"``; default:
     :func:`default_driver`. ``layout_cache``: a dict kept with the plan, where the
-    per-size work (:class:`Bound`) is cached.
+    per-size work (:class:`Bound`, the sliced plan) is cached. ``slice_bytes``,
+    ``max_slices``: the pipelining rule (module docstring); every rank must use the same.
     """
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
@@ -49,6 +66,10 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
     if runner.gloo_only and not transport.dependency_driven:
         raise MCCLError(f"the {chosen} driver needs a gloo transport")
     bound = bind(plan, buffers, layout_cache)
+    if chosen != "exchange":
+        slices = call_slices(bound, buffers, slice_bytes, max_slices)
+        if slices > 1:
+            plan, bound = _sliced(plan, bound, slices, buffers, layout_cache)
     program = bound.programs.get(chosen)
     if program is None:
         program = bound.programs[chosen] = runner.prepare(plan, bound, buffers)
@@ -64,3 +85,26 @@ def default_driver(transport: Transport, plan: RankPlan) -> str:
     if not transport.dependency_driven:
         return "stepwise"
     return "exchange" if plan.collective is Collective.ALLTOALL else "eager"
+
+
+def call_slices(bound: Bound, buffers: Buffers, slice_bytes: float = SLICE_BYTES,
+                max_slices: int = MAX_SLICES) -> int:
+    """Slices per chunk for this call: :func:`~mccl.schedule.slicing.slice_count` of its largest chunk."""
+    lengths = bound.layout.length
+    if not len(lengths):
+        return 1
+    template = buffers.template if buffers.template is not None else next(t for t in buffers.tensors if t is not None)
+    return slice_count(float(lengths.max()) * template.element_size(), slice_bytes, max_slices)
+
+
+def _sliced(plan: RankPlan, bound: Bound, slices: int, buffers: Buffers,
+            cache: dict | None) -> tuple[RankPlan, Bound]:
+    """The sliced plan and its :class:`Bound` (cached beside the unsliced one: same sizes, same cut)."""
+    key = ("sliced", slices, buffers.kind, buffers.block_elems.tobytes())
+    cached = cache.get(key) if cache is not None else None
+    if cached is None or cached[2] is not bound:
+        sliced = slice_plan(plan, slices)
+        cached = (sliced, Bound(bound.layout, slice_spans(sliced, bound.spans), bound.extent, bound.scratch), bound)
+        if cache is not None:
+            cache[key] = cached
+    return cached[0], cached[1]

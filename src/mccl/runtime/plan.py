@@ -29,7 +29,7 @@ import numpy as np
 from mccl.errors import InvalidSchedule
 from mccl.schedule import Collective, Schedule, TransferOp
 
-__all__ = ["Op", "RankPlan", "build_plan", "chunk_layout", "Layout"]
+__all__ = ["Op", "RankPlan", "build_plan", "slice_plan", "slice_spans", "chunk_layout", "Layout"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Op:
     tag: int
     deps: tuple[int, ...]
     apply_deps: tuple[int, ...]
+    part: int = 0  # in a sliced plan (:func:`slice_plan`): which slice of the chunk this moves
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +83,8 @@ class RankPlan:
     relayed_chunks: tuple[int, ...]
     has_relays: bool
     n_steps: int
+    slices: int = 1  # every chunk moves as this many slices (:func:`slice_plan`)
+    origin: tuple[int, ...] = ()  # sliced plan: the unsliced operation each one is a slice of
 
     @property
     def n_blocks(self) -> int:
@@ -180,3 +183,66 @@ def build_plan(schedule: Schedule, rank: int) -> RankPlan:
                     chunks.source.copy(), chunks.destination.copy(), tuple(ops),
                     tuple(tuple(step_groups[s]) for s in sorted(step_groups)), tuple(relayed), relays_anywhere,
                     schedule.transfers.n_steps)
+
+
+def slice_plan(plan: RankPlan, slices: int) -> RankPlan:
+    """``plan`` with every chunk moved as ``slices`` slices that follow each other down its path.
+
+    How the executor pipelines a schedule over a large buffer (the rule that picks
+    ``slices`` is :func:`mccl.schedule.slicing.slice_count`; the simulator models the same,
+    :mod:`mccl.sim.compiled`). Operation ``o`` becomes ``o``'s slices ``j = 0 … slices-1``:
+
+    * slice ``j`` waits for slice ``j`` of everything ``o`` waited for (a relay forwards
+      slice ``j`` once slice ``j`` has arrived, not the whole chunk); every (chunk, peer) is
+      a stream whose slices are posted in order (the eager driver queues per stream), so a
+      transport that keeps a connection's order sends them one after another, and streams
+      do not wait for each other (no slice waits for the previous one to complete: that would
+      only add a round trip per slice, and it hides the link from the telemetry's
+      "N sends in flight" windows, §5.1);
+    * it runs at step ``step + j`` (a software pipeline: a driver that waits per step,
+      :mod:`.drivers.stepwise`, moves one slice of every tree level per step);
+    * its tag is ``tag · slices + j``, equal on both ends; operations are ordered by
+      (new step, unsliced order, slice), the same per peer pair on both ends.
+
+    Chunk ids do not change (a slice is a part of its chunk's span, :func:`slice_spans`).
+    """
+    if slices < 1:
+        raise InvalidSchedule(f"slices must be >= 1, got {slices}")
+    if slices == 1 or plan.slices != 1:
+        if plan.slices not in (1, slices):
+            raise InvalidSchedule(f"plan is already cut into {plan.slices} slices")
+        return plan
+    old = plan.ops
+    keys = sorted((op.step + j, op.index, j) for op in old for j in range(slices))
+    new_index = {(o, j): i for i, (_, o, j) in enumerate(keys)}
+    ops = []
+    for i, (step, o, j) in enumerate(keys):
+        op = old[o]
+        deps = [new_index[(d, j)] for d in op.deps]
+        ops.append(Op(i, op.is_send, op.transfer, op.chunk, op.peer, step, op.op, op.tag * slices + j, tuple(deps),
+                      tuple(new_index[(d, j)] for d in op.apply_deps), j))
+    groups: dict[int, list[int]] = {}
+    for op_ in ops:
+        groups.setdefault(op_.step, []).append(op_.index)
+    return RankPlan(plan.collective, plan.n_ranks, plan.rank, plan.version, plan.chunk_block, plan.fraction,
+                    plan.chunk_source, plan.chunk_destination, tuple(ops),
+                    tuple(tuple(groups[s]) for s in sorted(groups)), plan.relayed_chunks, plan.has_relays,
+                    plan.n_steps + slices - 1, slices, tuple(o for _, o, _ in keys))
+
+
+def slice_spans(plan: RankPlan, spans: list[tuple[int, int, int] | None]) -> list[tuple[int, int, int] | None]:
+    """The (tensor, start, length) of every operation of a sliced ``plan``, from its unsliced operations'
+    ``spans``: slice j of a chunk of ``L`` elements is ``[rint(L·j/k), rint(L·(j+1)/k))``, the same cut on
+    every rank; an empty slice (``L < k``) is None, as an empty chunk is."""
+    k = plan.slices
+    out: list[tuple[int, int, int] | None] = []
+    for op, origin in zip(plan.ops, plan.origin, strict=True):
+        span = spans[origin]
+        if span is None:
+            out.append(None)
+            continue
+        index, start, length = span
+        lo = int(np.rint(length * op.part / k))
+        hi = int(np.rint(length * (op.part + 1) / k))
+        out.append((index, start + lo, hi - lo) if hi > lo else None)
+    return out

@@ -8,16 +8,21 @@ u must fold in first (none at u's first send, which carries u's own input). Step
 are therefore a partial order, not barriers: a chunk that arrives early moves on
 early.
 
-Connections. A chunk's *path* is the set of hops (sender, receiver, route) its
-transfers take. Chunks of the same block (one source's data, one (source,
-destination) pair's, one reduced part) that take the same path are slices of one
-stream, like the slices of one NCCL ring channel or the chunks one MSCCL thread
-block moves down a tree: on each hop they form one connection, which sends one
-transfer at a time, the earliest by (step, chunk) among those whose chunk is held.
-That is what lets a chunked schedule pipeline (chunk 1 follows chunk 0 down the
-path instead of racing it for bandwidth). Chunks on different paths — other
-channels of a ring, other trees, other sources — are separate flows that share
-links max-min fairly. Without serialization every transfer is its own connection.
+Connections (what the executor does, :mod:`mccl.runtime.executor`). Every chunk's
+transfer on a hop (sender, receiver, route) is one stream: the chunk's slices cross
+it one after another (the executor posts them in order), each sent once it is held (a relay
+forwards slice j while slice j + 1 is still arriving). Streams are independent:
+two chunks on one hop (two trees of a packing that use the same logical link, two
+chunks of an AllToAll block on one path) are two streams, as two NCCL channels or
+two MSCCL thread blocks are, and share the links max-min fairly with every other
+stream. Equal chunks (the tree packing cuts a source's data into k equal trees)
+therefore get the link shares they were planned with: a logical link of
+multiplicity m carries m streams and gets m shares. (Until 2026-11-30 the chunks of
+a block that took the same path were one stream, so m identical trees got one
+share between them: on the healthy 2×8 HPN sources 0 and 8 send all 6 trees alike,
+and got one share for six.) Without serialization every transfer (every slice) is
+its own connection. Not modeled: the stepwise driver's wait at the end of every step
+(NCCL), and gloo's one socket per rank pair (the loopback test transport).
 
 Slices. With ``slices`` = T > 1 every chunk is cut into T equal slices that take
 its path one after another (the same stream, so the same connections): a relay
@@ -25,10 +30,11 @@ forwards slice 0 while slice 1 is still arriving. This is how a runtime executes
 a schedule on a large buffer — MSCCL runs the algorithm over the buffer tile by
 tile, NCCL moves a chunk in slices through its FIFOs — and what the analytic bound
 assumes ("perfect pipelining"). With T = 1 a transfer forwards only a whole chunk
-(store and forward), the literal reading of the IR.
+(store and forward), the literal reading of the IR. The executor picks T per call
+from the size (:mod:`mccl.schedule.slicing`); ``SimOptions.executor()`` does the same.
 
 Internal order: transfers sorted by (connection, step, chunk), so a connection's
-transfers are contiguous and its queue order is index order. ``original`` maps
+transfers (a stream's slices) are contiguous and its queue order is index order. ``original`` maps
 back to the schedule's transfer index, ``chunk // slices`` to its chunk.
 """
 
@@ -139,8 +145,7 @@ def compile_schedule(
     hop_keys = np.stack([sender.astype(np.uint64), receiver.astype(np.uint64), route_id], axis=1)
     hop = np.unique(hop_keys, axis=0, return_inverse=True)[1].reshape(-1) if count else np.zeros(0, np.int64)
     if serialize_connections:
-        block = np.repeat(schedule.block_of_chunks(), slices)
-        stream = _stream_ids(block, chunk, sender, receiver, route_id)
+        stream = chunk // slices  # one stream per chunk and hop: its slices, one after another
         key_order = np.lexsort((stream, route_id, receiver, sender))
         same = np.zeros(count, dtype=bool)
         if count:
@@ -177,25 +182,6 @@ def compile_schedule(
     )
     _check_sources(compiled)
     return compiled
-
-
-def _stream_ids(block: np.ndarray, chunk: np.ndarray, sender: np.ndarray, receiver: np.ndarray,
-                route_id: np.ndarray) -> np.ndarray:
-    """Per transfer, an id shared by the chunks of its block (``block[chunk]``) that take the same path."""
-    n_chunks = len(block)
-    with np.errstate(over="ignore"):
-        hop = (sender.astype(np.uint64) * np.uint64(0x100000001B3) + receiver.astype(np.uint64)) * _HASH_BASE + route_id
-        hop ^= hop >> np.uint64(29)
-        hop *= _HASH_BASE
-    by_chunk = np.argsort(chunk, kind="stable")
-    chunk_sorted = chunk[by_chunk]
-    starts = np.flatnonzero(np.r_[True, chunk_sorted[1:] != chunk_sorted[:-1]]) if len(chunk) else np.zeros(0, int)
-    path = np.zeros(n_chunks, dtype=np.uint64)
-    if len(chunk):
-        path[chunk_sorted[starts]] = np.add.reduceat(hop[by_chunk], starts)  # order-free sum of the hops
-    keys = np.stack([block.astype(np.uint64), path], axis=1)
-    _, stream_of_chunk = np.unique(keys, axis=0, return_inverse=True)
-    return stream_of_chunk.reshape(-1)[chunk]
 
 
 def _dependencies(

@@ -9,12 +9,14 @@ A flow's last byte leaves the sender when its bytes are sent and arrives one
 route latency (the sum of its links' latencies) later; the arrival may let other
 transfers start. Rates are recomputed whenever the set of flows or a capacity
 changes, but only for the flows the change can reach (an incremental, exact
-max-min: :mod:`mccl.sim.kernels`). On one hop (sender, receiver, route) of a collective a
-flow weighs less the more steps it is ahead of the hop's oldest flow
-(``SimOptions.step_priority``), so a hop sends the older block first, as a FIFO
-connection does, instead of letting the next block race it. Events closer in time than ``SimOptions.time_tolerance`` (relative) are
-processed together, so the thousands of identical flows of a symmetric schedule
-finish in one batch instead of one by one.
+max-min: :mod:`mccl.sim.kernels`). On one hop a flow weighs less the more steps it
+is ahead of the hop's oldest flow (``SimOptions.step_priority``; 1 makes streams
+equal). Chunks move as ``SimOptions.slices`` slices, or, with ``slice_bytes`` set,
+as the executor cuts them for each collective's size (:mod:`mccl.schedule.slicing`).
+``SimOptions.executor()`` is the executor's model (its slicing, equal streams);
+the defaults read the IR literally (whole chunks, a hop's older step first). Events closer in time than
+``SimOptions.time_tolerance`` (relative) are processed together, so the thousands of
+identical flows of a symmetric schedule finish in one batch instead of one by one.
 
 Events, in the order they are handled at one time: flows that finish sending,
 link changes and background flows, arrivals (which may finish collectives and
@@ -108,7 +110,7 @@ class _Engine:
         self.runs: dict[int, RunState] = {}
         self.next_slot = 0
         self.current: dict[tuple[str, str], CollectiveOp] = {(job.name, op.name): op for job in jobs for op in job.ops}
-        self.compiled: dict[tuple[int, str], tuple[Schedule, CompiledSchedule]] = {}
+        self.compiled: dict[tuple[int, str, int], tuple[Schedule, CompiledSchedule]] = {}
         self.path_cache: dict[tuple[int, str], tuple[CompiledSchedule, np.ndarray]] = {}
         self.launches: list[tuple[float, int, int, int, int]] = []  # (time, seq, job, op, iteration)
         self.arrivals: list[tuple[float, int, int, np.ndarray]] = []  # (time, seq, slot, transfers)
@@ -307,7 +309,7 @@ class _Engine:
             _, _, job_index, op_index, iteration = heapq.heappop(self.launches)
             job = self.jobs[job_index]
             op = self.current[(job.name, job.ops[op_index].name)]
-            compiled = self._compile(job, op.schedule)
+            compiled = self._compile(job, op.schedule, self.options.slices_for(op.schedule, op.size_bytes))
             paths = self._path_ids(job.name, op.schedule, compiled) if self.meter is not None else None
             slot = self.next_slot
             self.next_slot += 1
@@ -333,14 +335,14 @@ class _Engine:
             cached = self.path_cache[key] = (compiled, ids)
         return cached[1]
 
-    def _compile(self, job: Job, schedule: Schedule) -> CompiledSchedule:
-        key = (id(schedule), job.name)
+    def _compile(self, job: Job, schedule: Schedule, slices: int) -> CompiledSchedule:
+        key = (id(schedule), job.name, slices)
         cached = self.compiled.get(key)
         if cached is None or cached[0] is not schedule:
             offsets, links = routes_for(schedule, self.topology, job.paths, job.name)
             compiled = compile_schedule(schedule, self.topology, offsets, links,
                                         serialize_connections=self.options.serialize_connections,
-                                        slices=self.options.slices)
+                                        slices=slices)
             cached = self.compiled[key] = (schedule, compiled)
         return cached[1]
 

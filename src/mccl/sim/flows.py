@@ -11,8 +11,9 @@ slots select live flows.
 
 Weights (``SimOptions.step_priority``). On one hop (sender, receiver, route) of a
 collective a flow weighs ``step_priority ** -d``, d (at most 4) the steps it is
-ahead of the hop's oldest flow in flight, so the older block goes first as on a
-FIFO connection; background flows (``hop < 0``) weigh 1.
+ahead of the hop's oldest flow in flight; background flows (``hop < 0``) weigh 1.
+1 weighs every flow alike, as the executor's streams share links
+(``SimOptions.executor``, :mod:`mccl.sim.compiled`).
 
 Remaining bytes are stored as of the flow's last rate change (``t0``), with the
 predicted finish time, so advancing the clock costs nothing per flow. Predicted

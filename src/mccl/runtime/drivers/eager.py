@@ -2,7 +2,10 @@
 
 So chunk ``k + 1`` is in flight while chunk ``k`` is forwarded: several trees or paths
 and several chunks of one path are in flight at once (pipelining across chunks,
-mccl-paper §3.3). gloo needs the CPU to wait for a chunk before forwarding it (see
+mccl-paper §3.3). Operations queue per stream, (direction, peer, chunk): a stream's
+operations (in a sliced plan, its slices, :func:`mccl.runtime.plan.slice_plan`) are
+posted in plan order, and no stream waits behind another one — the streams the
+simulator's executor model shares links between (``SimOptions.executor``). gloo needs the CPU to wait for a chunk before forwarding it (see
 :mod:`mccl.runtime.transport`); the wait happens in ``Work.wait()``, which releases
 the GIL.
 
@@ -32,7 +35,9 @@ from mccl.schedule import TransferOp
 
 __all__ = ["EagerDriver", "EagerProgram"]
 
-QueueKey = tuple[bool, int]  # (is_send, peer): operations of one kind to one peer are issued in plan order
+# (is_send, peer, chunk): one stream; its operations (a sliced plan: the chunk's slices) are issued in plan
+# order, and a stream never waits for another one (gloo matches by tag, so the order between streams is free)
+QueueKey = tuple[bool, int, int]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +51,7 @@ class EagerProgram:
     dependents: tuple[tuple[int, ...], ...]
     waiting: tuple[int, ...]  # not-yet-done dependencies of every operation at the start
     queues: dict[QueueKey, tuple[int, ...]]
-    queue_order: dict[QueueKey, tuple[bool, int]]  # receives first, peers staggered by distance
+    queue_order: dict[QueueKey, tuple[bool, int, int]]  # receives first, peers staggered by distance
     unlocks: tuple[bool, ...]
 
 
@@ -66,7 +71,7 @@ class EagerDriver:
         in_apply = {d for op in ops for d in op.apply_deps}
         queues: dict[QueueKey, list[int]] = {}
         for op in ops:
-            queues.setdefault((op.is_send, op.peer), []).append(op.index)
+            queues.setdefault((op.is_send, op.peer, op.chunk), []).append(op.index)
         return EagerProgram(
             p2p=point_to_point(plan, bound),
             empty=empty,
@@ -74,7 +79,7 @@ class EagerDriver:
             dependents=tuple(tuple(items) for items in dependents),
             waiting=tuple(sum(1 for d in op.deps if not empty[d]) for op in ops),
             queues={key: tuple(items) for key, items in queues.items()},
-            queue_order={key: (key[0], (key[1] - plan.rank) % plan.n_ranks) for key in queues},
+            queue_order={key: (key[0], (key[1] - plan.rank) % plan.n_ranks, key[2]) for key in queues},
             unlocks=tuple(bool(dependents[op.index]) or op.index in in_apply or
                           (not op.is_send and op.op is TransferOp.REDUCE) for op in ops),
         )
@@ -165,7 +170,7 @@ class _EagerRun:
         for dependent in self.program.dependents[index]:
             waiting[dependent] -= 1
             if waiting[dependent] == 0:
-                self.touched.add((ops[dependent].is_send, ops[dependent].peer))
+                self.touched.add((ops[dependent].is_send, ops[dependent].peer, ops[dependent].chunk))
 
     def _complete(self, index: int) -> None:
         self.done[index] = True
