@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -37,7 +37,7 @@ from mccl.control.protocol import decode, encode, finite_samples, telemetry_mess
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Schedule, dumps_schedule, loads_schedule
 
-__all__ = ["ControllerClient"]
+__all__ = ["ControllerClient", "wait_for_controller"]
 
 
 class ControllerClient:
@@ -207,3 +207,24 @@ class ControllerClient:
             self._requests.close(linger=0)
             self._telemetry.close(linger=0)
             self._context.term()
+
+
+def wait_for_controller(endpoint: str, *, secret: Any = None, timeout_s: float = 30.0,
+                        alive: Callable[[], bool] | None = None, communicator: str = "probe") -> None:
+    """Return once the controller at ``endpoint`` answers a ``status`` request; raise
+    :class:`ControllerError` after ``timeout_s``, or at once when ``alive()`` says the process that
+    should serve it has gone (a launcher that started the service passes its liveness check)."""
+    deadline = time.monotonic() + timeout_s
+    probe = ControllerClient(endpoint, communicator, -1, secret=secret)
+    try:
+        while True:
+            try:
+                probe.request("status", timeout_s=1.0)
+                return
+            except ControllerError:
+                if alive is not None and not alive():
+                    raise ControllerError(f"the controller at {endpoint} exited before it answered") from None
+                if time.monotonic() > deadline:
+                    raise
+    finally:
+        probe.close()

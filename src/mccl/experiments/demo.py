@@ -226,23 +226,9 @@ def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config:
 
 
 def _wait_for_controller(endpoint: str, process: mp.process.BaseProcess, timeout_s: float, secret: str) -> None:
-    from mccl.control import ControllerClient
-    from mccl.errors import ControllerError
+    from mccl.control.client import wait_for_controller
 
-    deadline = time.monotonic() + timeout_s
-    probe = ControllerClient(endpoint, COMMUNICATOR, -1, secret=secret)
-    try:
-        while True:
-            try:
-                probe.request("status", timeout_s=1.0)
-                return
-            except ControllerError:
-                if not process.is_alive():
-                    raise ControllerError(f"the controller process exited (code {process.exitcode})") from None
-                if time.monotonic() > deadline:
-                    raise
-    finally:
-        probe.close()
+    wait_for_controller(endpoint, secret=secret, timeout_s=timeout_s, alive=process.is_alive, communicator=COMMUNICATOR)
 
 
 def run_demo(config: DemoConfig, *, progress=None) -> DemoReport:

@@ -239,7 +239,7 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
     ``on_collective`` sees rank 0's view of each collective as it finishes (the live table)."""
     from mccl.control import ControllerClient
     from mccl.control.auth import new_secret
-    from mccl.experiments.demo import _wait_for_controller
+    from mccl.control.client import wait_for_controller
     from mccl.experiments.netemu.ranks import run_ranks_in_fabric
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
@@ -276,7 +276,7 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
         watcher.start()
         admin = None
         try:
-            _wait_for_controller(endpoint, controller, 60.0, secret)
+            wait_for_controller(endpoint, secret=secret, timeout_s=60.0, alive=controller.is_alive)
             say(f"controller at {endpoint}; starting {config.ranks} gloo ranks in their namespaces")
             texts = {kind: dumps_schedule(schedule) for kind, schedule in schedules.items()}
             outputs = run_ranks_in_fabric(_rank_main, plan, endpoint, texts, config, live, secret, timeout_s=config.timeout_s)
