@@ -45,6 +45,11 @@ synthesis whose degradation cleared meanwhile). Replies computed on the heavy-me
 thread are sent by the service thread. The snapshot covers the communicators registered
 or polled here; a poll for one registered on the manager directly is answered once the
 next check has refreshed it (≤ ``check_interval_s`` plus a check).
+
+Which path ran each call: a telemetry message may carry a rank's call totals (``calls``,
+:func:`.protocol.calls_of`); the service keeps the latest of each (communicator, rank) — totals,
+so the newest replaces the last and a dropped report costs nothing once the next arrives — at
+most ``max_call_rows`` rows in all (more are dropped and counted), and returns them in ``status``.
 """
 
 from __future__ import annotations
