@@ -1,4 +1,5 @@
-"""``mccl controller`` (run the controller service) and ``mccl demo`` (the live closed loop).
+"""``mccl controller`` (run the controller service), ``mccl controller-status`` (ask a running one) and
+``mccl demo`` (the live closed loop).
 
 Both import their libraries lazily: ``mccl demo`` loads torch, nothing else here does.
 """
@@ -16,7 +17,7 @@ from rich.text import Text
 
 from mccl.cli.common import FiniteFloat, console, format_size, load_topology_arg
 
-__all__ = ["controller_command", "demo_command"]
+__all__ = ["controller_command", "controller_status_command", "demo_command"]
 
 
 @click.command("controller")
@@ -66,6 +67,49 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+@click.command("controller-status")
+@click.option("--endpoint", default="tcp://127.0.0.1:5555", show_default=True, help="the controller's endpoint")
+@click.option("--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              envvar="MCCL_CONTROL_SECRET_FILE", default=None, help="the job's control-plane secret")
+@click.option("--timeout", "timeout_s", default=5.0, show_default=True, type=FiniteFloat(), help="seconds to wait")
+def controller_status_command(endpoint: str, secret_file: Path | None, timeout_s: float) -> None:
+    """Ask a running controller for its status: its counters, and which path ran each rank's calls
+    (an mccl schedule and its version, or delegated to the wrapped transport)."""
+    from mccl.control import ControllerClient
+    from mccl.control.auth import read_secret_file
+
+    secret = read_secret_file(secret_file) if secret_file is not None else None
+    client = ControllerClient(endpoint, "status", -1, secret=secret)
+    try:
+        reply = client.request("status", timeout_s=timeout_s)
+    finally:
+        client.close()
+    stats = reply.get("stats", {})
+    console.print(", ".join(f"{key} {value}" for key, value in stats.items()), soft_wrap=True)
+    print_calls(reply.get("calls", {}))
+
+
+def print_calls(calls: dict) -> None:
+    """One table per communicator: a row per (operation, path), a column per rank."""
+    for communicator, ranks in sorted(calls.items()):
+        rank_ids = sorted(ranks, key=int)
+        rows: dict[tuple[str, str], dict[str, int]] = {}
+        for rank in rank_ids:
+            for op, path, version, count in ranks[rank]:
+                label = f"schedule v{version}" if path == "schedule" else path
+                rows.setdefault((op, label), {})[rank] = count
+        table = Table(title=f"calls of communicator {communicator} by path")
+        table.add_column("operation")
+        table.add_column("path")
+        for rank in rank_ids:
+            table.add_column(f"rank {rank}", justify="right")
+        for (op, label), counts in sorted(rows.items()):
+            table.add_row(op, label, *(str(counts.get(rank, 0)) for rank in rank_ids))
+        console.print(table)
+    if not calls:
+        console.print("no rank has reported its calls")
 
 
 @click.command("demo")

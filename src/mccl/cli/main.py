@@ -7,7 +7,7 @@ import sys
 import click
 
 from mccl import __version__
-from mccl.cli.control import controller_command, demo_command
+from mccl.cli.control import controller_command, controller_status_command, demo_command
 from mccl.cli.evaluate import eval_command
 from mccl.cli.sim import sim_command
 from mccl.cli.synth import synth_group
@@ -28,6 +28,7 @@ cli.add_command(synth_group)
 cli.add_command(eval_command)
 cli.add_command(sim_command)
 cli.add_command(controller_command)
+cli.add_command(controller_status_command)
 cli.add_command(demo_command)
 
 

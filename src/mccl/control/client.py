@@ -56,6 +56,7 @@ class ControllerClient:
         self.have = {schedule.collective.value: int(schedule.meta.version) for schedule in installed}
         self.dropped = 0
         self.sent_samples = 0
+        self.sent_call_reports = 0
         self.received = 0
         self.recoveries = 0
         self._context = zmq.Context()
@@ -95,6 +96,20 @@ class ControllerClient:
                 self.sent_samples += kept
             except zmq.Again:
                 self.dropped += kept
+
+    def submit_calls(self, totals: Any) -> bool:
+        """Send a rank's call totals (``mccl.runtime.calls.CallTotals``) with the telemetry; False when
+        the telemetry socket cannot take them now (the runtime sends them again on its next flush)."""
+        payload = telemetry_message((), totals)
+        with self._telemetry_lock:
+            if self._closed:
+                return False
+            try:
+                self._telemetry.send(payload, zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self.sent_call_reports += 1
+            return True
 
     # ---- ScheduleSource ----------------------------------------------------------------------
     def poll(self) -> Schedule | None:

@@ -6,13 +6,17 @@ sockets to it, one for telemetry (send only) and one for requests (see
 (protocol version) and ``"op"``:
 
 * ``telemetry`` — ``samples``: rows ``[kind, communicator, rank, peer, bytes, seconds,
-  end_time, seq]`` (the fields of ``mccl.telemetry.Sample``); no reply.
+  end_time, seq]`` (the fields of ``mccl.telemetry.Sample``); optional ``calls``: which path
+  ran one rank's calls, ``{"communicator", "rank", "counts": [[op, path, version, count], ...]}``
+  (totals since the communicator was created; ``path`` ``"schedule"`` with the schedule's
+  version, or ``"delegated"`` with ``null``; at most ``MAX_CALL_ROWS`` rows); no reply.
 * ``poll`` — ``communicator``, ``rank``, ``have`` ({collective: version}); reply
   ``schedule`` (``collective``, ``version``, ``schedule``: a schedule file's JSON
   text, :func:`mccl.schedule.dumps_schedule`) when a newer version is active, else
   ``idle`` (``versions``).
 * ``register`` — ``communicator``, ``schedule`` (file text); reply ``ok`` (``version``).
-* ``status`` — reply ``status`` (``events``, ``stats``).
+* ``status`` — reply ``status`` (``events``, ``stats``, ``calls``: {communicator: {rank:
+  [[op, path, version, count], ...]}}, the latest call totals each rank reported).
 * ``stop`` — reply ``ok``; the service ends.
 * any failure — reply ``error`` (``message``).
 
@@ -36,7 +40,7 @@ from mccl.telemetry import INTER, INTRA, Sample
 
 __all__ = ["PROTOCOL_VERSION", "MAX_MESSAGE_BYTES", "encode", "decode", "telemetry_message", "samples_of",
            "text_field", "int_field", "versions_field", "finite_or_none",
-           "finite_samples"]
+           "finite_samples", "calls_field", "calls_of", "CallReport", "MAX_CALL_ROWS"]
 
 PROTOCOL_VERSION = 1
 # The largest frame the service takes (ZMQ_MAXMSGSIZE: libzmq drops the connection of a peer that
@@ -47,6 +51,13 @@ MAX_RANKS = 1 << 20
 MAX_SAMPLES_PER_MESSAGE = 1 << 16
 _INT64 = 2**63 - 1
 _KINDS = frozenset((INTER, INTRA))
+# Rows of one rank's call report: (operation, path, version) triples. torch has ~25 operation names and
+# a communicator runs a few schedule versions per kind; 1024 leaves room and bounds what the service keeps.
+MAX_CALL_ROWS = 1024
+_SCHEDULE, _DELEGATED = "schedule", "delegated"  # the paths of mccl.runtime.calls (control imports no runtime)
+
+CallReport = tuple[str, int, list[tuple[str, str, "int | None", int]]]
+"""A checked call report: (communicator, rank, [(op, path, version or None, count), ...])."""
 
 
 def encode(op: str, **fields: Any) -> bytes:
@@ -101,12 +112,63 @@ def versions_field(message: dict[str, Any], key: str = "have") -> dict[str, int]
             for kind, version in value.items()}
 
 
-def telemetry_message(samples: Sequence[Any]) -> bytes:
+def telemetry_message(samples: Sequence[Any], calls: Any = None) -> bytes:
     """Encode samples (anything with the fields of ``mccl.telemetry.Sample``); a sample whose seconds or
-    end time is not finite is left out (the service would refuse the whole message for it)."""
+    end time is not finite is left out (the service would refuse the whole message for it). ``calls``:
+    a rank's call totals (anything with the fields of ``mccl.runtime.calls.CallTotals``), or None."""
     rows = [[s.kind, s.communicator, int(s.rank), int(s.peer), int(s.bytes), float(s.seconds), float(s.end_time),
              int(s.seq)] for s in finite_samples(samples)]
-    return encode("telemetry", samples=rows)
+    if calls is None:
+        return encode("telemetry", samples=rows)
+    return encode("telemetry", samples=rows, calls=calls_field(calls))
+
+
+def calls_field(totals: Any) -> dict[str, Any]:
+    """The ``calls`` field of a telemetry message; when a rank has more than ``MAX_CALL_ROWS`` (operation,
+    path, version) rows, the rows of its newest schedule versions and its delegated rows are kept."""
+    rows = sorted(([op, path, version, int(count)] for (op, path, version), count in totals.counts.items()),
+                  key=lambda row: (row[2] is not None, -(row[2] or 0)))
+    return {"communicator": totals.communicator, "rank": int(totals.rank), "counts": rows[:MAX_CALL_ROWS]}
+
+
+def calls_of(message: dict[str, Any]) -> CallReport | None:
+    """The checked ``calls`` field of a telemetry message, or None when it has none; ControllerError naming
+    what is wrong (every field type- and range-checked, as for samples)."""
+    if "calls" not in message:
+        return None
+    field = message["calls"]
+    if not isinstance(field, dict):
+        raise ControllerError("a telemetry message's 'calls' must be an object {communicator, rank, counts}")
+    communicator = field.get("communicator")
+    if not isinstance(communicator, str) or not 0 < len(communicator) <= MAX_NAME_CHARS:
+        raise ControllerError(f"calls: 'communicator' must be a string of 1..{MAX_NAME_CHARS} characters")
+    rank = int_field(field.get("rank"), "calls: 'rank'", 0, MAX_RANKS)
+    rows = field.get("counts")
+    if not isinstance(rows, list) or len(rows) > MAX_CALL_ROWS:
+        raise ControllerError(f"calls: 'counts' must be a list of at most {MAX_CALL_ROWS} rows")
+    counts = []
+    seen = set()
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 4:
+            raise ControllerError("calls: a row is a list of 4 fields [op, path, version, count]")
+        op, path, version, count = row
+        if not isinstance(op, str) or not 0 < len(op) <= MAX_NAME_CHARS:
+            raise ControllerError(f"calls: a row's op must be a string of 1..{MAX_NAME_CHARS} characters")
+        if path == _SCHEDULE:
+            int_field(version, f"calls: the schedule version of {op[:40]!r}", 0, _INT64)
+        elif path == _DELEGATED:
+            if version is not None:
+                raise ControllerError(f"calls: a delegated row of {op[:40]!r} has no version (null), got "
+                                      f"{str(version)[:40]}")
+        else:
+            raise ControllerError(f"calls: a row's path must be {_SCHEDULE!r} or {_DELEGATED!r}, got "
+                                  f"{str(path)[:40]!r}")
+        int_field(count, f"calls: the count of {op[:40]!r}", 1, _INT64)
+        if (op, path, version) in seen:
+            raise ControllerError(f"calls: {op[:40]!r} {path} {version} appears twice")
+        seen.add((op, path, version))
+        counts.append((op, path, version, count))
+    return communicator, rank, counts
 
 
 def finite_samples(samples: Sequence[Any]) -> list[Any]:

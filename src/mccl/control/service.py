@@ -45,6 +45,11 @@ synthesis whose degradation cleared meanwhile). Replies computed on the heavy-me
 thread are sent by the service thread. The snapshot covers the communicators registered
 or polled here; a poll for one registered on the manager directly is answered once the
 next check has refreshed it (≤ ``check_interval_s`` plus a check).
+
+Which path ran each call: a telemetry message may carry a rank's call totals (``calls``,
+:func:`.protocol.calls_of`); the service keeps the latest of each (communicator, rank) — totals,
+so the newest replaces the last and a dropped report costs nothing once the next arrives — at
+most ``max_call_rows`` rows in all (more are dropped and counted), and returns them in ``status``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ from mccl.control.auth import JobSecret, as_secret, is_loopback, new_secret, sec
 from mccl.control.manager import ScheduleManager
 from mccl.control.protocol import (
     MAX_MESSAGE_BYTES,
+    CallReport,
+    calls_of,
     decode,
     encode,
     finite_or_none,
@@ -106,7 +113,8 @@ class ControllerService:
                  secret: JobSecret | str | bytes | None = None, authenticate: bool = True,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, inline_bytes: int = 256 << 10,
                  max_communicators: int = 1024, max_pending: int = 4, max_status_events: int = 1000,
-                 subprocess_bytes: int = 1 << 20, max_ingest_backlog: int = 256) -> None:
+                 subprocess_bytes: int = 1 << 20, max_ingest_backlog: int = 256,
+                 max_call_rows: int = 1 << 20) -> None:
         self.manager = manager
         self.check_interval_s = check_interval_s
         self.max_message_bytes = max_message_bytes
@@ -116,6 +124,7 @@ class ControllerService:
         self.max_status_events = max_status_events
         self.subprocess_bytes = subprocess_bytes
         self.max_ingest_backlog = max_ingest_backlog
+        self.max_call_rows = max_call_rows
         self._parser: ProcessPoolExecutor | None = None
         if authenticate:
             self.secret: JobSecret | None = as_secret(secret) or secret_from_env() or new_secret()
@@ -146,13 +155,17 @@ class ControllerService:
             log.info("mccl controller: listening beyond loopback at %s (CURVE-authenticated)", self.address)
         self.stats = {"telemetry_messages": 0, "samples": 0, "malformed": 0, "polls": 0, "replies": 0,
                       "schedules_sent": 0, "checks": 0, "auth_failures": 0, "busy": 0, "registrations": 0,
-                      "telemetry_dropped": 0}
+                      "telemetry_dropped": 0, "call_reports": 0, "call_reports_dropped": 0}
         self._communicators: set[str] = set()  # registered here (bounded by max_communicators)
         self._watched: set[str] = set()  # polled here: the snapshot covers them too (bounded likewise)
         self._snapshot: dict[str, dict[Collective, tuple[int, str]]] = {}  # replaced whole, never mutated
         self._ingest = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-ingest")
         self._ingest_backlog = 0
         self._ingest_lock = threading.Lock()
+        # which path ran each rank's calls: {communicator: {rank: rows}}, the latest report of each rank
+        self._calls: dict[str, dict[int, list[tuple[str, str, int | None, int]]]] = {}
+        self._call_rows = 0  # rows kept in all (bounded by max_call_rows)
+        self._calls_lock = threading.Lock()  # the heavy-message thread may take a large telemetry message
         self._stop = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-synth")
         self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-register")
@@ -279,6 +292,26 @@ class ControllerService:
 
         self._ingest.submit(ingest)
 
+    def _take_calls(self, report: CallReport) -> None:
+        """Keep a rank's latest call totals (they are totals, so the newest replaces the last); a report
+        beyond the bounds (communicator names, rows kept in all) is dropped and counted."""
+        communicator, rank, rows = report
+        with self._calls_lock:
+            ranks = self._calls.get(communicator)
+            known = len(ranks[rank]) if ranks is not None and rank in ranks else 0
+            if ((ranks is None and len(self._calls) >= 2 * self.max_communicators)
+                    or self._call_rows - known + len(rows) > self.max_call_rows):
+                self.stats["call_reports_dropped"] += 1
+                return
+            self._calls.setdefault(communicator, {})[rank] = rows
+            self._call_rows += len(rows) - known
+            self.stats["call_reports"] += 1
+
+    def calls(self) -> dict[str, dict[int, list[tuple[str, str, int | None, int]]]]:
+        """The latest call totals each rank reported, by communicator and rank (also in ``status``)."""
+        with self._calls_lock:
+            return {name: dict(ranks) for name, ranks in self._calls.items()}
+
     # ---- messages ----------------------------------------------------------------------
     def _reply(self, identity: bytes, payload: bytes) -> None:
         try:
@@ -335,9 +368,13 @@ class ControllerService:
             op = message["op"]
             if op == "telemetry":
                 samples = samples_of(message)
+                calls = calls_of(message)  # both checked before either is taken
                 self.stats["telemetry_messages"] += 1
                 self.stats["samples"] += len(samples)
-                self._take_telemetry(samples)
+                if samples:
+                    self._take_telemetry(samples)
+                if calls is not None:
+                    self._take_calls(calls)
                 return None
             if op == "poll":
                 self.stats["polls"] += 1
@@ -348,7 +385,9 @@ class ControllerService:
                 events = [dataclasses.asdict(event) for event in self.manager.events[-self.max_status_events:]]
                 stats = {**self.stats, "samples_taken": self.manager.samples_taken,
                          "samples_ignored": self.manager.samples_ignored}
-                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats))
+                calls = {name: {str(rank): [list(row) for row in rows] for rank, rows in ranks.items()}
+                         for name, ranks in self.calls().items()}
+                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls)
             if op == "stop":
                 self._stop.set()
                 return encode("ok")

@@ -5,6 +5,11 @@ alone whether a collective ran an mccl schedule or fell through to gloo/NCCL (bo
 correct, only one is mccl). :class:`CallLog` answers it per communicator: one
 :class:`CallRecord` per call in a bounded ring, plus running counts by (operation,
 path) that never drop; ``communicator.calls.counts()`` is what a test or an operator reads.
+
+The same counts, by (operation, path, schedule version), go to the controller with the
+telemetry (:meth:`CallLog.totals`, sent by :class:`~mccl.runtime.telemetry.TelemetryBuffer`):
+totals since creation rather than increments, so a report the telemetry socket drops (it
+never blocks a rank) is made good by the next one instead of leaving the controller short.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import collections
 import threading
 from dataclasses import dataclass
 
-__all__ = ["CallLog", "CallRecord", "DELEGATED", "SCHEDULE"]
+__all__ = ["CallLog", "CallRecord", "CallTotals", "DELEGATED", "SCHEDULE"]
 
 SCHEDULE = "schedule"
 DELEGATED = "delegated"
@@ -36,6 +41,18 @@ class CallRecord:
         return f"{SCHEDULE} v{self.version}" if self.path == SCHEDULE else self.path
 
 
+@dataclass(frozen=True)
+class CallTotals:
+    """What a rank reports to the controller: the calls of ``communicator`` on ``rank`` since creation by
+    (operation, path, schedule version — None when delegated). ``generation``: how many calls that is
+    (a report is sent again only when it grew)."""
+
+    communicator: str
+    rank: int
+    counts: dict[tuple[str, str, int | None], int]
+    generation: int
+
+
 class CallLog:
     """The last ``keep`` call records and the counts of every call since creation; thread-safe
     (the communicator's worker thread and the caller's thread both record)."""
@@ -44,6 +61,8 @@ class CallLog:
         self._lock = threading.Lock()
         self._recent: collections.deque[CallRecord] = collections.deque(maxlen=keep)
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._by_version: collections.Counter[tuple[str, str, int | None]] = collections.Counter()
+        self._generation = 0
 
     def record(self, seq: int, op: str, version: int | None) -> CallRecord:
         """Record a call; ``version`` None means it was delegated to the transport."""
@@ -51,7 +70,19 @@ class CallLog:
         with self._lock:
             self._recent.append(record)
             self._counts[(op, record.path)] += 1
+            self._by_version[(op, record.path, version)] += 1
+            self._generation += 1
         return record
+
+    @property
+    def generation(self) -> int:
+        """How many calls were recorded (grows with every call: whether a report is due)."""
+        return self._generation
+
+    def totals(self, communicator: str, rank: int) -> CallTotals:
+        """The counts by (operation, path, version) since creation, as reported to the controller."""
+        with self._lock:
+            return CallTotals(communicator, rank, dict(self._by_version), self._generation)
 
     def recent(self) -> list[CallRecord]:
         with self._lock:

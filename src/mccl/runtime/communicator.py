@@ -304,5 +304,5 @@ class Communicator(Collectives):
             return
         if self._telemetry is not None:
             self._telemetry.close()
-        self._telemetry = TelemetryBuffer(sink, config)
+        self._telemetry = TelemetryBuffer(sink, config, calls=lambda: self.calls.totals(self.name, self.rank))
         self._meters = Meters(self.name, self.rank, self._same_host(), self._telemetry, config)

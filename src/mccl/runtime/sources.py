@@ -11,6 +11,9 @@ changing the executor:
   unreachable (the executor then keeps its last schedule: fail-static).
 * :class:`TelemetrySink` — ``submit(samples)`` receives a batch of measurements,
   called from the telemetry thread, never from a collective.
+* :class:`CallSink` — optional on a telemetry sink: ``submit_calls(totals)`` receives the
+  communicator's call totals by path (:mod:`mccl.runtime.calls`) and says whether it took them
+  (a report it could not take is sent again on the next flush).
 
 Local implementations: :class:`LocalScheduleSource` (a queue an operator or test
 fills) and :class:`MemorySink` (keeps the samples in memory).
@@ -24,10 +27,11 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from mccl.errors import ControllerError
+from mccl.runtime.calls import CallTotals
 from mccl.schedule import Schedule
 from mccl.telemetry import Sample
 
-__all__ = ["Sample", "ScheduleSource", "TelemetrySink", "LocalScheduleSource", "MemorySink"]
+__all__ = ["Sample", "ScheduleSource", "TelemetrySink", "CallSink", "LocalScheduleSource", "MemorySink"]
 
 
 @runtime_checkable
@@ -41,6 +45,13 @@ class ScheduleSource(Protocol):
 class TelemetrySink(Protocol):
     def submit(self, samples: Sequence[Sample]) -> None:
         """Take a batch of samples (called off the critical path)."""
+        ...
+
+
+@runtime_checkable
+class CallSink(Protocol):
+    def submit_calls(self, totals: CallTotals) -> bool:
+        """Take a communicator's call totals; False if they could not be taken now (sent again later)."""
         ...
 
 
@@ -74,11 +85,12 @@ class LocalScheduleSource:
 
 
 class MemorySink:
-    """Keeps every batch it receives; thread-safe."""
+    """Keeps every batch it receives, and the latest call totals by (communicator, rank); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
+        self._calls: dict[tuple[str, int], CallTotals] = {}
         self.batches = 0
 
     def submit(self, samples: Sequence[Sample]) -> None:
@@ -86,7 +98,17 @@ class MemorySink:
             self._samples.extend(samples)
             self.batches += 1
 
+    def submit_calls(self, totals: CallTotals) -> bool:
+        with self._lock:
+            self._calls[(totals.communicator, totals.rank)] = totals
+        return True
+
     @property
     def samples(self) -> list[Sample]:
         with self._lock:
             return list(self._samples)
+
+    @property
+    def calls(self) -> dict[tuple[str, int], CallTotals]:
+        with self._lock:
+            return dict(self._calls)

@@ -14,6 +14,10 @@ Intra-host samples are the rank's cumulative injection rate into its host fabric
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
 counts it (``dropped``); nothing ever blocks a collective.
+
+The same thread reports which path ran the communicator's calls (:mod:`mccl.runtime.calls`)
+to a sink that takes them (``submit_calls``, :class:`~mccl.runtime.sources.CallSink`): the
+totals, whenever calls were recorded since the last report the sink accepted.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mccl.runtime.sources import Sample, TelemetrySink
+from mccl.runtime.calls import CallTotals
+from mccl.runtime.sources import CallSink, Sample, TelemetrySink
 
 __all__ = ["TelemetryConfig", "TelemetryBuffer", "Meters"]
 
@@ -47,11 +52,17 @@ class TelemetryConfig:
 
 
 class TelemetryBuffer:
-    """A bounded buffer and the thread that drains it into a :class:`TelemetrySink`."""
+    """A bounded buffer and the thread that drains it into a :class:`TelemetrySink`; ``calls``: the
+    communicator's call totals (:meth:`mccl.runtime.calls.CallLog.totals`), reported to a sink that
+    is also a :class:`CallSink`."""
 
-    def __init__(self, sink: TelemetrySink, config: TelemetryConfig) -> None:
+    def __init__(self, sink: TelemetrySink, config: TelemetryConfig,
+                 calls: Callable[[], CallTotals] | None = None) -> None:
         self.sink = sink
         self.config = config
+        self._calls = calls if isinstance(sink, CallSink) else None
+        self._calls_reported = 0  # the generation of the last call report the sink accepted
+        self.call_reports = 0
         self._samples: collections.deque[Sample] = collections.deque()
         self.dropped = 0
         self.submitted = 0
@@ -91,6 +102,24 @@ class TelemetryBuffer:
                 self.failed_batches += 1
                 if self.failed_batches == 1:
                     log.warning("mccl telemetry: the sink failed (%s); samples are dropped until it recovers", error)
+        self._report_calls()
+
+    def _report_calls(self) -> None:
+        if self._calls is None:
+            return
+        totals = self._calls()
+        if totals.generation == self._calls_reported:
+            return
+        try:
+            taken = self.sink.submit_calls(totals)
+        except Exception as error:  # fail-static, as for samples; tried again on the next drain
+            self.failed_batches += 1
+            if self.failed_batches == 1:
+                log.warning("mccl telemetry: the sink failed (%s); reports are dropped until it recovers", error)
+            return
+        if taken:
+            self._calls_reported = totals.generation
+            self.call_reports += 1
 
     def _drain_forever(self) -> None:
         while not self._stop:
