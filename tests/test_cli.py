@@ -83,6 +83,7 @@ def test_synth_direct_and_sim(capsys, tmp_path):
         (("synth", "ring", "--topology", "single_switch(1,100)", "--out", "x.json"), "at least 2 ranks"),
         (("synth", "ring", "--topology", "single_switch(4,100)", "--ranks", "gpu0,gpu9", "--out", "x.json"), "'gpu9' is not a GPU"),
         (("frobnicate",), "No such command"),
+        (("controller-status", "--endpoint", "garbage[/x]"), "cannot connect to the controller at 'garbage[/x]'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

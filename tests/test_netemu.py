@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from mccl.experiments.netemu import EmulatedFabric, FabricError, FabricPlan, sweep, unsupported_reason
-from mccl.experiments.netemu.shaping import GOODPUT, shaper_lines
+from mccl.experiments.netemu.shaping import shaper_lines
 from mccl.topology import rail_optimized
 
 REASON = unsupported_reason()
@@ -118,7 +118,7 @@ def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
     # the controller saw the fault: a flag after it, and a new version ran before the repair
     assert any(report.reaction(kind)["detect_s"] is not None for kind in report.kinds())
     assert any(report.swaps_in(kind, "degraded") >= 1 for kind in report.kinds())
-    assert report.nic_mbit == pytest.approx(400_000 / config.scale) and 0.95 < GOODPUT < 0.96
+    assert report.nic_mbit == pytest.approx(400_000 / config.scale)
 
 
 @needs_root

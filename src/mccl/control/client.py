@@ -76,7 +76,12 @@ class ControllerClient:
             self.secret.make_client(socket)
         socket.setsockopt(zmq.SNDHWM, hwm)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is not connected
-        socket.connect(self.endpoint)
+        try:
+            socket.connect(self.endpoint)
+        except zmq.ZMQError as error:
+            socket.close()
+            self._context.term()
+            raise ControllerError(f"cannot connect to the controller at {self.endpoint!r}: {error}") from None
         return socket
 
     # ---- TelemetrySink ---------------------------------------------------------------------
