@@ -8,9 +8,10 @@ the runtime or torch) share one definition.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["INTER", "INTRA", "Sample"]
+__all__ = ["INTER", "INTRA", "Sample", "SendWindows"]
 
 INTER = "inter"
 INTRA = "intra"
@@ -45,3 +46,57 @@ class Sample:
     def gbps(self) -> float:
         """The measured rate in Gbit/s (topology units)."""
         return self.bytes * 8 / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class SendWindows:
+    """When a time-shared job may start sends (MCCS §3.3 TS): the controller computes them from a
+    prioritized job's telemetry, the simulator's and the executor's send gates enforce them.
+
+    Periodic: the offsets ``windows`` (``[start, end)`` seconds, sorted, disjoint, inside
+    ``[0, period_s)``) repeat every ``period_s`` from ``origin_s`` on (and before it: the pattern
+    is a phase). Times are on the enforcer's clock (simulated seconds, or the wall clock). Here and
+    not in a package because the controller, the simulator and the runtime all read it; a leaf module
+    raises ``ValueError`` (it imports nothing of mccl, not even :mod:`mccl.errors`).
+    """
+
+    origin_s: float
+    period_s: float
+    windows: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "windows", tuple((float(a), float(b)) for a, b in self.windows))
+        if not (math.isfinite(self.period_s) and self.period_s > 0 and math.isfinite(self.origin_s)):
+            raise ValueError(f"send windows need a finite origin and a positive period, got {self.origin_s}, "
+                             f"{self.period_s}")
+        if not self.windows:
+            raise ValueError("send windows: at least one window (a gate that never opens stalls the job)")
+        previous = 0.0
+        for start, end in self.windows:
+            if not (previous <= start < end <= self.period_s):
+                raise ValueError(f"send windows must be sorted, disjoint, non-empty and inside [0, "
+                                 f"{self.period_s:g}) s; got {self.windows}")
+            previous = end
+
+    def _offset(self, time_s: float) -> tuple[float, float]:
+        """(start of the period that holds ``time_s``, offset of ``time_s`` in it)."""
+        periods = math.floor((time_s - self.origin_s) / self.period_s)
+        base = self.origin_s + periods * self.period_s
+        return base, time_s - base
+
+    def is_open(self, time_s: float) -> bool:
+        _, offset = self._offset(time_s)
+        return any(start <= offset < end for start, end in self.windows)
+
+    def next_open(self, time_s: float) -> float:
+        """The earliest time at or after ``time_s`` inside a window."""
+        base, offset = self._offset(time_s)
+        for start, end in self.windows:
+            if offset < end:
+                return time_s if offset >= start else base + start
+        return base + self.period_s + self.windows[0][0]
+
+    @property
+    def duty(self) -> float:
+        """The fraction of time open."""
+        return sum(end - start for start, end in self.windows) / self.period_s

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
 from mccl.sim.results import RunResult
+from mccl.telemetry import SendWindows
 
 __all__ = ["PathSample", "ControlHook", "ControlView"]
 
@@ -51,6 +52,7 @@ class ControlView:
         self.completed = completed
         self._current = current
         self.swaps: dict[tuple[str, str], Schedule] = {}
+        self.gates: dict[str, SendWindows | None] = {}
 
     def schedule(self, job: str, op: str) -> Schedule:
         """The schedule the job's collective ``op`` will use at its next launch."""
@@ -69,6 +71,13 @@ class ControlView:
                             f"over {schedule.n_ranks} ranks, the old a {old.collective.value} over {old.n_ranks}; "
                             "a swap keeps the collective and its ranks")
         self.swaps[(job, op)] = schedule
+
+    def gate(self, job: str, windows: SendWindows | None) -> None:
+        """Gate ``job``'s sends with ``windows`` (None: lift its gate) from its next collective on
+        (:mod:`mccl.sim.sendgate`)."""
+        if job not in {name for name, _ in self._current}:
+            raise MCCLError(f"no job {job!r} to gate; known: {sorted({name for name, _ in self._current})}")
+        self.gates[job] = windows
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,15 @@ A job chooses one :data:`PathPolicy`:
 
 * :class:`AsScheduled` — the routes in the schedule (the synthesizer's choice);
 * :class:`EcmpPaths` — per (sender GPU, receiver GPU) connection, the route that a
-  CRC32 hash of its 5-tuple-like key picks among the shortest ones (the key names
-  the job, so two jobs' flows between the same GPUs may hash apart or together);
+  CRC32 hash of its 5-tuple picks among the shortest ones. The UDP source port of the
+  5-tuple is drawn per (job, salt, sender, receiver) by a keyed BLAKE2 digest, as each
+  connection's queue pair gets an arbitrary port: CRC32 is linear, so hashing the job
+  name and salt into the key directly made all of a job's connections flip spines
+  together when the salt changed (one collision pattern for every salt). Two GPUs of
+  one host talk through the host (shared memory, PCIe, NVLink), never through a
+  switch, so their routes are the ones that stay inside the host where there are any
+  (:func:`fabric_routes`): on ``spine_leaf`` a host-local pair also has an equal-hop
+  route through its leaf, which no NCCL or MCCS transport takes;
 * :class:`PinnedPaths` — given routes for some GPU pairs, the schedule's for the rest.
 
 Policies produce new route arrays; the schedule itself is never changed.
@@ -20,6 +27,7 @@ Policies produce new route arrays; the schedule itself is never changed.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +45,8 @@ __all__ = [
     "PathPolicy",
     "AS_SCHEDULED",
     "flow_key",
+    "source_port",
+    "fabric_routes",
     "ecmp_route",
     "check_route",
     "routes_for",
@@ -71,10 +81,30 @@ PathPolicy = AsScheduled | EcmpPaths | PinnedPaths
 AS_SCHEDULED = AsScheduled()
 
 
+def source_port(job: str, src: str, dst: str, salt: str = "") -> int:
+    """The UDP source port of a connection: 49152–65535, a digest of job, salt and endpoints."""
+    digest = hashlib.blake2b(f"{job}|{salt}|{src}|{dst}".encode(), digest_size=4).digest()
+    return 49152 + int.from_bytes(digest, "big") % 16384
+
+
 def flow_key(job: str, src: str, dst: str, salt: str = "") -> str:
-    """A 5-tuple-like key: source, destination, a source port derived from job and
-    salt, the RoCEv2 port 4791, the protocol."""
-    return f"{src}|{dst}|{job}:{salt}|4791|udp"
+    """The 5-tuple a switch hashes: source, destination, the connection's source port
+    (:func:`source_port`), the RoCEv2 port 4791, the protocol."""
+    return f"{src}|{dst}|{source_port(job, src, dst, salt)}|4791|udp"
+
+
+def fabric_routes(topology: Topology, src: str, dst: str, router: Router | None = None) -> list[tuple[int, ...]]:
+    """The equal-cost routes a flow ``src → dst`` may take: the host-internal ones for two GPUs
+    of one host where there are any (module docstring), else every shortest route."""
+    chooser = Router(topology) if router is None else router
+    options = chooser.routes(src, dst)
+    host = topology.node(src).host
+    if host is not None and host == topology.node(dst).host:
+        inside = [route for route in options
+                  if all(topology.node(topology.links[link].dst).host == host for link in route)]
+        if inside:
+            return inside
+    return options
 
 
 def ecmp_route(topology: Topology, src: str, dst: str, key: str, router: Router | None = None) -> tuple[int, ...]:
@@ -82,8 +112,7 @@ def ecmp_route(topology: Topology, src: str, dst: str, key: str, router: Router 
 
     ``src`` and ``dst`` may be GPUs or switches (a background flow between two switches).
     """
-    chooser = Router(topology) if router is None else router
-    options = chooser.routes(src, dst)
+    options = fabric_routes(topology, src, dst, router)
     return options[ecmp_index(key, len(options))]
 
 

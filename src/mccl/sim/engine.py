@@ -44,6 +44,7 @@ from mccl.sim.inputs import BackgroundFlow, CapacityChange, CollectiveOp, Job, S
 from mccl.sim.recorder import PathMeter, UtilizationRecorder
 from mccl.sim.results import RunResult, SimResult, SimStats
 from mccl.sim.runs import RunState
+from mccl.sim.sendgate import GateBook
 from mccl.topology import Topology
 
 __all__ = ["simulate", "simulate_schedule"]
@@ -127,6 +128,7 @@ class _Engine:
         self.recorder = UtilizationRecorder(self.n_links, options.utilization_bins, self.capacity)
         self.meter = PathMeter() if hook is not None else None
         self.next_hook = hook.interval_s if hook is not None else math.inf
+        self.gates = GateBook({job.name: job.gate for job in jobs})
         self.finished: list[RunResult] = []
         self.unreported: list[RunResult] = []
         self.events = self.batches = self.max_flows = 0
@@ -172,6 +174,8 @@ class _Engine:
             upcoming = min(upcoming, self.timeline[self.timeline_at][0])
         if self.launches:
             upcoming = min(upcoming, self.launches[0][0])
+        if self.gates.by_run:
+            upcoming = min(upcoming, self.gates.next_open(self.runs, now))
         if math.isinf(upcoming):  # the hook only swaps future launches: it cannot unblock a stall
             raise MCCLError(f"simulation stalled at t={now:.9g} s: {self._stall_report()}")
         return max(min(upcoming, self.next_hook), now)
@@ -289,6 +293,7 @@ class _Engine:
 
     def _complete(self, slot: int, now: float) -> None:
         run = self.runs.pop(slot)
+        self.gates.finished(slot)
         result = run.result(now, self.options.keep_chain)
         self.finished.append(result)
         self.unreported.append(result)
@@ -315,6 +320,7 @@ class _Engine:
             self.next_slot += 1
             self.runs[slot] = RunState(job_index, job.name, op_index, op.name, iteration, compiled, op.size_bytes,
                                        now, paths, self.next_hop)
+            self.gates.launched(slot, job.name)
             self.next_hop += int(compiled.hop.max(initial=-1)) + 1
             self.events += 1
             if compiled.n_transfers == 0:
@@ -349,6 +355,8 @@ class _Engine:
     def _start(self, now: float, tolerance: float) -> bool:
         started = False
         for slot, run in self.runs.items():
+            if self.gates.closed(slot, now, tolerance):
+                continue
             transfers = run.start(now, tolerance)
             if not len(transfers):
                 continue
@@ -372,6 +380,8 @@ class _Engine:
         self.hook.callback(view)
         for key, schedule in view.swaps.items():
             self.current[key] = CollectiveOp(schedule, self.current[key].size_bytes, self.current[key].name)
+        for job, windows in view.gates.items():
+            self.gates.set(job, windows)
         self.events += 1
         while self.next_hook <= now + self.options.time_tolerance * max(now, 1e-6):
             self.next_hook += self.hook.interval_s

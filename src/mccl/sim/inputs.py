@@ -7,6 +7,8 @@ in bytes (nccl-tests S, DESIGN.md "Units").
   another ``iterations`` times from ``start_s``, with ``gap_s`` of compute between
   two collectives — the shape of a training loop. Its schedules may be swapped
   between two collectives by the closed-loop hook (mccl-paper §5.2, MCCS §3.2).
+  ``paths`` chooses among equal-cost routes (:mod:`mccl.sim.ecmp`); ``gate`` holds its
+  flows outside send windows (:mod:`mccl.sim.sendgate`, MCCS §3.3 TS).
 * A :class:`BackgroundFlow` is traffic mccl does not schedule: constant-rate (it
   takes its rate first, like an inelastic or higher-priority flow: MCCS §3.3's
   75 Gbit/s flow leaves the ring 25 of 100) or greedy (it competes max-min fairly).
@@ -24,6 +26,7 @@ from mccl.errors import MCCLError
 from mccl.schedule import Schedule
 from mccl.schedule.slicing import MAX_SLICES, SLICE_BYTES, slice_count
 from mccl.sim.ecmp import AS_SCHEDULED, PathPolicy
+from mccl.telemetry import SendWindows
 from mccl.topology import Topology
 from mccl.topology.faults import LinkRef
 
@@ -64,6 +67,7 @@ class Job:
     gap_s: float = 0.0
     until_s: float = math.inf  # launch no collective at or after this time
     paths: PathPolicy = AS_SCHEDULED
+    gate: SendWindows | None = None  # start flows only inside these windows (MCCS TS; mccl.sim.sendgate)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))

@@ -1,0 +1,60 @@
+"""TS (MCCS §3.3, after CASSINI): a prioritized job's idle windows, learned from its telemetry.
+
+A training job alternates compute and communication with a steady period. MCCS
+profiles the job offline and hard-codes the schedule (mccs-summary §4); here the
+controller learns it from what the job reports while it runs: the start and end of
+each of its collectives (in the simulator, the completed runs the closed-loop hook
+sees; live, the telemetry samples' windows). From at least ``min_periods`` + 1
+consecutive busy intervals it estimates
+
+* the **period** — the median gap between consecutive collective starts (a job with
+  several collectives per iteration should be observed per iteration: pass one
+  interval per iteration, first start to last end);
+* the **busy span** — the longest observed interval: the part of every period from
+  its start during which the job communicates;
+* the **guard band** — ``guard_s`` plus the spread (max − min) of the observed
+  starts' deviation from a strict period and of the busy spans, at both ends of the
+  idle window, so a late start or a slow collective stays clear of the borrowers.
+
+The idle window is ``[busy + guard, period − guard)`` of every period, phase-locked to
+the latest observed start. A gated job starts sends only inside it
+(:class:`mccl.telemetry.SendWindows`, enforced by :mod:`mccl.sim.sendgate` and
+:mod:`mccl.runtime.sendgate`). When the window is too short (under ``min_window_s``)
+there is nothing to share: ``None``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from mccl.errors import ControllerError
+from mccl.telemetry import SendWindows
+
+__all__ = ["idle_windows"]
+
+
+def idle_windows(busy: Sequence[tuple[float, float]], *, guard_s: float = 1e-3, min_periods: int = 3,
+                 min_window_s: float = 1e-3) -> SendWindows | None:
+    """The prioritized job's idle windows from its busy intervals ``(start_s, end_s)`` (module docstring)."""
+    intervals = sorted((float(a), float(b)) for a, b in busy)
+    for start, end in intervals:
+        if not end > start:
+            raise ControllerError(f"a busy interval must end after it starts, got ({start}, {end})")
+    if guard_s < 0:
+        raise ControllerError(f"guard band must be >= 0 s, got {guard_s}")
+    if len(intervals) < min_periods + 1:
+        return None
+    starts = [start for start, _ in intervals]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    period = statistics.median(gaps)
+    if period <= 0:
+        return None
+    spans = [end - start for start, end in intervals]
+    origin = starts[-1]
+    drift = [start - (origin - (len(starts) - 1 - i) * period) for i, start in enumerate(starts)]
+    guard = guard_s + (max(drift) - min(drift)) + (max(spans) - min(spans))
+    open_at, close_at = max(spans) + guard, period - guard
+    if close_at - open_at < min_window_s:
+        return None
+    return SendWindows(origin, period, ((open_at, close_at),))
