@@ -29,6 +29,7 @@ from mccl.runtime.calls import CallLog
 from mccl.runtime.collectives import Collectives
 from mccl.runtime.hotswap import ControlChannel, SwapRecord, SwapThread, agree, encode, staged_payload
 from mccl.runtime.plan import RankPlan, build_plan
+from mccl.runtime.sendgate import SendGate
 from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetrySink
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
 from mccl.runtime.transport import Transport
@@ -65,6 +66,7 @@ class Communicator(Collectives):
         self.topology = topology
         self.driver = driver
         self.check = check  # the pre-flight agreement of every collective (mccl.runtime.agreement)
+        self.send_gate: SendGate | None = None  # a time-shared tenant's gate (mccl.runtime.sendgate, MCCS TS)
         self.calls = CallLog()  # which path ran each call (mccl.runtime.calls)
         self._installed: dict[Collective, Installed] = {}
         self._staged: dict[Collective, dict[int, Installed]] = {}
@@ -275,7 +277,7 @@ class Communicator(Collectives):
         if self._meters is not None:
             self._meters.seq = seq
         executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
-                         layout_cache=installed.layouts, driver=self.driver)
+                         layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate)
 
     # ---- telemetry and shutdown -------------------------------------------------------
     @property

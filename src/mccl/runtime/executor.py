@@ -37,6 +37,7 @@ from mccl.runtime.buffers import (
 )
 from mccl.runtime.drivers import DRIVERS, ExchangeStep
 from mccl.runtime.plan import RankPlan, slice_plan, slice_spans
+from mccl.runtime.sendgate import SendGate
 from mccl.runtime.telemetry import Meters
 from mccl.runtime.transport import Transport
 from mccl.schedule import Collective
@@ -49,13 +50,14 @@ __all__ = ["Buffers", "Bound", "ExchangeStep", "bind", "regions", "execute", "de
 
 def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int = 0,
             meters: Meters | None = None, layout_cache: dict | None = None, driver: str | None = None,
-            slice_bytes: float = SLICE_BYTES, max_slices: int = MAX_SLICES) -> None:
+            slice_bytes: float = SLICE_BYTES, max_slices: int = MAX_SLICES, gate: SendGate | None = None) -> None:
     """Run ``plan`` once over ``buffers``; blocks until this rank's part is done.
 
     ``driver``: ``"eager"``, ``"exchange"`` (gloo only) or ``"stepwise"``; default:
     :func:`default_driver`. ``layout_cache``: a dict kept with the plan, where the
     per-size work (:class:`Bound`, the sliced plan) is cached. ``slice_bytes``,
     ``max_slices``: the pipelining rule (module docstring); every rank must use the same.
+    ``gate``: a time-shared job's send gate (:mod:`mccl.runtime.sendgate`), asked before any send is posted.
     """
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
@@ -73,6 +75,8 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
     program = bound.programs.get(chosen)
     if program is None:
         program = bound.programs[chosen] = runner.prepare(plan, bound, buffers)
+    if gate is not None:
+        gate.wait(seq)
     runner.run(program, transport, allocate(buffers, bound), buffers, seq=seq, meters=meters)
     if buffers.finish is not None:
         buffers.finish()
