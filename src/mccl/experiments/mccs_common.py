@@ -101,10 +101,17 @@ class ComparisonReport:
     assumptions: tuple[str, ...] = ()
     events: tuple[tuple[float, str], ...] = ()
 
-    columns: tuple[str, ...] = ("MCCS figure", "ours", "paper", "ours / paper (±15 %)")
+    @property
+    def columns(self) -> tuple[str, ...]:
+        if not self.comparisons:
+            return self.detail_columns
+        return ("MCCS figure", "ours", "paper", "ours / paper (±15 %)")
 
     @property
     def cells(self) -> tuple[tuple[str, ...], ...]:
+        """The comparisons with the paper; a scenario the paper has no figure for: its detail."""
+        if not self.comparisons:
+            return self.detail
         return tuple(c.cells() for c in self.comparisons)
 
     def plot(self, out_dir: Path) -> Path:
@@ -115,6 +122,10 @@ class ComparisonReport:
         import matplotlib.pyplot as plt
 
         out_dir.mkdir(parents=True, exist_ok=True)
+        if not self.comparisons:
+            path = out_dir / f"{self.name}.csv"
+            path.write_text("\n".join(",".join(row) for row in (self.detail_columns, *self.detail)) + "\n")
+            return path
         figure, axes = plt.subplots(figsize=(max(4.0, 1.2 * len(self.comparisons)), 3.2))
         x = range(len(self.comparisons))
         scale = [(1 + c.ours / 100, 1 + c.paper / 100) if c.unit == "%" else (c.ours, c.paper) for c in self.comparisons]

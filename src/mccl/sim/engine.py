@@ -175,7 +175,7 @@ class _Engine:
         if self.launches:
             upcoming = min(upcoming, self.launches[0][0])
         if self.gates.by_run:
-            upcoming = min(upcoming, self.gates.next_open(self.runs, now))
+            upcoming = min(upcoming, self.gates.next_open(self.runs, now, self.options.time_tolerance * max(now, 1e-6)))
         if math.isinf(upcoming):  # the hook only swaps future launches: it cannot unblock a stall
             raise MCCLError(f"simulation stalled at t={now:.9g} s: {self._stall_report()}")
         return max(min(upcoming, self.next_hook), now)

@@ -48,11 +48,16 @@ class GateBook:
         self.held += 1
         return True
 
-    def next_open(self, slots: Iterable[int], now: float) -> float:
-        """When the first of the held collectives ``slots`` may start sending again (inf: none held)."""
+    def next_open(self, slots: Iterable[int], now: float, tolerance: float) -> float:
+        """When the first of the held collectives ``slots`` may start sending again (inf: none held).
+
+        Asked at ``now + tolerance``, as :meth:`closed` is, and never before it: a window edge
+        computed in floating point may land a rounding error before itself, and the engine
+        must move on."""
         upcoming = math.inf
+        probe = now + tolerance
         for slot in slots:
             gate = self.by_run.get(slot)
-            if gate is not None and not gate.is_open(now):
-                upcoming = min(upcoming, gate.next_open(now))
+            if gate is not None and not gate.is_open(probe):
+                upcoming = min(upcoming, max(gate.next_open(probe), probe))
         return upcoming

@@ -19,7 +19,10 @@ changes which flows share a link). A path running under ``degraded_fraction`` of
 reference is degraded. A *core* link (switch to switch — the only links a path choice
 can avoid: a GPU's own NIC is on every route it has) crossed by a degraded path and by
 no healthy one is measured at the sum of the rates of the paths crossing it — what the
-saturated link delivers. Re-planning then runs the same policy on the measured
+saturated link delivers. Path telemetry cannot tell apart two links that the same paths
+(and only they) cross: both are measured slow, a conservative choice (the plan avoids
+both). A measured capacity only goes down; a repaired link is not noticed (that would
+need a probe on it: future work). Re-planning then runs the same policy on the measured
 capacities: FFA's excess demand steers flows off the slow link, PFA reserves the
 healthiest planes for the top priority, so priorities are kept. Every job whose plan
 changed gets a new version; the others keep theirs.
@@ -57,6 +60,21 @@ class PathRate:
     dst: str
     route: tuple[int, ...]
     gbps: float
+
+
+def _same_rhythm(old: SendWindows | None, new: SendWindows | None, tolerance: float = 0.02) -> bool:
+    """True when ``new`` is ``old`` up to ``tolerance`` of a period in period, phase and window edges:
+    then the time-shared job keeps its gate and its plan's version (no churn on every busy interval)."""
+    if old is None or new is None or len(old.windows) != len(new.windows):
+        return False
+    slack = tolerance * old.period_s
+    if abs(old.period_s - new.period_s) > slack:
+        return False
+    phase = (new.origin_s - old.origin_s) % old.period_s
+    if min(phase, old.period_s - phase) > slack:
+        return False
+    return all(abs(a - c) <= slack and abs(b - d) <= slack for (a, b), (c, d) in zip(old.windows, new.windows,
+                                                                                     strict=True))
 
 
 class TenancyController:
@@ -158,7 +176,12 @@ class TenancyController:
             if job.priority == top and self.busy.get(name):
                 windows = idle_windows(self.busy[name], guard_s=self.guard_s)
                 break
-        return {name: windows for name in self.time_shared if name in self.jobs}
+        gates = {}
+        for name in self.time_shared:
+            if name in self.jobs:
+                old = self.plans[name].gate if name in self.plans else None
+                gates[name] = old if _same_rhythm(old, windows) else windows
+        return gates
 
     def _assign(self, flows: list[Flow], gates: dict[str, SendWindows | None]) -> tuple[Assignment, frozenset[str]]:
         if self.policy is Policy.ECMP:

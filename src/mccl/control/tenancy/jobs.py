@@ -75,4 +75,5 @@ class JobPlan:
 
     def same_strategy(self, other: JobPlan) -> bool:
         """True when ``other`` would run exactly as this plan (so it needs no new version)."""
-        return self.routes == other.routes and self.gate == other.gate and self.rings == other.rings
+        return (self.routes == other.routes and self.gate == other.gate and self.rings == other.rings
+                and self.reserved == other.reserved)

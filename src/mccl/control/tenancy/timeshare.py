@@ -12,12 +12,13 @@ consecutive busy intervals it estimates
   interval per iteration, first start to last end);
 * the **busy span** — the longest observed interval: the part of every period from
   its start during which the job communicates;
-* the **guard band** — ``guard_s`` plus the spread (max − min) of the observed
-  starts' deviation from a strict period and of the busy spans, at both ends of the
-  idle window, so a late start or a slow collective stays clear of the borrowers.
+* the **guard band** — ``guard_s`` (the provider's margin: at least the time a borrower's
+  send in flight takes to drain, since a gate holds sends but cannot recall one) plus the
+  spread (max − min) of the observed starts' deviation from a strict period, so a late
+  start stays clear of the borrowers.
 
 The idle window is ``[busy + guard, period − guard)`` of every period, phase-locked to
-the latest observed start. A gated job starts sends only inside it
+the latest observed start (the busy span is already the longest seen). A gated job starts sends only inside it
 (:class:`mccl.telemetry.SendWindows`, enforced by :mod:`mccl.sim.sendgate` and
 :mod:`mccl.runtime.sendgate`). When the window is too short (under ``min_window_s``)
 there is nothing to share: ``None``.
@@ -53,7 +54,7 @@ def idle_windows(busy: Sequence[tuple[float, float]], *, guard_s: float = 1e-3, 
     spans = [end - start for start, end in intervals]
     origin = starts[-1]
     drift = [start - (origin - (len(starts) - 1 - i) * period) for i, start in enumerate(starts)]
-    guard = guard_s + (max(drift) - min(drift)) + (max(spans) - min(spans))
+    guard = guard_s + (max(drift) - min(drift))
     open_at, close_at = max(spans) + guard, period - guard
     if close_at - open_at < min_window_s:
         return None
