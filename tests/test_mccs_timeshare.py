@@ -1,0 +1,80 @@
+"""TS (MCCS §3.3): idle windows learned from a job's busy intervals, the executor's send gate, and the
+loop in the simulator (windows from the prioritized job's telemetry while it runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mccl.control.tenancy import idle_windows
+from mccl.errors import ControllerError
+from mccl.runtime.launch import run_ranks
+from mccl.runtime.sendgate import SendGate
+from mccl.telemetry import SendWindows
+
+
+def test_idle_windows_from_busy_intervals():
+    busy = [(1.0 + 0.5 * i, 1.1 + 0.5 * i) for i in range(6)]  # 100 ms busy every 500 ms
+    windows = idle_windows(busy, guard_s=0.01)
+    assert windows is not None
+    assert windows.period_s == pytest.approx(0.5) and windows.origin_s == pytest.approx(3.5)
+    ((start, end),) = windows.windows
+    assert start == pytest.approx(0.11) and end == pytest.approx(0.49)
+    assert not windows.is_open(3.55) and windows.is_open(3.7) and not windows.is_open(4.0)
+    jittered = [(a + (0.02 if i == 2 else 0.0), b + (0.02 if i == 2 else 0.0)) for i, (a, b) in enumerate(busy)]
+    wider = idle_windows(jittered, guard_s=0.01)
+    assert wider is not None and wider.windows[0][0] > start  # a late start widens the guard band
+    assert idle_windows(busy[:3]) is None  # too few periods observed
+    assert idle_windows([(0.0, 0.49), (0.5, 0.99), (1.0, 1.49), (1.5, 1.99)], guard_s=0.01) is None  # no idle time
+    with pytest.raises(ControllerError, match="after it starts"):
+        idle_windows([(1.0, 1.0)] * 4)
+
+
+def test_executor_gate_waits_for_the_window_with_a_fake_clock():
+    now = [10.05]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    gate = SendGate(SendWindows(0.0, 1.0, ((0.5, 0.6),)), clock=lambda: now[0], sleep=sleep)
+    assert gate.wait(0) == pytest.approx(0.45) and now[0] == pytest.approx(10.5)
+    assert gate.wait(1) == 0.0  # already open
+    gate.update(None, from_seq=5)
+    now[0] = 11.0
+    assert gate.wait(4) == pytest.approx(0.5)  # seq 4 still gated
+    assert gate.wait(5) == 0.0  # from seq 5 on, not gated
+    assert gate.held == 2
+
+
+def _gated_rank(rank: int, world: int) -> dict:
+    import torch
+
+    from mccl.runtime import init
+    from mccl.runtime.sendgate import SendGate
+    from mccl.synth.ring import naive_ring
+    from mccl.telemetry import SendWindows
+    from mccl.topology import rail_optimized
+
+    topology = rail_optimized(1, 2, 1)
+    comm = init(topology=topology, schedules=[naive_ring(topology, "allgather")], hot_swap=False)
+    source = torch.full((1024,), rank, dtype=torch.int32)
+    output = torch.empty(1024 * world, dtype=torch.int32)
+    comm.all_gather_into_tensor(output, source)
+    comm.send_gate = SendGate(SendWindows(0.0, 0.4, ((0.3, 0.35),)))  # wall clock: 50 ms in every 400 ms
+    comm.all_gather_into_tensor(output, source)
+    expected = torch.arange(world, dtype=torch.int32).repeat_interleave(1024)
+    comm.close()
+    return {"exact": bool(torch.equal(output, expected)), "held": comm.send_gate.held,
+            "waited": comm.send_gate.waited_s}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_executor_posts_sends_only_inside_the_window():
+    results = run_ranks(_gated_rank, 2, timeout_s=90)
+    for result in results:
+        assert result["exact"]
+        assert result["waited"] <= 0.4  # at most one period
+    assert any(result["held"] for result in results)  # at least one rank arrived outside the window
