@@ -147,3 +147,22 @@ def test_a_degraded_spine_link_is_found_and_every_tenant_crossing_it_replanned(f
     assert all(slow not in route for route in changed["a"].routes.values())
     assert not controller.replan()  # nothing new: no new versions
     assert np.all(controller.capacities <= fabric.capacities_gbps)
+
+
+def test_plans_reach_executors_through_the_schedule_manager(fabric):
+    from mccl.control import ScheduleManager
+    from mccl.schedule import loads_schedule
+
+    manager = ScheduleManager(fabric)
+    controller = TenancyController(fabric, Policy.FFA)
+    controller.register(TenantJob("a", INTERLEAVED))
+    assert controller.publish(manager) == {"a": 1}
+    version, text = manager.latest("a", "allreduce")
+    assert version == 1 and schedule_routes(loads_schedule(text)) == controller.plans["a"].routes
+    controller.ecmp_salt = next(str(s) for s in range(16)  # a salt under which ECMP collides: other routes
+                                if TenancyController(fabric, Policy.ECMP, ecmp_salt=str(s)).register(
+                                    TenantJob("a", INTERLEAVED))["a"].routes != controller.plans["a"].routes)
+    changed = controller.set_policy(Policy.ECMP)  # a strategy change: a newer version, fetched like any re-synthesis
+    assert controller.publish(manager, changed) == {"a": 2}
+    assert manager.latest("a", "allreduce")[0] == 2
+    assert controller.publish(manager, {}) == {}

@@ -26,6 +26,13 @@ need a probe on it: future work). Re-planning then runs the same policy on the m
 capacities: FFA's excess demand steers flows off the slow link, PFA reserves the
 healthiest planes for the top priority, so priorities are kept. Every job whose plan
 changed gets a new version; the others keep theirs.
+
+To executors, a plan goes the way every schedule does (:meth:`TenancyController.publish`):
+registered with the :class:`~mccl.control.manager.ScheduleManager` under the job's name as
+communicator, at a version above any it holds, so ranks fetch it and switch by the runtime's
+(min version, max seq) agreement. A time-shared job's windows go to its ranks'
+:class:`mccl.runtime.sendgate.SendGate` (``update(windows, from_seq)``); carrying them over
+the controller channel is not built yet.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mccl.control.manager import ScheduleManager
 from mccl.control.tenancy.assign import Assignment, ecmp_assign, ffa_assign, pfa_assign
 from mccl.control.tenancy.flows import Flow, job_flows
 from mccl.control.tenancy.jobs import JobPlan, Policy, TenantJob
@@ -165,6 +173,17 @@ class TenancyController:
             names = ", ".join(f"{self.topology.links[i].src}->{self.topology.links[i].dst}" for i in sorted(newly))
             self.events.append(f"degraded: {names}")
         return newly
+
+    def publish(self, manager: ScheduleManager, plans: dict[str, JobPlan] | None = None) -> dict[str, int]:
+        """Register ``plans`` (default: all current ones) with ``manager``; returns the version each got
+        (the plan's, or one above the manager's active version for that job and collective)."""
+        published = {}
+        for name, plan in (self.plans if plans is None else plans).items():
+            active = manager.latest(name, plan.schedule.collective)
+            version = max(plan.version, (active[0] + 1) if active else 0)
+            published[name] = manager.register(name, plan.schedule.with_meta(version=version),
+                                                size_bytes=self.jobs[name].profile.size_bytes)
+        return published
 
     # -- planning -----------------------------------------------------------------------
     def _gates(self) -> dict[str, SendWindows | None]:
