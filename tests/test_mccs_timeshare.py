@@ -78,3 +78,25 @@ def test_the_executor_posts_sends_only_inside_the_window():
         assert result["exact"]
         assert result["waited"] <= 0.4  # at most one period
     assert any(result["held"] for result in results)  # at least one rank arrived outside the window
+
+
+def test_windows_from_live_telemetry_samples():
+    from mccl.control.tenancy import TenancyController, TenantJob
+    from mccl.telemetry import Sample
+    from mccl.topology import spine_leaf
+
+    controller = TenancyController(spine_leaf(2, 2, 2, 2, 100, 50), "pfa+ts", time_shared=("b",), guard_s=0.01)
+    controller.register(TenantJob("a", ("gpu0", "gpu4"), priority=1))
+    controller.register(TenantJob("b", ("gpu1", "gpu5")))
+    assert controller.plans["b"].gate is None  # nothing observed yet: b runs as under PFA
+    samples = [Sample("inter", "a", rank, 1 - rank, 10**8, 0.05 + 0.01 * rank, 100.0 + 0.5 * seq + 0.1, seq)
+               for seq in range(6) for rank in (0, 1)]  # each collective busy ~100.5 s·k + [0.04, 0.1]
+    assert controller.observe_samples("a", samples) == 6
+    changed = controller.replan()
+    gate = changed["b"].gate
+    assert gate is not None and gate.period_s == pytest.approx(0.5)
+    assert not gate.is_open(102.55) and gate.is_open(102.8)
+    # b now borrows a's reserved spine, inside a's idle windows only
+    reserved = changed["b"].reserved
+    assert any(set(reserved) & {controller.topology.links[link].dst for link in route}
+               for route in changed["b"].routes.values())

@@ -52,7 +52,7 @@ from mccl.errors import ControllerError
 from mccl.schedule import Schedule
 from mccl.synth.common import describe_on
 from mccl.synth.ring import locality_ring
-from mccl.telemetry import SendWindows
+from mccl.telemetry import Sample, SendWindows
 from mccl.topology import Topology
 from mccl.topology.model import NodeKind
 
@@ -146,6 +146,21 @@ class TenancyController:
         history = self.busy.setdefault(job, [])
         history.append((start_s, end_s))
         del history[:-16]  # the recent periods: a job's rhythm may change
+
+    def observe_samples(self, job: str, samples: Iterable[Sample]) -> int:
+        """The prioritized job's live telemetry (:class:`mccl.telemetry.Sample`, wall clock): each
+        collective's busy interval is the span of its samples' windows (grouped by sequence number),
+        from the first window's start to the last window's end. Returns the intervals added."""
+        spans: dict[int, list[float]] = {}
+        for sample in samples:
+            if sample.seconds <= 0:
+                continue
+            begin, end = sample.end_time - sample.seconds, sample.end_time
+            span = spans.setdefault(sample.seq, [begin, end])
+            span[0], span[1] = min(span[0], begin), max(span[1], end)
+        for seq in sorted(spans):
+            self.observe_busy(job, *spans[seq])
+        return len(spans)
 
     def observe_paths(self, rates: Iterable[PathRate]) -> set[int]:
         """Per-path throughput; returns the core links newly measured degraded (module docstring)."""
