@@ -12,9 +12,12 @@ Inputs the summary does not give, assumed here and stated in every report:
   the tenant's ranks interleave the racks (hosts 0, 2, 1, 3): every ring hop between hosts
   crosses racks, the worst case of MCCS §2 (cross-rack ratio 2).
 * **ECMP.** Switches hash each connection's 5-tuple; its UDP source port is arbitrary per
-  connection (:func:`mccl.sim.ecmp.source_port`). A baseline figure is the mean algbw over
-  ``draws`` draws of the source ports — fresh communicators; the paper's runs average over
-  runs, how many communicators it drew is not stated.
+  connection, so every assignment of the connections to their equal-cost routes is equally
+  likely. A single job's baseline figure is the *expected* algbw over that draw, exact: the
+  mean over every assignment (:func:`ecmp_expectation`, up to 256 of them; above, a uniform
+  sample of 256). Several jobs together: the mean over ``draws`` draws of the hashed source
+  ports (:func:`mean_over_draws`). The paper's runs average over runs; how many communicators
+  (draws) it made is not stated.
 * **Channels.** As NCCL on these hosts: one ring channel per GPU of the widest host (1 at 4
   GPUs, one GPU per host; 2 at 8 GPUs).
 * **Link rates.** The simulator runs links at line rate (the testbed reached ~83 %, see
@@ -24,6 +27,8 @@ Inputs the summary does not give, assumed here and stated in every report:
 
 from __future__ import annotations
 
+import itertools
+import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,11 +36,11 @@ from pathlib import Path
 
 from mccl.schedule import Schedule
 from mccl.sim import CollectiveOp, Job, SimOptions, simulate
-from mccl.sim.ecmp import AS_SCHEDULED, EcmpPaths, PathPolicy
+from mccl.sim.ecmp import AS_SCHEDULED, EcmpPaths, PathPolicy, PinnedPaths, fabric_routes
 from mccl.topology import Topology, spine_leaf
 
 __all__ = ["testbed", "interleaved_ranks", "Comparison", "ComparisonReport", "mean_over_draws", "run_alone",
-           "TOLERANCE", "MB"]
+           "ecmp_expectation", "TOLERANCE", "MB"]
 
 MB = 10**6  # the paper's sizes are decimal megabytes (nccl-tests prints MB)
 TOLERANCE = 0.15  # issue 16: each MCCS number within ±15 %, or the difference explained
@@ -61,6 +66,32 @@ def run_alone(fabric: Topology, schedule: Schedule, size_bytes: float, paths: Pa
 def mean_over_draws(measure: Callable[[PathPolicy], float], draws: int) -> float:
     """Mean of ``measure(EcmpPaths(salt))`` over ``draws`` ECMP draws (module docstring)."""
     return statistics.fmean(measure(EcmpPaths(f"draw{i}")) for i in range(draws))
+
+
+def ecmp_expectation(fabric: Topology, schedule: Schedule, size_bytes: float, *, max_assignments: int = 256,
+                     seed: int = 16) -> float:
+    """Expected algbw (GB/s) of ``schedule`` alone when each connection takes one of its equal-cost
+    routes uniformly at random (ideal ECMP): the mean over every assignment, or over a uniform
+    sample of ``max_assignments`` when there are more."""
+    transfers = schedule.transfers
+    pairs = sorted({(schedule.ranks[int(a)], schedule.ranks[int(b)])
+                    for a, b in zip(transfers.sender, transfers.receiver, strict=True)})
+    choices = {pair: fabric_routes(fabric, *pair) for pair in pairs}
+    varying = [pair for pair in pairs if len(choices[pair]) > 1]
+    total = 1
+    for pair in varying:
+        total *= len(choices[pair])
+    if total <= max_assignments:
+        assignments = list(itertools.product(*(choices[pair] for pair in varying)))
+    else:
+        rng = random.Random(seed)
+        assignments = [tuple(rng.choice(choices[pair]) for pair in varying) for _ in range(max_assignments)]
+    fixed = {pair: choices[pair][0] for pair in pairs if len(choices[pair]) == 1}  # host-local pairs: the host
+
+    def pinned(routes: tuple[tuple[int, ...], ...]) -> PinnedPaths:
+        return PinnedPaths.of({**fixed, **dict(zip(varying, routes, strict=True))})
+
+    return statistics.fmean(run_alone(fabric, schedule, size_bytes, pinned(routes)) for routes in assignments)
 
 
 @dataclass(frozen=True)
