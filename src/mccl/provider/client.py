@@ -3,8 +3,9 @@
 :class:`ProviderClient` speaks :mod:`.protocol`: ``hello`` at the service's main endpoint, then
 every request on the session's own endpoint. A reply ``error`` is raised as its :mod:`.errors`
 class, so ``except BadReference`` works across the socket. Every wait is bounded by
-``timeout_s``; after an unanswered request the socket is rebuilt, so a late reply is never taken
-for the next request's. The torch API (:mod:`.shim`) is built on it; a tenant without torch (or a
+``timeout_s``; a late reply is recognized by its id and skipped. The session lives as long as this
+client's one connection to it: the service ends it (frees the memory, leaves the jobs) when the
+connection drops, and authenticates no second one. The torch API (:mod:`.shim`) is built on it; a tenant without torch (or a
 test's hostile tenant, which sends garbage through :meth:`ProviderClient.send_raw`) uses it directly.
 """
 
@@ -58,6 +59,9 @@ class ProviderClient:
         main = self._connect(endpoint)
         try:
             hello = self._ask(main, {"op": "hello", "pid": os.getpid()}, timeout_s)
+        except TimeoutError as error:  # a wrong key looks like this too: libzmq drops the handshake silently
+            self._context.destroy(linger=0)
+            raise ProviderError(f"{error} (is this tenant's credential one the service accepts?)") from None
         finally:
             main.close(linger=0)
         self.endpoint: str = hello["endpoint"]
@@ -92,9 +96,7 @@ class ProviderClient:
         """One request on the session (``message`` without ``v``/``id``); the reply, or the error raised."""
         try:
             return self._ask(self._socket, message, self.timeout_s if timeout_s is None else timeout_s)
-        except TimeoutError as error:
-            self._socket.close(linger=0)  # the late reply goes with it
-            self._socket = self._connect(self.endpoint)
+        except TimeoutError as error:  # the connection stays (the session lives as long as it does)
             raise ProviderError(str(error)) from None
 
     def send_raw(self, frame: bytes, timeout_s: float = 5.0) -> dict[str, Any] | None:

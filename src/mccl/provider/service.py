@@ -167,6 +167,11 @@ class ProviderService:
         with self._stats_lock:
             self.stats[name] = self.stats.get(name, 0) + amount
 
+    def seal_session(self, session_id: int) -> None:
+        """The session's tenant has connected: its endpoint authenticates nobody else from now on."""
+        if self._authenticator is not None:
+            self._keys.by_domain[f"session-{session_id}"] = {}
+
     def session_ended(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)

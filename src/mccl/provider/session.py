@@ -15,10 +15,12 @@ completes on this side (the service holds the mapping), so the job's other ranks
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import zmq
@@ -26,7 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from mccl.provider.errors import BadReference, BadRequest, JobFailed, ProviderError, QuotaExceeded
 from mccl.provider.jobs import TORCH_DTYPES, Job, JobSpec
-from mccl.provider.memory import Segment
+from mccl.provider.memory import Registry, Segment
 from mccl.provider.protocol import (
     DTYPES,
     KINDS,
@@ -39,21 +41,45 @@ from mccl.provider.protocol import (
     name_field,
 )
 
-if TYPE_CHECKING:
-    from mccl.provider.service import ProviderService
-
-__all__ = ["Session"]
+__all__ = ["Session", "SessionHost"]
 
 log = logging.getLogger("mccl.provider")
 
 _POLL_MS = 100
+_CONNECT_S = 30.0  # a session whose tenant does not connect within this is ended
 _VIEW_CACHE = 64  # tensors kept per session, by (allocation, offset, length, dtype): a repeated call skips frombuffer
+
+
+class SessionHost(Protocol):
+    """What a session uses of its service (:class:`~mccl.provider.service.ProviderService`)."""
+
+    context: zmq.Context
+    secret: Any
+    run_dir: str
+    registry: Registry
+    config: Any
+    host: int
+    hosts: int
+    store: Any
+    stopping: bool
+
+    def count(self, name: str, amount: int = 1) -> None: ...
+
+    def user_id(self, tenant: str) -> str: ...
+
+    def claim_job(self, spec: JobSpec, session_id: int) -> contextlib.AbstractContextManager[None]: ...
+
+    def release_job(self, spec: JobSpec) -> None: ...
+
+    def seal_session(self, session_id: int) -> None: ...
+
+    def session_ended(self, session: Session) -> None: ...
 
 
 class Session:
     """See module docstring. Created by the service on ``hello``; runs on its own thread."""
 
-    def __init__(self, service: ProviderService, session_id: int, tenant: str) -> None:
+    def __init__(self, service: SessionHost, session_id: int, tenant: str) -> None:
         self.service = service
         self.session_id = session_id
         self.tenant = tenant
@@ -67,15 +93,17 @@ class Session:
         if service.secret is not None:
             self.socket.zap_domain = f"session-{session_id}".encode()
             service.secret.make_server(self.socket)
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.socket.bind(f"ipc://{service.run_dir}/session-{session_id}.sock")
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "alloc": self._alloc, "attached": self._attached, "free": self._free, "join": self._join,
             "collective": self._collective, "bye": self._bye}
         self._ending = False
-        self._connected = 0
-        self._ever_connected = False
+        self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
+        self._tenant_fds: set[int] | None = None  # the tenant's connection, once authenticated
+        self._created = time.monotonic()
         self.thread = threading.Thread(target=self._run, name=f"mccl-session-{session_id}", daemon=True)
 
     def start(self) -> None:
@@ -93,25 +121,37 @@ class Session:
                     self._connection_events()
                 if self.socket in ready:
                     self._drain()
+                if self._tenant_fds is None and time.monotonic() - self._created > _CONNECT_S:
+                    self.service.count("sessions_lost")  # said hello, never connected to its session
+                    self._ending = True
         except Exception:  # a bug here must end this session only, never the service
             log.exception("mccl provider: session %d of tenant %r failed", self.session_id, self.tenant)
         finally:
             self._end()
 
     def _connection_events(self) -> None:
+        """Follow the tenant's connection by its file descriptor (see :meth:`_run`)."""
         while True:
             try:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected += 1
-                self._ever_connected = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
-                self._connected -= 1
-                if self._connected == 0:  # the tenant process is gone (or hung up): end the session
-                    self.service.count("sessions_lost")
-                    self._ending = True
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                self._pending.add(fd)
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and self._tenant_fds is None:
+                # the first authenticated connection is the tenant's; the domain takes no other from now on.
+                # (Were another connection accepted in the same instant, both count: a stranger can only
+                # delay the end of a session, never cause it.)
+                self._tenant_fds, self._pending = set(self._pending), set()
+                self.service.seal_session(self.session_id)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._pending.discard(fd)
+                if self._tenant_fds is not None and fd in self._tenant_fds:
+                    self._tenant_fds.discard(fd)
+                    if not self._tenant_fds:  # the tenant process is gone (exit, crash, SIGKILL)
+                        self.service.count("sessions_lost")
+                        self._ending = True
 
     def _drain(self) -> None:
         while not self._ending:
