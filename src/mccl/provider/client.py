@@ -36,6 +36,7 @@ class Allocation:
     alloc_id: int
     nbytes: int
     buffer: mmap.mmap = field(repr=False)
+    path: str = ""  # the name it had under /dev/shm until this process mapped it (unlinked since)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class ProviderClient:
         reply = self.request({"op": "alloc", "nbytes": nbytes})
         buffer = map_segment(reply["path"], reply["nbytes"])
         self.request({"op": "attached", "alloc": reply["alloc"]})
-        allocation = Allocation(reply["alloc"], reply["nbytes"], buffer)
+        allocation = Allocation(reply["alloc"], reply["nbytes"], buffer, reply["path"])
         self.allocations[allocation.alloc_id] = allocation
         return allocation
 
