@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 
 import pytest
 from hypothesis import given
@@ -103,17 +102,22 @@ def test_quotas_and_ids_are_never_reused(registry):
         registry.resolve("alice", [first.alloc_id, 0, 1])
 
 
-def test_a_segment_is_private_and_nameless_once_unlinked(registry):
+def test_a_segment_is_sealed_and_nameless_once_the_tenant_mapped_it(registry):
     segment = registry.allocate("alice", 4096)
-    assert stat.S_IMODE(os.stat(segment.path).st_mode) == 0o600
-    mapped = map_segment(segment.path, 4096)  # the tenant's side
+    descriptor = os.open(segment.path, os.O_RDWR)  # the tenant's side: it could try to shrink the file
+    with pytest.raises(OSError):
+        os.ftruncate(descriptor, 0)  # sealed: the service's mapping can never fault
+    with pytest.raises(OSError):
+        os.ftruncate(descriptor, 8192)
+    os.close(descriptor)
+    mapped = map_segment(segment.path, 4096)
+    path = segment.path
     segment.unlink()
-    assert not segment.path.exists()
     mapped[:4] = b"abcd"
     assert segment.buffer[:4] == b"abcd"  # the same memory, reachable by the two mappings only
     mapped.close()
     with pytest.raises(FileNotFoundError):
-        map_segment(segment.path, 4096)
+        map_segment(path, 4096)
 
 
 @pytest.mark.parametrize("frame", [b"", b"\xff\xfe", b"[]", b"nan", b'{"v":1}', b'{"v":2,"op":"alloc"}',

@@ -97,10 +97,10 @@ def _hostile(endpoint: str, secret_hex: str, canary_in, reports) -> None:
 
     secret = JobSecret.from_hex(secret_hex)
     theirs, their_session, their_path = canary_in.get(timeout=120)
-    try:  # the segment's name is gone once its owner mapped it: nobody can open it
-        open(their_path, "rb").close()
-        opened = True
-    except FileNotFoundError:
+    try:  # where the canary was opened from: closed once its owner mapped it (the number may be reused)
+        with open(their_path, "rb") as handle:
+            opened = handle.read(len(SEED_PATTERN)) == SEED_PATTERN
+    except OSError:
         opened = False
     client = ProviderClient(endpoint, tenant_credential(secret, "hostile"), timeout_s=60)
     joined = client.join("h", [0])

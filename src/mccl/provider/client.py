@@ -36,7 +36,7 @@ class Allocation:
     alloc_id: int
     nbytes: int
     buffer: mmap.mmap = field(repr=False)
-    path: str = ""  # the name it had under /dev/shm until this process mapped it (unlinked since)
+    path: str = ""  # where it was opened (the service's descriptor, closed once this process mapped it)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
 """Tenant buffers in shared memory, and the check of every reference a tenant sends (MCCS §3.1).
 
 The service allocates each tenant buffer (as MCCS allocates the tenant's GPU buffers and hands out
-CUDA IPC handles): a POSIX shared-memory file under ``/dev/shm`` with a random 128-bit name, mode
-0600, that the tenant maps by name and the service unlinks as soon as the tenant says it has mapped
-it (or when the session ends). From then on the segment has no name at all: another process cannot
-open it, only the two mappings hold it. A collective names its buffers by
-:class:`Ref` (allocation id, byte offset, byte length), never by address.
+CUDA IPC handles): an anonymous shared-memory file (``memfd_create``) whose pages are reserved at
+once (``posix_fallocate``: a full tmpfs is an error here, not a SIGBUS in the service when a
+collective first touches the page) and *sealed* against shrinking and growing (``F_SEAL_SHRINK |
+F_SEAL_GROW | F_SEAL_SEAL``: a tenant that truncated a buffer under the service's mapping would make
+the service's next access fault — a crash of every tenant's service). The tenant opens it once
+through ``/proc/<service pid>/fd/<fd>`` and maps it; when the tenant says it has (``attached``), or
+the session ends, the service closes that descriptor, and the file has no name left at all: only
+the two mappings hold it. A collective names its buffers by :class:`Ref` (allocation id, byte
+offset, byte length), never by address.
 
 :meth:`Registry.resolve` is the only way from a tenant's reference to memory, and it refuses
 (:class:`~mccl.provider.errors.BadReference`) a reference that is not three non-negative integers,
@@ -14,27 +18,29 @@ probe for others' ids), or is not wholly inside the allocation (checked as ``len
 after ``offset <= size``: no sum that could overflow in a C reimplementation), or does not fit the
 element type (offset and length multiples of the element size).
 
-Why files and mmap rather than ``multiprocessing.shared_memory``: on Python 3.11 a process that
-*attaches* to a segment registers it with its resource tracker, which unlinks (or warns about) the
-segment when that process exits; ``track=False`` only arrives in 3.13. The service needs neither
-behaviour, and ``os.open`` + ``mmap`` is what ``SharedMemory`` does underneath.
+Why not ``multiprocessing.shared_memory``: it makes named ``/dev/shm`` files, which cannot be
+sealed, so a tenant holding one open could shrink it; and on Python 3.11 a process that *attaches*
+registers the segment with its resource tracker, which unlinks it when that process exits.
+
+Out of scope, as for the controller (:mod:`mccl.control.auth`): a tenant process running as the
+service's own Unix user can read any of the service's memory (``/proc/<pid>/mem``); a provider runs
+the service as a user of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
-import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mccl.provider.errors import BadReference, QuotaExceeded
 
-__all__ = ["SHM_DIR", "Ref", "Segment", "Registry", "map_segment", "MAX_INT"]
+__all__ = ["Ref", "Segment", "Registry", "map_segment", "MAX_INT"]
 
-SHM_DIR = Path("/dev/shm")
 MAX_INT = 2**63 - 1  # the largest offset, length or id a reference may carry (an int64, as a C service reads it)
 
 
@@ -69,32 +75,37 @@ def _show(value: object) -> str:
 
 @dataclass(eq=False)
 class Segment:
-    """One allocation: a shared-memory file the service created and maps."""
+    """One allocation: a sealed memfd the service created and maps (see module docstring)."""
 
     alloc_id: int
     tenant: str
     nbytes: int
-    path: Path
+    fd: int | None  # open until the tenant has mapped it
     buffer: mmap.mmap = field(repr=False)
+
+    @property
+    def path(self) -> Path:
+        """Where the tenant opens it, while :attr:`fd` is open."""
+        return Path(f"/proc/{os.getpid()}/fd/{self.fd}")
 
     @classmethod
     def create(cls, alloc_id: int, tenant: str, nbytes: int) -> Segment:
-        path = SHM_DIR / f"mccl-provider-{secrets.token_hex(16)}"
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        descriptor = os.memfd_create(f"mccl-provider-{alloc_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(descriptor, nbytes)
+            os.posix_fallocate(descriptor, 0, nbytes)
+            fcntl.fcntl(descriptor, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             buffer = mmap.mmap(descriptor, nbytes)
-        except OSError:
-            os.unlink(path)
-            raise
-        finally:
+        except OSError as error:
             os.close(descriptor)
-        return cls(alloc_id, tenant, nbytes, path, buffer)
+            raise QuotaExceeded(f"cannot allocate {nbytes} bytes of shared memory: {error.strerror}") from None
+        return cls(alloc_id, tenant, nbytes, descriptor, buffer)
 
     def unlink(self) -> None:
-        """Remove the name (idempotent): the mappings stay, nobody can open it again."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Close the descriptor the tenant opened it by (idempotent): the mappings stay, nobody can open it again."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def close(self) -> None:
         self.unlink()
@@ -104,7 +115,7 @@ class Segment:
 
 
 def map_segment(path: str | Path, nbytes: int) -> mmap.mmap:
-    """The tenant's side: map a segment the service created, by its name, before the service unlinks it."""
+    """The tenant's side: map a segment the service created, by its path, before the service closes it."""
     descriptor = os.open(path, os.O_RDWR)
     try:
         if os.fstat(descriptor).st_size != nbytes:

@@ -57,7 +57,8 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
 class ServiceConfig:
     """Limits and policies of one service.
 
-    ``max_sessions``: tenant processes served at once. ``max_bytes`` / ``max_allocations``: shared
+    ``max_sessions``: tenant processes served at once; ``max_sessions_per_tenant``: of one tenant (so no
+    tenant can take every session). ``max_bytes`` / ``max_allocations``: shared
     memory one tenant may hold on this host (bytes, live allocations). ``max_jobs``: jobs one session
     may join. ``job_timeout_s``: how long a job's group waits for a peer host (joining, and inside a
     collective) before the job is declared broken. ``strategy``: the per-job policy factory
@@ -66,6 +67,7 @@ class ServiceConfig:
     """
 
     max_sessions: int = 256
+    max_sessions_per_tenant: int = 32
     max_bytes: int = 8 << 30
     max_allocations: int = 1024
     max_jobs: int = 64
@@ -272,6 +274,10 @@ class ProviderService:
         with self._lock:
             if len(self._sessions) >= self.config.max_sessions:
                 raise QuotaExceeded(f"the service serves at most {self.config.max_sessions} tenant processes")
+            if sum(session.tenant == tenant for session in self._sessions.values()) >= \
+                    self.config.max_sessions_per_tenant:
+                raise QuotaExceeded(f"tenant {tenant!r} has {self.config.max_sessions_per_tenant} sessions open, "
+                                    "the most one tenant may")
             session_id = self._next_session
             self._next_session += 1
         if self._authenticator is not None:  # the session's socket takes this tenant's key only
