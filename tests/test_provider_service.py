@@ -188,3 +188,17 @@ def test_a_dropped_connection_ends_the_session_and_frees_its_memory(service):
         again.join("gone", [0])  # the job's rank on this host is free again: a new generation
     finally:
         again.close()
+
+
+def test_one_tenant_cannot_take_every_session():
+    secret = new_secret()
+    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
+                              config=ServiceConfig(max_sessions_per_tenant=1)).start()
+    try:
+        first = ProviderClient(service.address, tenant_credential(secret, "alice"), timeout_s=20)
+        with pytest.raises(ProviderError, match="sessions open"):
+            ProviderClient(service.address, tenant_credential(secret, "alice"), timeout_s=20)
+        ProviderClient(service.address, tenant_credential(secret, "bob"), timeout_s=20).close()
+        first.close()
+    finally:
+        service.stop()

@@ -31,7 +31,7 @@ def _good(host: int, endpoint: str, secret_hex: str, counter, killed, stop, repo
     from mccl.provider.shim import Shim
 
     torch.set_num_threads(1)
-    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "good"), timeout_s=60)
+    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "good"), timeout_s=300)
     canary = shim.alloc(len(SEED_PATTERN))
     canary.buffer[:] = SEED_PATTERN
     if host == 0:
@@ -70,7 +70,7 @@ def _victim(host: int, endpoint: str, secret_hex: str, counter, reports) -> None
     from mccl.provider.client import ProviderClient
     from mccl.provider.errors import ProviderError
 
-    client = ProviderClient(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "victim"), timeout_s=60)
+    client = ProviderClient(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "victim"), timeout_s=300)
     joined = client.join("victim", [0, 1])
     buffer = client.alloc(256 << 10)
     values = np.frombuffer(buffer.buffer, dtype=np.float32)
@@ -102,7 +102,7 @@ def _hostile(endpoint: str, secret_hex: str, canary_in, reports) -> None:
             opened = handle.read(len(SEED_PATTERN)) == SEED_PATTERN
     except OSError:
         opened = False
-    client = ProviderClient(endpoint, tenant_credential(secret, "hostile"), timeout_s=60)
+    client = ProviderClient(endpoint, tenant_credential(secret, "hostile"), timeout_s=300)
     joined = client.join("h", [0])
     mine = client.alloc(4096).alloc_id
     big = 2**63 - 1
@@ -174,7 +174,7 @@ def _hostile(endpoint: str, secret_hex: str, canary_in, reports) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_hostile_and_crashing_tenants_leave_the_good_tenant_exact_and_running():
     from mccl.provider.client import ask_status
     from mccl.provider.launch import start_services
@@ -195,7 +195,7 @@ def test_hostile_and_crashing_tenants_leave_the_good_tenant_exact_and_running():
         for process in processes:
             process.start()
         try:
-            _wait(lambda: victim_count.value >= 5 and good_count.value >= 3, 120, "tenants to start")
+            _wait(lambda: victim_count.value >= 5 and good_count.value >= 3, 200, "tenants to start")
             os.kill(victims[0].pid, signal.SIGKILL)  # in its tight loop: almost surely inside a collective
             killed_at, good_at_kill = time.time(), good_count.value
             killed.set()
@@ -225,7 +225,7 @@ def test_hostile_and_crashing_tenants_leave_the_good_tenant_exact_and_running():
 
     victim = results[("victim", 1)]  # the killed tenant's peer is told, long before the job's 20 s timeout
     assert victim["error"] == "JobFailed", victim
-    assert victim["when"] - killed_at < 15, victim
+    assert victim["when"] - killed_at < 10, victim
 
     hostile = results[("hostile", 0)]
     for name, outcome in hostile["refused"].items():

@@ -52,7 +52,7 @@ class ProviderClient:
     """See module docstring. ``credential``: the tenant's (:func:`~.keys.tenant_credential`), None for an
     unauthenticated in-process service."""
 
-    def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
         self._context = zmq.Context()
@@ -63,6 +63,9 @@ class ProviderClient:
         except TimeoutError as error:  # a wrong key looks like this too: libzmq drops the handshake silently
             self._context.destroy(linger=0)
             raise ProviderError(f"{error} (is this tenant's credential one the service accepts?)") from None
+        except ProviderError:  # refused (e.g. too many sessions)
+            self._context.destroy(linger=0)
+            raise
         finally:
             main.close(linger=0)
         self.endpoint: str = hello["endpoint"]

@@ -79,21 +79,27 @@ class Job:
     """One rank of a tenant's job in this service: its transport group and communicator."""
 
     def __init__(self, spec: JobSpec, host: int, store: dist.Store, *, timeout_s: float = 60.0,
-                 strategy: StrategyFactory | None = None, hot_swap: bool = False) -> None:
+                 join_timeout_s: float = 120.0, strategy: StrategyFactory | None = None,
+                 hot_swap: bool = False) -> None:
         if host not in spec.hosts:
             raise BadRequest(f"job {spec.name!r} spans hosts {list(spec.hosts)}, not this service's host {host}")
         self.spec = spec
+        self.store = store  # this job's own connection (see ProviderService.job_store), kept as long as the group
         self.rank = spec.hosts.index(host)
         self.size = len(spec.hosts)
         prefix = dist.PrefixStore(f"mccl/provider/job/{spec.key}/", store)
         # equal on every host when each host's tenant joins this job the same number of times
         self.generation = int(prefix.add(f"generation/{self.rank}", 1))
         group_store = dist.PrefixStore(f"g{self.generation}/", prefix)
+        # every host's tenant joins when its process gets there (seconds apart on a loaded machine): wait for
+        # all of them with the join timeout first, so the group's own (collective) timeout can stay short
+        group_store.set(f"joined/{self.rank}", b"1")
         try:
+            group_store.wait([f"joined/{rank}" for rank in range(self.size)], timedelta(seconds=join_timeout_s))
             self.group = dist.ProcessGroupGloo(group_store, self.rank, self.size, timedelta(seconds=timeout_s))
-        except RuntimeError as error:  # a host's tenant never joined within the timeout
+        except RuntimeError as error:  # a host's tenant never joined (DistStoreError is a RuntimeError)
             raise JobFailed(f"job {spec.name!r}: the services of hosts {list(spec.hosts)} did not all join "
-                            f"within {timeout_s:g} s ({str(error).splitlines()[0][:160]})") from None
+                            f"within {join_timeout_s:g} s ({str(error).splitlines()[0][:160]})") from None
         control = StoreControl(group_store, "control/", self.rank, self.size) if hot_swap else None
         self.communicator = Communicator(Transport(self.group, backend="gloo"), name=spec.key, control=control,
                                          check=True)

@@ -60,8 +60,9 @@ class ServiceConfig:
     ``max_sessions``: tenant processes served at once; ``max_sessions_per_tenant``: of one tenant (so no
     tenant can take every session). ``max_bytes`` / ``max_allocations``: shared
     memory one tenant may hold on this host (bytes, live allocations). ``max_jobs``: jobs one session
-    may join. ``job_timeout_s``: how long a job's group waits for a peer host (joining, and inside a
-    collective) before the job is declared broken. ``strategy``: the per-job policy factory
+    may join. ``join_timeout_s``: how long a join waits for the job's tenant processes on the other
+    hosts. ``job_timeout_s``: how long a job's collective waits for a peer host before the job is
+    declared broken. ``strategy``: the per-job policy factory
     (:class:`~.jobs.JobStrategy`), None for none. ``hot_swap``: give each job's communicator a
     control channel, so a strategy can stage schedule versions (costs one store poll every 20 ms per job).
     """
@@ -71,6 +72,7 @@ class ServiceConfig:
     max_bytes: int = 8 << 30
     max_allocations: int = 1024
     max_jobs: int = 64
+    join_timeout_s: float = 120.0
     job_timeout_s: float = 60.0
     strategy: StrategyFactory | None = None
     hot_swap: bool = False
@@ -109,6 +111,8 @@ class ProviderService:
         self._jobs: dict[str, int] = {}  # job key -> the session holding this host's rank of it
         self._lock = threading.Lock()
         self.store = store if isinstance(store, dist.Store) else _connect_store(store, host, hosts, store_timeout_s)
+        self._store_address = None if isinstance(store, dist.Store) else store
+        self._store_timeout_s = store_timeout_s
         self.run_dir = tempfile.mkdtemp(prefix="mccl-provider-")  # 0700: the ipc endpoints live here
         self.context = zmq.Context()
         self._keys = _TenantKeys()
@@ -164,6 +168,15 @@ class ProviderService:
     def release_job(self, spec: JobSpec) -> None:
         with self._lock:
             self._jobs.pop(spec.key, None)
+
+    def job_store(self) -> dist.Store:
+        """A store connection of a job's own: a TCPStore client serves one blocking call at a time (a join's
+        wait holds it), so sessions joining jobs at once must not share one. A given Store object is shared."""
+        if self._store_address is None:
+            return self.store
+        name, _, port = self._store_address.rpartition(":")
+        return dist.TCPStore(name or "127.0.0.1", int(port), self.hosts, False, timedelta(seconds=self._store_timeout_s),
+                             wait_for_workers=False)
 
     def count(self, name: str, amount: int = 1) -> None:
         with self._stats_lock:

@@ -63,6 +63,8 @@ class SessionHost(Protocol):
     store: Any
     stopping: bool
 
+    def job_store(self) -> Any: ...
+
     def count(self, name: str, amount: int = 1) -> None: ...
 
     def user_id(self, tenant: str) -> str: ...
@@ -219,8 +221,9 @@ class Session:
             raise QuotaExceeded(f"a session joins at most {self.service.config.max_jobs} jobs")
         spec = JobSpec(self.tenant, name_field(message, "job"), hosts_field(message, self.service.hosts))
         with self.service.claim_job(spec, self.session_id):
-            job = Job(spec, self.service.host, self.service.store, timeout_s=self.service.config.job_timeout_s,
-                      strategy=self.service.config.strategy, hot_swap=self.service.config.hot_swap)
+            config = self.service.config
+            job = Job(spec, self.service.host, self.service.job_store(), timeout_s=config.job_timeout_s,
+                      join_timeout_s=config.join_timeout_s, strategy=config.strategy, hot_swap=config.hot_swap)
         comm = self._next_comm
         self._next_comm += 1
         self.jobs[comm] = job
