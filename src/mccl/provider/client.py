@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import mmap
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +58,7 @@ class ProviderClient:
         self._ids = itertools.count(1)
         main = self._connect(endpoint)
         try:
-            hello = self._ask(main, {"op": "hello", "pid": os.getpid()}, timeout_s)
+            hello = self._ask(main, {"op": "hello"}, timeout_s)
         except TimeoutError as error:  # a wrong key looks like this too: libzmq drops the handshake silently
             self._context.destroy(linger=0)
             raise ProviderError(f"{error} (is this tenant's credential one the service accepts?)") from None
