@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/provider.py              # 2 hosts; 4 KiB .. 8 MiB; AllGather and AllReduce
     .venv/bin/python benchmarks/provider.py --quick      # fewer repetitions
+    .venv/bin/python benchmarks/provider.py --single-host --quick   # one host, the three variants interleaved
 
 MCCS §5 reports 50–80 µs added per collective (63 % lower algbw at 512 KB AllGather, 9.7 % at 8 MB);
 issue 16's bar is ≤ 100 µs added on this machine. Both sides run the same collective on the same
@@ -121,6 +122,65 @@ def _tenant(host: int, n: int, endpoint: str, secret_hex: str, sizes: list[int],
     results.put((host, times))
 
 
+def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick: bool, results) -> None:
+    """One host: the tenant times, repetition by repetition, the same collective on its own in-process
+    communicator (world 1, check off and on) and through its service — three variants under the same load."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from mccl.control.auth import JobSecret
+    from mccl.provider.keys import tenant_credential
+    from mccl.provider.shim import Shim
+    from mccl.runtime.communicator import Communicator
+    from mccl.runtime.transport import Transport
+
+    torch.set_num_threads(1)
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60))
+    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
+             for check in (False, True)}
+    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
+    remote = shim.join("single", [0])
+    times: dict = {}
+    for op in OPS:
+        for size in sizes:
+            mine = _buffers(op, size, 1, lambda count: torch.ones(count))
+            shared = _buffers(op, size, 1, shim.empty)
+            variants = {"inproc": ({"all_gather": local[False].all_gather_into_tensor,
+                                    "all_reduce": local[False].all_reduce}, mine),
+                        "inproc_check": ({"all_gather": local[True].all_gather_into_tensor,
+                                          "all_reduce": local[True].all_reduce}, mine),
+                        "provider": ({"all_gather": remote.all_gather_into_tensor, "all_reduce": remote.all_reduce},
+                                     shared)}
+            for calls, (output, input) in variants.values():
+                for _ in range(5):
+                    _run(calls, op, output, input)
+            for _ in range(_reps(size, quick)):
+                for variant, (calls, (output, input)) in variants.items():
+                    start = time.perf_counter()
+                    _run(calls, op, output, input)
+                    times.setdefault((variant, op, size), []).append(time.perf_counter() - start)
+    shim.close()
+    results.put(times)
+
+
+def _interleaved(sizes: list[int], quick: bool) -> dict:
+    from mccl.control.auth import new_secret
+    from mccl.provider.launch import start_services
+
+    secret = new_secret()
+    context = mp.get_context("spawn")
+    with start_services(1, secret, ["bench"], store_port=free_port()) as services:
+        results = context.Queue()
+        tenant = context.Process(target=_interleaved_tenant, args=(services.endpoints[0], secret.hex, sizes, quick,
+                                                                   results))
+        tenant.start()
+        times = results.get(timeout=1800)
+        tenant.join(timeout=30)
+    return times
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -156,7 +216,12 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the in-process and provider phases")
+    parser.add_argument("--single-host", action="store_true",
+                        help="only the one-host measurement: the tenant alternates in-process and provider calls "
+                             "repetition by repetition (the added cost under the same load; see _interleaved_tenant)")
     args = parser.parse_args()
+    if args.single_host:
+        return _print_single_host(SIZES, args.quick)
     sizes = SIZES
     samples: dict = {}
     service_cpu, service_calls = 0.0, 0
@@ -191,6 +256,28 @@ def main() -> int:
     print(f"service CPU per collective (both services, barrier calls included): "
           f"{service_cpu / max(service_calls, 1) * 1e6:.0f} us over {service_calls} calls")
     write_csv(Path(__file__).parent / "results" / "provider.csv", rows)
+    return 0
+
+
+def _print_single_host(sizes: list[int], quick: bool) -> int:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()
+    times = _interleaved(sizes, quick)
+    print(f"1 host, tenant and service processes, interleaved; {started}; load average before {load_before[0]:.1f}, "
+          f"after {os.getloadavg()[0]:.1f} (2 cores shared)")
+    print(f"{'op':<11}{'size':>9}{'inproc us':>11}{'+check us':>11}{'provider us':>13}{'added us':>10}"
+          f"{'added vs inproc':>17}")
+    rows = []
+    for op in OPS:
+        for size in sizes:
+            inproc, checked, provider = (statistics.median(times[(variant, op, size)])
+                                         for variant in ("inproc", "inproc_check", "provider"))
+            rows.append({"op": op, "size_bytes": size, "inproc_us": inproc * 1e6, "inproc_check_us": checked * 1e6,
+                         "provider_us": provider * 1e6, "added_us": (provider - checked) * 1e6,
+                         "added_vs_inproc_us": (provider - inproc) * 1e6, "reps": len(times[("provider", op, size)])})
+            print(f"{op:<11}{size:>9}{inproc * 1e6:>11.0f}{checked * 1e6:>11.0f}{provider * 1e6:>13.0f}"
+                  f"{(provider - checked) * 1e6:>10.0f}{(provider - inproc) * 1e6:>17.0f}")
+    write_csv(Path(__file__).parent / "results" / "provider_single_host.csv", rows)
     return 0
 
 
