@@ -9,6 +9,7 @@ import click
 from mccl import __version__
 from mccl.cli.control import controller_command, controller_status_command, demo_command
 from mccl.cli.evaluate import eval_command
+from mccl.cli.provider import provider_group
 from mccl.cli.sim import sim_command
 from mccl.cli.synth import synth_group
 from mccl.cli.synth_allgather import allgather as _allgather  # noqa: F401 - registers `synth allgather`
@@ -30,6 +31,7 @@ cli.add_command(sim_command)
 cli.add_command(controller_command)
 cli.add_command(controller_status_command)
 cli.add_command(demo_command)
+cli.add_command(provider_group)
 
 
 def main(argv: list[str] | None = None) -> int:

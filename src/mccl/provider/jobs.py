@@ -1,0 +1,151 @@
+"""A tenant job's communicator inside the service, and the seam where policies act between collectives.
+
+A job is (tenant, job name, hosts): the services on ``hosts`` (service ranks, one per emulated host)
+each run one rank of it, for the tenant process on that host that joined it. The services form
+the job's transport group themselves — a gloo ``ProcessGroupGloo`` built from the provider's store
+under a prefix of the job's key and a generation (a job re-joined after a failure gets a fresh
+group) — and an mccl :class:`~mccl.runtime.Communicator` over it, as ``mccl.init`` builds one
+(torch's own collectives until a schedule is installed; the mccl executor after). Every job has
+its own group, so a job whose peer vanished blocks (until its timeout) only its own collectives.
+
+The communicator always runs the pre-flight agreement (``check=True``, one small AllGather of the
+call's dtype and sizes per collective, :mod:`mccl.runtime.agreement`): the two ranks of a job are
+two processes of one tenant, and without it a rank that passes a longer buffer than its peer
+expects makes gloo abort the *receiving service* — which serves every other tenant of its host.
+
+Policies (:class:`JobStrategy`, the seam for the flow-to-path and send-gate policies of issue 16):
+the service calls ``strategy.between(job, kind, nbytes)`` on the job's thread right before each
+collective, when none of the job's collectives is in flight, so a strategy may install or stage a
+schedule (``job.communicator.stage``, which needs ``hot_swap=True`` for the cross-host (min
+version, max seq) agreement), pace the transport (``job.communicator.transport.throttle``), or hold
+the call until a send window opens. ``strategy.closed(job)`` runs when the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from mccl.errors import MCCLError
+from mccl.provider.errors import BadRequest, JobFailed
+from mccl.runtime.communicator import Communicator
+from mccl.runtime.hotswap import StoreControl
+from mccl.runtime.transport import Transport
+
+__all__ = ["JobSpec", "Job", "JobStrategy", "StrategyFactory", "TORCH_DTYPES", "TORCH_REDUCTIONS"]
+
+log = logging.getLogger("mccl.provider")
+
+TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
+                                        "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
+                                        "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+                                        "uint8": torch.uint8}
+TORCH_REDUCTIONS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+                    "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.SUM}  # avg: a sum divided by the size after
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Which tenant's job, by its name, over which service ranks (in the job's rank order)."""
+
+    tenant: str
+    name: str
+    hosts: tuple[int, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.name}@{','.join(map(str, self.hosts))}"
+
+
+class JobStrategy(Protocol):
+    """A per-job policy the service applies between collectives (see module docstring)."""
+
+    def between(self, job: Job, kind: str, nbytes: int) -> None: ...
+
+    def closed(self, job: Job) -> None: ...
+
+
+StrategyFactory = Callable[["Job"], JobStrategy]
+
+
+class Job:
+    """One rank of a tenant's job in this service: its transport group and communicator."""
+
+    def __init__(self, spec: JobSpec, host: int, store: dist.Store, *, timeout_s: float = 60.0,
+                 join_timeout_s: float = 120.0, strategy: StrategyFactory | None = None,
+                 hot_swap: bool = False) -> None:
+        if host not in spec.hosts:
+            raise BadRequest(f"job {spec.name!r} spans hosts {list(spec.hosts)}, not this service's host {host}")
+        self.spec = spec
+        self.store = store  # this job's own connection (see ProviderService.job_store), kept as long as the group
+        self.rank = spec.hosts.index(host)
+        self.size = len(spec.hosts)
+        prefix = dist.PrefixStore(f"mccl/provider/job/{spec.key}/", store)
+        # equal on every host when each host's tenant joins this job the same number of times
+        self.generation = int(prefix.add(f"generation/{self.rank}", 1))
+        group_store = dist.PrefixStore(f"g{self.generation}/", prefix)
+        # every host's tenant joins when its process gets there (seconds apart on a loaded machine): wait for
+        # all of them with the join timeout first, so the group's own (collective) timeout can stay short
+        group_store.set(f"joined/{self.rank}", b"1")
+        try:
+            group_store.wait([f"joined/{rank}" for rank in range(self.size)], timedelta(seconds=join_timeout_s))
+            self.group = dist.ProcessGroupGloo(group_store, self.rank, self.size, timedelta(seconds=timeout_s))
+        except RuntimeError as error:  # a host's tenant never joined (DistStoreError is a RuntimeError)
+            raise JobFailed(f"job {spec.name!r}: the services of hosts {list(spec.hosts)} did not all join "
+                            f"within {join_timeout_s:g} s ({str(error).splitlines()[0][:160]})") from None
+        control = StoreControl(group_store, "control/", self.rank, self.size) if hot_swap else None
+        self.communicator = Communicator(Transport(self.group, backend="gloo"), name=spec.key, control=control,
+                                         check=True)
+        self.collectives = 0
+        self.strategy = strategy(self) if strategy is not None else None
+
+    def run(self, kind: str, tensors: list[torch.Tensor], reduce: str) -> None:
+        """One collective on tensors that view the tenant's checked buffers; :class:`JobFailed` when the
+        group broke, any other refusal of the runtime as :class:`BadRequest`."""
+        if self.strategy is not None:
+            nbytes = max(tensor.numel() * tensor.element_size() for tensor in tensors)
+            self.strategy.between(self, kind, nbytes)
+        comm = self.communicator
+        try:
+            if kind == "all_gather":
+                comm.all_gather_into_tensor(tensors[0], tensors[1])
+            elif kind == "reduce_scatter":
+                comm.reduce_scatter_tensor(tensors[0], tensors[1], TORCH_REDUCTIONS[reduce])
+                if reduce == "avg":
+                    tensors[0].div_(self.size)
+            elif kind == "all_reduce":
+                comm.all_reduce(tensors[0], TORCH_REDUCTIONS[reduce])
+                if reduce == "avg":
+                    tensors[0].div_(self.size)
+            else:
+                comm.all_to_all_single(tensors[0], tensors[1])
+        except MCCLError as error:
+            if comm.broken is not None:
+                raise JobFailed(f"job {self.spec.name!r} on host rank {self.rank}: {error}") from None
+            raise BadRequest(f"{kind}: {error}") from None
+        except RuntimeError as error:  # gloo refused the call (e.g. an unsupported reduction for the dtype)
+            raise BadRequest(f"{kind}: {str(error).splitlines()[0][:200]}") from None
+        self.collectives += 1
+
+    @property
+    def broken(self) -> bool:
+        return self.communicator.broken is not None
+
+    def close(self) -> None:
+        """End this rank: the strategy, the communicator's threads, and the group (aborted, so a peer
+        waiting in a collective of this job gets an error now rather than at its timeout)."""
+        if self.strategy is not None:
+            try:
+                self.strategy.closed(self)
+            except Exception:  # a policy's bug must not keep a session from ending
+                log.exception("mccl provider: the strategy of job %s failed to close", self.spec.key)
+        self.communicator.close()
+        with contextlib.suppress(RuntimeError):
+            self.group.abort()

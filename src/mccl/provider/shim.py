@@ -1,0 +1,146 @@
+"""The tenant's thin shim: mccl's collective API on torch tensors, run by the provider service (MCCS §3.1).
+
+::
+
+    shim = Shim(endpoint, credential)                      # a session of this process's own
+    comm = shim.join("train", hosts=[0, 1])                # every host's tenant process of the job joins
+    x = shim.empty((1024,), torch.float32)                 # a tensor in service-allocated shared memory
+    comm.all_reduce(x)                                     # the service runs it; x holds the sum
+    comm.all_gather_into_tensor(out, x)
+
+Buffers. :meth:`Shim.empty` returns tensors that view shared memory the service allocated (one
+allocation each); a collective on them moves no byte between the tenant and the service — the
+shim sends only (allocation id, offset, length) references, which it finds from the tensor's
+address. A tensor that is not in such memory is staged: copied into a scratch allocation (kept per
+argument slot and grown as needed) before the call and its result copied out after — correct, one
+copy each way slower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from mccl.provider.client import Allocation, Joined, ProviderClient
+from mccl.provider.errors import ProviderError
+
+__all__ = ["Shim", "ProviderCommunicator"]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+                torch.int8: "int8", torch.uint8: "uint8"}
+_REDUCE_NAMES = {"sum": "sum", "prod": "prod", "product": "prod", "min": "min", "max": "max", "avg": "avg"}
+
+
+class Shim(ProviderClient):
+    """A :class:`~.client.ProviderClient` that speaks torch tensors (see module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._bytes: dict[int, torch.Tensor] = {}  # allocation id -> uint8 tensor over all of it
+        self._staging: dict[int, Allocation] = {}
+
+    def alloc(self, nbytes: int) -> Allocation:
+        allocation = super().alloc(nbytes)
+        self._bytes[allocation.alloc_id] = torch.frombuffer(allocation.buffer, dtype=torch.uint8)
+        return allocation
+
+    def free(self, allocation: Allocation) -> None:
+        self._bytes.pop(allocation.alloc_id, None)
+        super().free(allocation)
+
+    def tensor(self, allocation: Allocation, shape: Sequence[int], dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        """A tensor viewing ``allocation`` from byte ``offset``."""
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if offset < 0 or offset + nbytes > allocation.nbytes:
+            raise ProviderError(f"{nbytes} bytes at offset {offset} do not fit allocation {allocation.alloc_id}")
+        return self._bytes[allocation.alloc_id][offset:offset + nbytes].view(dtype).view(tuple(shape))
+
+    def empty(self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor in an allocation of its own (collectives on it copy nothing)."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = max(1, math.prod(shape) * torch.empty(0, dtype=dtype).element_size())
+        return self.tensor(self.alloc(nbytes), shape, dtype)
+
+    def free_tensor(self, tensor: torch.Tensor) -> None:
+        """Free the allocation a tensor of :meth:`empty` lives in."""
+        ref = self.ref(tensor)
+        if ref is None:
+            raise ProviderError("the tensor is not in an allocation of this client")
+        self.free(self.allocations[ref[0]])
+
+    def ref(self, tensor: torch.Tensor) -> list[int] | None:
+        """[allocation id, offset, length] of a contiguous CPU tensor inside one of this client's allocations."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        start, length = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        for alloc_id, whole in self._bytes.items():
+            base = whole.data_ptr()
+            if base <= start and start + length <= base + whole.numel():
+                return [alloc_id, start - base, length]
+        return None
+
+    def _staged(self, tensor: torch.Tensor, slot: int) -> torch.Tensor:
+        nbytes = tensor.numel() * tensor.element_size()
+        allocation = self._staging.get(slot)
+        if allocation is None or allocation.nbytes < nbytes:
+            if allocation is not None:
+                self.free(allocation)
+            allocation = self._staging[slot] = self.alloc(max(nbytes, 1))
+        return self.tensor(allocation, tuple(tensor.shape), tensor.dtype)
+
+    def join(self, job: str, hosts: Sequence[int]) -> ProviderCommunicator:  # type: ignore[override]
+        """This process's rank of ``job`` (its host's place in ``hosts``); every host's process must join."""
+        return ProviderCommunicator(self, super().join(job, hosts))
+
+
+class ProviderCommunicator:
+    """mccl's collective API (``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_reduce``,
+    ``all_to_all_single``; reductions by name or as ``torch.distributed.ReduceOp``) for one job."""
+
+    def __init__(self, shim: Shim, joined: Joined) -> None:
+        self.shim, self.joined = shim, joined
+        self.rank, self.size = joined.rank, joined.size
+
+    def _call(self, kind: str, tensors: Sequence[torch.Tensor], reduce: str = "sum") -> None:
+        """``tensors[0]`` is the output (written back when staged), the rest inputs."""
+        dtype = _DTYPE_NAMES.get(tensors[0].dtype)
+        if dtype is None or any(tensor.dtype != tensors[0].dtype for tensor in tensors):
+            raise ProviderError(f"{kind}: one dtype of {', '.join(_DTYPE_NAMES.values())} for every tensor")
+        refs, copy_out = [], None
+        for slot, tensor in enumerate(tensors):
+            ref = self.shim.ref(tensor)
+            if ref is None:  # not in shared memory: stage it
+                staged = self._stage(tensor, slot)
+                if slot == 0:
+                    copy_out = staged
+                ref = self.shim.ref(staged)
+            refs.append(ref)
+        self.shim.collective(self.joined, kind, dtype, refs, reduce)
+        if copy_out is not None:
+            tensors[0].copy_(copy_out)
+
+    def _stage(self, tensor: torch.Tensor, slot: int) -> torch.Tensor:
+        staged = self.shim._staged(tensor, slot)
+        staged.copy_(tensor)
+        return staged
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._call("all_gather", [output, input])
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = "sum") -> None:
+        self._call("reduce_scatter", [output, input], _reduce_name(op))
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = "sum") -> None:
+        self._call("all_reduce", [tensor], _reduce_name(op))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._call("all_to_all", [output, input])
+
+
+def _reduce_name(op: object) -> str:
+    """A reduction by name (``"sum"``) or as ``torch.distributed.ReduceOp.SUM``."""
+    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    return _REDUCE_NAMES.get(name.lower(), name.lower())
