@@ -80,7 +80,8 @@ def telemetry_error(report: NetemuReport, rank: int = 0) -> dict[str, float | No
 
 def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], NetemuReport]:
     report = run_netemu_demo(config)
-    row: dict = {"run": index, "wall_s": round(report.wall_s, 1), "all_correct": report.all_correct,
+    row: dict = {"run": index, "wall_s": round(report.wall_s, 1), "startup_s": round(report.startup_s, 1),
+                 "all_correct": report.all_correct,
                  "torch_checked": sum(r.torch_checked for r in report.records)}
     versions = []
     for kind in KINDS:

@@ -2,6 +2,7 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/netemu_pair.py            # needs root; ~2 min
     PYTHONPATH=src .venv/bin/python benchmarks/netemu_pair.py --gso 3000 # segments of ≤ 2 MSS on the veth
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_pair.py --gso 3000 --modes gloo-lockstep-sendfirst,gloo-lockstep
 
 Two network namespaces joined by one veth, shaped on both ends with exactly the emulated fabric's
 htb lines and TCP settings (:func:`mccl.experiments.netemu.shaping.shaper_lines`,
@@ -9,8 +10,9 @@ htb lines and TCP settings (:func:`mccl.experiments.netemu.shaping.shaper_lines`
 
 * ``tcp-2sock``: raw TCP, one connection per direction (a thread sends, the peer reads);
 * ``tcp-duplex``: raw TCP, both directions on one connection (as gloo has one per pair);
-* ``gloo-lockstep``: 2 gloo ranks, per 256 KiB block ``isend`` + ``irecv`` then wait both (nothing in flight
-  across blocks: every block needs gloo's receive-ready round trip);
+* ``gloo-lockstep``: 2 gloo ranks, per 256 KiB block ``irecv`` + ``isend`` then wait both (nothing in flight
+  across blocks: every block needs gloo's receive-ready round trip); ``gloo-lockstep-sendfirst``: the same
+  with the send posted before the receive;
 * ``gloo-pipelined``: 2 gloo ranks, 24 blocks of 64 KiB all posted at once, receives first (as mccl's
   eager driver posts them).
 
@@ -115,7 +117,8 @@ def _gloo_side(namespace: str, me: int, mode: str, both: bool, nbytes: int, resu
                             timeout=timedelta(seconds=120))
     peer = 1 - me
     sends, receives = me == 0 or both, me == 1 or both
-    block = BLOCK if mode == "gloo-lockstep" else 64 << 10
+    lockstep = mode.startswith("gloo-lockstep")
+    block = BLOCK if lockstep else 64 << 10
     count = nbytes // block
     xs = [torch.zeros(block // 4, dtype=torch.int32) for _ in range(count if mode == "gloo-pipelined" else 1)]
     ys = [torch.empty(block // 4, dtype=torch.int32) for _ in range(len(xs))]
@@ -123,9 +126,11 @@ def _gloo_side(namespace: str, me: int, mode: str, both: bool, nbytes: int, resu
     for _ in range(2):
         dist.barrier()
         start = time.perf_counter()
-        if mode == "gloo-lockstep":
+        if lockstep:
             for _ in range(count):
-                works = ([dist.irecv(ys[0], peer)] if receives else []) + ([dist.isend(xs[0], peer)] if sends else [])
+                recv = [dist.irecv(ys[0], peer)] if receives and mode == "gloo-lockstep" else []
+                works = recv + ([dist.isend(xs[0], peer)] if sends else [])
+                works += [dist.irecv(ys[0], peer)] if receives and not recv else []
                 for work in works:
                     work.wait()
         else:
@@ -161,6 +166,8 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=20.0)
     parser.add_argument("--mbytes", type=float, default=6.0, help="per direction and measurement")
     parser.add_argument("--gso", type=int, default=None, help="gso_max_size of the veth ends (default: the kernel's)")
+    parser.add_argument("--modes", default="tcp-2sock,tcp-duplex,gloo-lockstep,gloo-pipelined",
+                        help="comma-separated, of those and gloo-lockstep-sendfirst")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason is not None:
@@ -172,7 +179,7 @@ def main() -> None:
         namespaces = build(prefix, args.mbit, args.gso)
         print(f"one veth, htb {args.mbit:g} Mbit/s both ends (goodput {goodput:.2f}), gso_max_size {args.gso or 'default'}, "
               f"{nbytes / 1e6:.1f} MB per direction; {time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
-        for mode in ("tcp-2sock", "tcp-duplex", "gloo-lockstep", "gloo-pipelined"):
+        for mode in args.modes.split(","):
             one = measure(namespaces, mode, False, nbytes)
             both = measure(namespaces, mode, True, nbytes)
             print(f"{mode:<15} one way {one:6.2f} Mbit/s ({one / goodput:.2f})   both ways {both:6.2f} per direction "

@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from mccl.errors import MCCLError
 from mccl.experiments.netemu.fabric import EmulatedFabric, FabricPlan, shape_nic
@@ -281,7 +281,7 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
     plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
     control = {"alpha": config.alpha, "gamma": config.gamma, "alpha_level": config.alpha_level,
                "warmup": config.warmup, "settle_collectives": config.settle}
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     with EmulatedFabric(plan) as fabric:
         plan = fabric.plan
         say(f"fabric {plan.topology_name} built in {fabric.build_s:.2f} s: {len(plan.ranks)} GPU namespaces, NICs "
@@ -318,7 +318,8 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
                 controller.join(timeout=5)
         teardown_s = fabric.teardown()
     predicted = {kind: float(result.schedule.meta.achieved_gbs or 0.0) for kind, result in results.items()}
-    return _report(config, plan, outputs, status, predicted, time.perf_counter() - started, teardown_s)
+    report = _report(config, plan, outputs, status, predicted, time.perf_counter() - started, teardown_s)
+    return replace(report, startup_s=report.records[0].start - started_at if report.records else 0.0)
 
 
 def _forward(live: object, stop: threading.Event, on_collective: Callable[[tuple], None] | None) -> None:

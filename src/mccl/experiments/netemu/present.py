@@ -71,7 +71,8 @@ def print_summary(console: Console, report: NetemuReport) -> None:
                   if report.all_correct else "  [red]some outputs were NOT correct[/red]")
     console.print(f"  telemetry: {stats.get('samples', 0)} samples, {stats.get('telemetry_dropped', 0)} dropped; "
                   f"tc change {report.tc_s[0] * 1e3:.1f} ms, restore {report.tc_s[1] * 1e3:.1f} ms; wall "
-                  f"{report.wall_s:.1f} s, teardown {report.teardown_s * 1e3:.0f} ms")
+                  f"{report.wall_s:.1f} s (start-up to the first collective {report.startup_s:.1f} s), teardown "
+                  f"{report.teardown_s * 1e3:.0f} ms")
 
 
 def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu_demo") -> Path:

@@ -70,6 +70,7 @@ class NetemuReport:
     communicators: dict[str, str] = field(default_factory=dict)
     telemetry: dict = field(default_factory=dict)
     prefix: str = ""  # the fabric's name prefix (to check that nothing of it is left)
+    startup_s: float = 0.0  # from the call to the first collective: fabric, controller, 8 ranks importing torch
 
     # ---- per stream ------------------------------------------------------------------------
     def kinds(self) -> list[str]:
