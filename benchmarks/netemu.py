@@ -4,6 +4,7 @@
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 1   # quicker
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --alpha 0.15 --gamma 0.3 --alpha-level 0 --fresh-repeats 0 --tag _a015
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 3 --fresh-repeats 0 --overhead-repeats 10 --tag _v2
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 0 --fresh-repeats 0 --nic-util-repeats 6 --tag _util20
 
 Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
 NIC halved both ways after 6 iterations, restored once the loop settles): for AllGather and
@@ -20,6 +21,9 @@ Fresh references (same fabric, no controller, no swaps): the healthy schedule on
 the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
 (``optimize`` on the nominal topology with gpu0's NIC at ``fault_factor``) started fresh on it —
 the bar "recovered ≥ 80 % of the re-synthesized schedule started fresh".
+
+``--nic-util-repeats N``: how busy rank 0's NIC is during a healthy collective (its htb byte counter
+around each call ÷ the shaped rate × the slowest rank's time).
 
 ``--overhead-repeats N``: telemetry on vs off, N collectives each, alternating, healthy fabric and
 schedules: median wall time (slowest rank) and rank 0's CPU time per collective, as on/off ratios.
@@ -216,6 +220,75 @@ def overhead(config: NetemuConfig, repeats: int) -> list[dict]:
     return rows
 
 
+def _nic_bytes(namespace: str) -> int:
+    """Bytes rank's NIC has sent so far (its htb class, L2)."""
+    import re
+    import subprocess
+
+    shown = subprocess.run(["tc", "-s", "-n", namespace, "class", "show", "dev", "eth0"], capture_output=True,
+                           text=True, check=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", shown).group(1))
+
+
+def _nic_util_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int) -> dict:  # noqa: ANN001
+    """Each healthy schedule ``repeats`` times; rank 0 reads its NIC's byte counter around every call."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.experiments.netemu.demo import _source
+    from mccl.runtime import init
+    from mccl.schedule import loads_schedule
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    out: dict = {}
+    for name, text in texts.items():
+        kind = loads_schedule(text).collective.value
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                    name=f"{name}-util")
+        rows = []
+        for index in range(repeats):
+            source = _source(kind, config, world, rank, index, torch)
+            output = torch.empty(source.numel() * (world if kind == "allgather" else 1), dtype=torch.int32)
+            dist.barrier()
+            before = _nic_bytes(plan.ranks[rank].namespace) if rank == 0 else 0
+            start = time.perf_counter()
+            if kind == "allgather":
+                comm.all_gather_into_tensor(output, source)
+            else:
+                comm.all_to_all_single(output, source)
+            seconds = time.perf_counter() - start
+            rows.append((seconds, (_nic_bytes(plan.ranks[rank].namespace) - before) if rank == 0 else 0))
+        comm.close()
+        out[name] = rows
+    return out
+
+
+def nic_utilization(config: NetemuConfig, repeats: int) -> list[dict]:
+    """How busy rank 0's NIC is during a collective: its L2 bytes sent ÷ (slowest rank's time × the shaped
+    rate); median over the calls after the first. 1.0: the link is the bottleneck the whole collective."""
+    from mccl.schedule import Collective, dumps_schedule
+    from mccl.synth import optimize
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    options = _synth_options(config.chunks)
+    texts = {kind: dumps_schedule(optimize(topology, kind, options=options[Collective(kind)]).schedule) for kind in KINDS}
+    plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
+    with EmulatedFabric(plan) as built:
+        outputs = run_ranks_in_fabric(_nic_util_rank, built.plan, texts, config, repeats, timeout_s=600)
+        mbit = built.plan.ranks[0].nic_up_mbit
+    rows = []
+    for name in texts:
+        busy = []
+        for index in range(1, repeats):
+            slowest = max(out[name][index][0] for out in outputs)
+            busy.append(outputs[0][name][index][1] * 8 / slowest / (mbit * 1e6))
+        rows.append({"collective": name, "nic_mbit": mbit, "nic_busy_median": round(statistics.median(busy), 3),
+                     "nic_busy_min": round(min(busy), 3), "nic_busy_max": round(max(busy), 3)})
+    return rows
+
+
 def fresh(config: NetemuConfig, repeats: int) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
@@ -261,14 +334,22 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=NetemuConfig.gamma)
     parser.add_argument("--alpha-level", type=float, default=NetemuConfig.alpha_level, help="0: none (the detection EWMA)")
     parser.add_argument("--tag", default="", help="suffix of the CSV names")
+    parser.add_argument("--nic-util-repeats", type=int, default=0,
+                        help="how busy rank 0's NIC is during a healthy collective: this many each (0: skip)")
+    parser.add_argument("--scale", type=float, default=NetemuConfig.scale, help="emulated rates = topology's / this")
     parser.add_argument("--overhead-repeats", type=int, default=0,
                         help="telemetry on/off: this many collectives each, alternating (0: skip)")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason is not None:
         sys.exit(f"netemu: {reason}")
-    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None)
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale)
     print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
+    if args.nic_util_repeats:
+        util_rows = nic_utilization(config, args.nic_util_repeats)
+        for row in util_rows:
+            print(row, flush=True)
+        write_csv(RESULTS / f"netemu_nic_util{args.tag}.csv", util_rows)
     if args.overhead_repeats:
         overhead_rows = overhead(config, args.overhead_repeats)
         for row in overhead_rows:
@@ -284,13 +365,16 @@ def main() -> None:
         print(row, flush=True)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
-    write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
-    write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+    if rows:
+        write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
+        write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
     if args.fresh_repeats:
         fresh_rows = fresh(config, args.fresh_repeats)
         for row in fresh_rows:
             print(row)
         write_csv(RESULTS / f"netemu_fresh{args.tag}.csv", fresh_rows)
+    if not rows:
+        return
     numeric = [key for key in rows[0] if all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
                                              for r in rows)]
     print("medians over runs:", {key: round(statistics.median(r[key] for r in rows), 3) for key in numeric})

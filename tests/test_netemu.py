@@ -203,3 +203,28 @@ def test_reaction_breakdown_splits_detection_to_first_collective_into_its_terms(
     assert r["activation_s"] == pytest.approx(0.16)  # flag 102.1 → agreed 102.26
     assert r["inflight_wait_s"] == pytest.approx(0.74) and r["detect_to_first_s"] == pytest.approx(0.9)
     assert report.predicted("allgather", 2) == pytest.approx(300.0 / 20000.0)
+
+
+def _crash_on_rank_1(rank: int, world: int, plan: FabricPlan) -> int:
+    import os
+
+    if rank == 1:
+        os._exit(3)  # dies without reporting, as a killed rank does
+    return rank
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_without_a_result_is_reported_at_once_not_after_the_timeout():
+    import time
+
+    from mccl.experiments.netemu.ranks import run_ranks_in_fabric
+
+    with EmulatedFabric(FabricPlan.from_topology(rail_optimized(1, 2, 1))) as fabric:
+        start = time.monotonic()
+        with pytest.raises(FabricError, match=r"ranks \[1\] exited \(codes \[3\]\) without a result"):
+            run_ranks_in_fabric(_crash_on_rank_1, fabric.plan, timeout_s=100)
+        assert time.monotonic() - start < 90
+    assert _leftovers(fabric.plan.prefix) == []
