@@ -1,4 +1,4 @@
-"""``mccl demo --fabric netemu``: the closed loop (mccl-paper §6.2.2, Fig. 13) on a kernel-emulated fabric.
+"""``mccl demo`` (its default fabric; ``--fabric netemu``): the closed loop (mccl-paper §6.2.2, Fig. 13) on a kernel-emulated fabric.
 
 What runs: the fabric of ``rail_optimized(1, 2, 4)`` (2 hosts × 4 GPUs, one NIC per GPU, as in
 Fig. 13) built as namespaces and shaped veths (:mod:`.fabric`, rates = the topology's / ``scale``),
@@ -60,7 +60,8 @@ class NetemuConfig:
     nvlink: str = "shaped"
     fault_rank: int = 0
     fault_factor: float = 0.5
-    # `mccl demo`'s run: ~25 s of collectives after ~20–30 s of start-up on an idle 2-core machine (the ranks import torch)
+    # `mccl demo`'s run: ~25 s of collectives (50–52 of them); the start-up before them is CPU-bound (8 ranks import
+    # torch): 150–190 s at load 25–40 on the 2-core VM (BENCHMARKS.md, 2026-12-01)
     healthy: int = 6
     after_swap: int = 3
     max_degraded: int = 12

@@ -115,7 +115,7 @@ def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu
 
 
 def run_and_print(console: Console, *, quick: bool, alpha: float | None, gamma: float | None, out: str | Path) -> bool:
-    """``mccl demo --fabric netemu``: False (after one line saying why) when the fabric cannot be built
+    """``mccl demo`` (default fabric): False (after one line saying why) when the fabric cannot be built
     here, so the caller falls back to the in-process pacer; otherwise run, print, plot, True."""
     from mccl.experiments.netemu.demo import NetemuConfig, run_netemu_demo
     from mccl.experiments.netemu.fabric import unsupported_reason
