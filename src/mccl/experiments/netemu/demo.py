@@ -60,8 +60,8 @@ class NetemuConfig:
     nvlink: str = "shaped"
     fault_rank: int = 0
     fault_factor: float = 0.5
-    # `mccl demo`'s run: ~25 s of collectives (50–52 of them); the start-up before them is CPU-bound (8 ranks import
-    # torch): 150–190 s at load 25–40 on the 2-core VM (BENCHMARKS.md, 2026-12-01)
+    # `mccl demo`'s run: 25–60 s of collectives (50–52 of them, with their checks); the start-up before them is
+    # CPU-bound (8 ranks import torch): 85 s at load 12–22, 150–190 s at load 25–40 (BENCHMARKS.md, 2026-12-01)
     healthy: int = 6
     after_swap: int = 3
     max_degraded: int = 12
