@@ -3,13 +3,17 @@
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py            # 3 loop runs + the fresh references
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 1   # quicker
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --alpha 0.15 --gamma 0.3 --alpha-level 0 --fresh-repeats 0 --tag _a015
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 3 --fresh-repeats 0 --overhead-repeats 10 --tag _v2
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 0 --fresh-repeats 0 --nic-util-repeats 6 --tag _util20
 
 Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
-NIC halved both ways after 10 iterations, restored once the loop settles): for AllGather and
+NIC halved both ways after 6 iterations, restored once the loop settles): for AllGather and
 AllToAll, median algbw healthy / degraded (the version the fault hit) / recovered (the last version
 of the fault) / restored; the controller's model (its "issued" achieved throughput, / scale ×
 goodput) against the measured algbw for every version; swaps per fabric change; detection (ms and
-collectives after the change); detection → first collective on the new version; telemetry error:
+collectives after the change) and the reaction path of Fig. 13(b): synthesis, dispatch (issued → rank 0's
+client has it), swap (staging → agreement), activation (detection → agreed), the wait for the collectives
+in flight, detection → first collective on the new version; telemetry error:
 rank 0's inter-host samples of a collective, summed over the union of their windows, against the
 shaped goodput of its NIC (20 or 10 Mbit/s × 1448/1514).
 
@@ -17,6 +21,12 @@ Fresh references (same fabric, no controller, no swaps): the healthy schedule on
 the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
 (``optimize`` on the nominal topology with gpu0's NIC at ``fault_factor``) started fresh on it —
 the bar "recovered ≥ 80 % of the re-synthesized schedule started fresh".
+
+``--nic-util-repeats N``: how busy rank 0's NIC is during a healthy collective (its htb byte counter
+around each call ÷ the shaped rate × the slowest rank's time).
+
+``--overhead-repeats N``: telemetry on vs off, N collectives each, alternating, healthy fabric and
+schedules: median wall time (slowest rank) and rank 0's CPU time per collective, as on/off ratios.
 
 Writes ``benchmarks/results/netemu_runs.csv``, ``netemu_versions.csv``, ``netemu_fresh.csv`` and the
 timeline PNG of the first run.
@@ -74,7 +84,8 @@ def telemetry_error(report: NetemuReport, rank: int = 0) -> dict[str, float | No
 
 def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], NetemuReport]:
     report = run_netemu_demo(config)
-    row: dict = {"run": index, "wall_s": round(report.wall_s, 1), "all_correct": report.all_correct,
+    row: dict = {"run": index, "wall_s": round(report.wall_s, 1), "startup_s": round(report.startup_s, 1),
+                 "all_correct": report.all_correct,
                  "torch_checked": sum(r.torch_checked for r in report.records)}
     versions = []
     for kind in KINDS:
@@ -87,7 +98,8 @@ def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], Netemu
         for phase in ("degraded", "restored"):
             reaction = report.reaction(kind, phase)
             tag = "fault" if phase == "degraded" else "repair"
-            for key in ("detect_s", "detect_collectives", "synth_s", "oob_s", "detect_to_first_s"):
+            for key in ("detect_s", "detect_collectives", "synth_s", "issue_s", "dispatch_s", "swap_total_s", "oob_s",
+                        "activation_s", "inflight_wait_s", "detect_to_first_s"):
                 value = reaction[key]
                 row[f"{kind}_{tag}_{key}"] = None if value is None else round(value * (1 if "collectives" in key else 1e3), 2)
         for version in sorted({r.version for r in report.stream(kind)}):
@@ -143,6 +155,140 @@ def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, 
     return out
 
 
+def _overhead_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int) -> dict:  # noqa: ANN001
+    """Each schedule on two communicators, telemetry on (a sink that keeps the samples) and off, called
+    alternately (on, off, on, ...) so that both see the same load; per call the wall time and this rank's
+    CPU time (``process_time``: the executor's own cost, which wall time on a loaded machine hides)."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.experiments.netemu.demo import _source
+    from mccl.runtime import MemorySink, TelemetryConfig, init
+    from mccl.schedule import loads_schedule
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    out: dict = {}
+    for name, text in texts.items():
+        kind = loads_schedule(text).collective.value
+        comms = {"on": init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                            name=f"{name}-on", sink=MemorySink(), telemetry=TelemetryConfig(flush_interval_s=0.02)),
+                 "off": init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                             name=f"{name}-off")}
+        times: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
+        for index in range(2 * repeats):
+            mode = "on" if index % 2 == 0 else "off"
+            source = _source(kind, config, world, rank, index, torch)
+            output = torch.empty(source.numel() * (world if kind == "allgather" else 1), dtype=torch.int32)
+            dist.barrier()
+            start, cpu = time.perf_counter(), time.process_time()
+            if kind == "allgather":
+                comms[mode].all_gather_into_tensor(output, source)
+            else:
+                comms[mode].all_to_all_single(output, source)
+            times[mode].append((time.perf_counter() - start, time.process_time() - cpu))
+        for comm in comms.values():
+            comm.close()
+        out[name] = times
+    return out
+
+
+def overhead(config: NetemuConfig, repeats: int) -> list[dict]:
+    """Telemetry on vs off on the healthy fabric (healthy schedules): median wall (slowest rank) and median
+    CPU time of rank 0 per collective, the first call of each dropped."""
+    from mccl.schedule import Collective, dumps_schedule
+    from mccl.synth import optimize
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    options = _synth_options(config.chunks)
+    texts = {kind: dumps_schedule(optimize(topology, kind, options=options[Collective(kind)]).schedule) for kind in KINDS}
+    plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
+    with EmulatedFabric(plan) as built:
+        outputs = run_ranks_in_fabric(_overhead_rank, built.plan, texts, config, repeats, timeout_s=600)
+    rows = []
+    for name in texts:
+        row: dict = {"collective": name}
+        for mode in ("on", "off"):
+            walls = [max(out[name][mode][i][0] for out in outputs) for i in range(repeats)][1:]
+            cpus = [outputs[0][name][mode][i][1] for i in range(repeats)][1:]
+            row[f"wall_ms_{mode}"] = round(statistics.median(walls) * 1e3, 1)
+            row[f"cpu_ms_{mode}"] = round(statistics.median(cpus) * 1e3, 2)
+        row["wall_on_over_off"] = round(row["wall_ms_on"] / row["wall_ms_off"], 3)
+        row["cpu_on_over_off"] = round(row["cpu_ms_on"] / row["cpu_ms_off"], 3)
+        rows.append(row)
+    return rows
+
+
+def _nic_bytes(namespace: str) -> int:
+    """Bytes rank's NIC has sent so far (its htb class, L2)."""
+    import re
+    import subprocess
+
+    shown = subprocess.run(["tc", "-s", "-n", namespace, "class", "show", "dev", "eth0"], capture_output=True,
+                           text=True, check=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", shown).group(1))
+
+
+def _nic_util_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int) -> dict:  # noqa: ANN001
+    """Each healthy schedule ``repeats`` times; rank 0 reads its NIC's byte counter around every call."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.experiments.netemu.demo import _source
+    from mccl.runtime import init
+    from mccl.schedule import loads_schedule
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    out: dict = {}
+    for name, text in texts.items():
+        kind = loads_schedule(text).collective.value
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                    name=f"{name}-util")
+        rows = []
+        for index in range(repeats):
+            source = _source(kind, config, world, rank, index, torch)
+            output = torch.empty(source.numel() * (world if kind == "allgather" else 1), dtype=torch.int32)
+            dist.barrier()
+            before = _nic_bytes(plan.ranks[rank].namespace) if rank == 0 else 0
+            start = time.perf_counter()
+            if kind == "allgather":
+                comm.all_gather_into_tensor(output, source)
+            else:
+                comm.all_to_all_single(output, source)
+            seconds = time.perf_counter() - start
+            rows.append((seconds, (_nic_bytes(plan.ranks[rank].namespace) - before) if rank == 0 else 0))
+        comm.close()
+        out[name] = rows
+    return out
+
+
+def nic_utilization(config: NetemuConfig, repeats: int) -> list[dict]:
+    """How busy rank 0's NIC is during a collective: its L2 bytes sent ÷ (slowest rank's time × the shaped
+    rate); median over the calls after the first. 1.0: the link is the bottleneck the whole collective."""
+    from mccl.schedule import Collective, dumps_schedule
+    from mccl.synth import optimize
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    options = _synth_options(config.chunks)
+    texts = {kind: dumps_schedule(optimize(topology, kind, options=options[Collective(kind)]).schedule) for kind in KINDS}
+    plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
+    with EmulatedFabric(plan) as built:
+        outputs = run_ranks_in_fabric(_nic_util_rank, built.plan, texts, config, repeats, timeout_s=600)
+        mbit = built.plan.ranks[0].nic_up_mbit
+    rows = []
+    for name in texts:
+        busy = []
+        for index in range(1, repeats):
+            slowest = max(out[name][index][0] for out in outputs)
+            busy.append(outputs[0][name][index][1] * 8 / slowest / (mbit * 1e6))
+        rows.append({"collective": name, "nic_mbit": mbit, "nic_busy_median": round(statistics.median(busy), 3),
+                     "nic_busy_min": round(min(busy), 3), "nic_busy_max": round(max(busy), 3)})
+    return rows
+
+
 def fresh(config: NetemuConfig, repeats: int) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
@@ -188,12 +334,27 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=NetemuConfig.gamma)
     parser.add_argument("--alpha-level", type=float, default=NetemuConfig.alpha_level, help="0: none (the detection EWMA)")
     parser.add_argument("--tag", default="", help="suffix of the CSV names")
+    parser.add_argument("--nic-util-repeats", type=int, default=0,
+                        help="how busy rank 0's NIC is during a healthy collective: this many each (0: skip)")
+    parser.add_argument("--scale", type=float, default=NetemuConfig.scale, help="emulated rates = topology's / this")
+    parser.add_argument("--overhead-repeats", type=int, default=0,
+                        help="telemetry on/off: this many collectives each, alternating (0: skip)")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason is not None:
         sys.exit(f"netemu: {reason}")
-    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None)
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale)
     print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
+    if args.nic_util_repeats:
+        util_rows = nic_utilization(config, args.nic_util_repeats)
+        for row in util_rows:
+            print(row, flush=True)
+        write_csv(RESULTS / f"netemu_nic_util{args.tag}.csv", util_rows)
+    if args.overhead_repeats:
+        overhead_rows = overhead(config, args.overhead_repeats)
+        for row in overhead_rows:
+            print(row, flush=True)
+        write_csv(RESULTS / f"netemu_overhead{args.tag}.csv", overhead_rows)
     rows, versions = [], []
     for index in range(args.runs):
         started = time.strftime("%H:%M:%S", time.gmtime())
@@ -204,13 +365,16 @@ def main() -> None:
         print(row, flush=True)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
-    write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
-    write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+    if rows:
+        write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
+        write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
     if args.fresh_repeats:
         fresh_rows = fresh(config, args.fresh_repeats)
         for row in fresh_rows:
             print(row)
         write_csv(RESULTS / f"netemu_fresh{args.tag}.csv", fresh_rows)
+    if not rows:
+        return
     numeric = [key for key in rows[0] if all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
                                              for r in rows)]
     print("medians over runs:", {key: round(statistics.median(r[key] for r in rows), 3) for key in numeric})

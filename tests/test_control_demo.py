@@ -1,4 +1,5 @@
-"""``mccl demo --quick``: the closed loop end to end, as a user runs it (one bounded subprocess)."""
+"""``mccl demo --fabric pacer --quick``: the closed loop end to end, as a user runs it without root (one bounded
+subprocess). The default fabric, netemu, is tested in tests/test_netemu.py (as root; it falls back to this without)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.multiprocess  # the demo: a controller process and gloo
 
 @pytest.mark.timeout(180)
 def test_demo_quick_closes_the_loop():
-    result = subprocess.run([sys.executable, "-m", "mccl.cli.main", "demo", "--quick"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "mccl.cli.main", "demo", "--fabric", "pacer", "--quick"], capture_output=True,
                             text=True, timeout=170)
     out = result.stdout
     assert result.returncode == 0, out + result.stderr

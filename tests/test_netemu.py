@@ -118,6 +118,9 @@ def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
     # the controller saw the fault: a flag after it, and a new version ran before the repair
     assert any(report.reaction(kind)["detect_s"] is not None for kind in report.kinds())
     assert any(report.swaps_in(kind, "degraded") >= 1 for kind in report.kinds())
+    # the reaction path is timed end to end (Fig. 13b): dispatch to rank 0, the swap, activation
+    timed = [report.reaction(kind) for kind in report.kinds() if report.reaction(kind)["activation_s"] is not None]
+    assert timed and all(r["dispatch_s"] >= 0 and r["activation_s"] >= r["swap_total_s"] for r in timed)
     assert report.nic_mbit == pytest.approx(400_000 / config.scale)
 
 
@@ -173,3 +176,55 @@ def test_sigterm_tears_the_fabric_down():
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=30) == 128 + signal.SIGTERM
     assert _leftovers(prefix) == []
+
+
+def test_reaction_breakdown_splits_detection_to_first_collective_into_its_terms():
+    """Fig. 13(b) from a run's record: flag → issued → on rank 0 → agreed → the first collective on it."""
+    from mccl.experiments.netemu.report import CollectiveRecord, NetemuReport, Swap
+
+    def record(seq: int, version: int, start: float, phase: str) -> CollectiveRecord:
+        return CollectiveRecord("allgather", seq, version, start, 0.2, 0.01, phase, True)
+
+    records = (record(1, 1, 100.0, "healthy"), record(2, 1, 101.0, "degraded"), record(3, 1, 102.0, "degraded"),
+               record(4, 2, 103.0, "degraded"))
+    events = ({"kind": "flagged", "collective": "allgather", "communicator": "ag", "time": 102.1, "version": 1},
+              {"kind": "synthesized", "collective": "allgather", "communicator": "ag", "time": 102.2, "version": 2,
+               "value": 0.09},
+              {"kind": "issued", "collective": "allgather", "communicator": "ag", "time": 102.2, "version": 2,
+               "value": 300.0})
+    swap = Swap("allgather", 3, 2, 0.001, 0.02, 0.005, 0.03, received_at=102.23)
+    report = NetemuReport(config={}, records=records, events=events, degraded_at=100.9, restored_at=None,
+                          tc_s=(0.01, 0.0), swaps=(swap,), predicted_v1={"allgather": 400.0}, scale=20000.0,
+                          goodput=1.0, nic_mbit=20.0, wall_s=1.0, teardown_s=0.0, communicators={"allgather": "ag"})
+    r = report.reaction("allgather")
+    assert r["detect_s"] == pytest.approx(1.2) and r["detect_collectives"] == 2
+    assert r["synth_s"] == pytest.approx(0.09) and r["issue_s"] == pytest.approx(0.1)
+    assert r["dispatch_s"] == pytest.approx(0.03) and r["swap_total_s"] == pytest.approx(0.03)
+    assert r["activation_s"] == pytest.approx(0.16)  # flag 102.1 → agreed 102.26
+    assert r["inflight_wait_s"] == pytest.approx(0.74) and r["detect_to_first_s"] == pytest.approx(0.9)
+    assert report.predicted("allgather", 2) == pytest.approx(300.0 / 20000.0)
+
+
+def _crash_on_rank_1(rank: int, world: int, plan: FabricPlan) -> int:
+    import os
+
+    if rank == 1:
+        os._exit(3)  # dies without reporting, as a killed rank does
+    return rank
+
+
+@needs_root
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_without_a_result_is_reported_at_once_not_after_the_timeout():
+    import time
+
+    from mccl.experiments.netemu.ranks import run_ranks_in_fabric
+
+    with EmulatedFabric(FabricPlan.from_topology(rail_optimized(1, 2, 1))) as fabric:
+        start = time.monotonic()
+        with pytest.raises(FabricError, match=r"ranks \[1\] exited \(codes \[3\]\) without a result"):
+            run_ranks_in_fabric(_crash_on_rank_1, fabric.plan, timeout_s=100)
+        assert time.monotonic() - start < 90
+    assert _leftovers(fabric.plan.prefix) == []

@@ -113,15 +113,16 @@ def print_calls(calls: dict) -> None:
 
 
 @click.command("demo")
-@click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="gloo ranks (GPUs)")
+@click.option("--ranks", default=4, show_default=True, type=click.Choice(["4", "8"]), help="pacer: gloo ranks (GPUs)")
 @click.option("--quick", is_flag=True, help="fewer collectives (for tests)")
 @click.option("--alpha", default=None, type=FiniteFloat(), help="EWMA smoothing factor α [default: 0.5 pacer, 0.15 netemu]")
 @click.option("--gamma", default=None, type=FiniteFloat(), help="drift threshold Γ [default: 0.2 pacer, 0.3 netemu]")
-@click.option("--fabric", type=click.Choice(["pacer", "netemu"]), default="pacer", show_default=True,
-              help="pacer: in-process paced sends; netemu: namespaces + shaped veths (root; 8 ranks, AllGather + AllToAll)")
+@click.option("--fabric", type=click.Choice(["netemu", "pacer"]), default="netemu", show_default=True,
+              help="netemu: network namespaces + tc-shaped veths, 8 ranks on 2 hosts, AllGather + AllToAll (needs root "
+                   "and iproute2; without them one line says so and the pacer runs); pacer: in-process paced sends")
 @click.option("--out", default="plots", show_default=True, help="netemu: directory of the timeline PNG")
 def demo_command(ranks: str, quick: bool, alpha: float | None, gamma: float | None, fabric: str, out: str) -> None:
-    """The closed loop live: N gloo ranks run AllGathers, a NIC degrades, the controller re-synthesizes."""
+    """The closed loop live: gloo ranks run collectives, a NIC degrades, the controller re-synthesizes."""
     from mccl.experiments.demo import DemoConfig, run_demo
 
     if fabric == "netemu":

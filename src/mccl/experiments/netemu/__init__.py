@@ -2,7 +2,7 @@
 
 ``fabric`` builds an mccl topology as namespaces and shaped links and changes them at run time
 (gray failures); ``shaping`` holds the iproute2 commands; ``ranks`` starts gloo ranks inside their
-GPU's namespace; ``demo`` is ``mccl demo --fabric netemu``. Needs root; :func:`unsupported_reason`
+GPU's namespace; ``demo`` is ``mccl demo`` (the default fabric). Needs root; :func:`unsupported_reason`
 says in one line why not when it cannot run. ``python -m mccl.experiments.netemu cleanup`` deletes
 what a killed run left behind.
 """

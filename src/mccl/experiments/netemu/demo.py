@@ -1,4 +1,4 @@
-"""``mccl demo --fabric netemu``: the closed loop (mccl-paper §6.2.2, Fig. 13) on a kernel-emulated fabric.
+"""``mccl demo`` (its default fabric; ``--fabric netemu``): the closed loop (mccl-paper §6.2.2, Fig. 13) on a kernel-emulated fabric.
 
 What runs: the fabric of ``rail_optimized(1, 2, 4)`` (2 hosts × 4 GPUs, one NIC per GPU, as in
 Fig. 13) built as namespaces and shaped veths (:mod:`.fabric`, rates = the topology's / ``scale``),
@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from mccl.errors import MCCLError
 from mccl.experiments.netemu.fabric import EmulatedFabric, FabricPlan, shape_nic
@@ -60,10 +60,12 @@ class NetemuConfig:
     nvlink: str = "shaped"
     fault_rank: int = 0
     fault_factor: float = 0.5
-    healthy: int = 10
-    after_swap: int = 6
-    max_degraded: int = 30
-    max_recovered: int = 30
+    # `mccl demo`'s run: 25–60 s of collectives (50–52 of them, with their checks); the start-up before them is
+    # CPU-bound (8 ranks import torch): 85 s at load 12–22, 150–190 s at load 25–40 (BENCHMARKS.md, 2026-12-01)
+    healthy: int = 6
+    after_swap: int = 3
+    max_degraded: int = 12
+    max_recovered: int = 12
     torch_check_every: int = 5
     chunks: int = 4
     # per-sample telemetry noise here is ~40 % (CV, TCP flows without fair queueing, send-side timing,
@@ -74,6 +76,10 @@ class NetemuConfig:
     alpha_level: float | None = None
     warmup: int = 3
     settle: int = 3
+    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis, and how often
+    # a rank asks it for a new version (the defaults of the service / client: 20 / 50 ms)
+    check_interval_s: float = 0.01
+    client_interval_s: float = 0.01
     timeout_s: float = 300.0
 
     @property
@@ -93,7 +99,8 @@ def _synth_options(chunks: int) -> dict:
     return {Collective.ALLGATHER: TreePackOptions(chunks=chunks), Collective.ALLTOALL: AllToAllOptions(chunks=chunks)}
 
 
-def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int, secret: str) -> None:
+def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int, secret: str,
+                     check_interval_s: float) -> None:
     import logging
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
@@ -101,7 +108,7 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int, 
 
     logging.basicConfig(level=logging.WARNING)
     manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=_synth_options(chunks)))
-    ControllerService(manager, bind, secret=secret).serve_forever()
+    ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
 # ---- one rank (inside its GPU's namespace) --------------------------------------------------
@@ -119,27 +126,45 @@ def _rank_main(rank: int, world: int, plan: FabricPlan, endpoint: str, schedules
     groups = {"allgather": dist.group.WORLD, "alltoall": dist.new_group(backend="gloo")}
     comms, clients = {}, {}
     kept: list[tuple] = []
+    received: list[tuple[str, int, float]] = []
     try:
         for kind, text in schedules.items():
             schedule = loads_schedule(text)
-            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret)
+            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret,
+                                             interval_s=config.client_interval_s)
             if rank == 0:
                 clients[kind].register(schedule)
         dist.barrier()
         for kind, text in schedules.items():
-            comms[kind] = init(groups[kind], clients[kind], topology=topology, schedules=[loads_schedule(text)],
+            comms[kind] = init(groups[kind], _TimedSource(clients[kind], kind, received), topology=topology, schedules=[loads_schedule(text)],
                                sink=_RecordingSink(clients[kind], kind, kept), name=COMMUNICATORS[kind],
                                telemetry=TelemetryConfig(flush_interval_s=0.02))
         out = _stream(rank, world, plan, comms, config, progress, torch, dist)
         for comm in comms.values():
             comm.flush_telemetry()
         out["samples"] = list(kept)
+        out["received"] = list(received)
         return out
     finally:
         for comm in comms.values():
             comm.close()
         for client in clients.values():
             client.close()
+
+
+class _TimedSource:
+    """The controller's client as the communicator's schedule source, noting when each new version reached
+    this rank (wall clock: the controller's "issued" events are on the same machine's clock) — the dispatch
+    term of the reaction time."""
+
+    def __init__(self, client: object, kind: str, received: list) -> None:
+        self.client, self.kind, self.received = client, kind, received
+
+    def poll(self):  # noqa: ANN201 - a Schedule or None
+        schedule = self.client.poll()
+        if schedule is not None:
+            self.received.append((self.kind, int(schedule.meta.version or 0), time.time()))
+        return schedule
 
 
 class _RecordingSink:
@@ -257,7 +282,7 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
     plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
     control = {"alpha": config.alpha, "gamma": config.gamma, "alpha_level": config.alpha_level,
                "warmup": config.warmup, "settle_collectives": config.settle}
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     with EmulatedFabric(plan) as fabric:
         plan = fabric.plan
         say(f"fabric {plan.topology_name} built in {fabric.build_s:.2f} s: {len(plan.ranks)} GPU namespaces, NICs "
@@ -267,8 +292,8 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
         endpoint = f"tcp://{plan.controller_ip}:{_free_port(plan.controller_ip)}"
         context = mp.get_context("spawn")
         secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
-        controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks, secret),
-                                     daemon=True)
+        controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks, secret,
+                                                                    config.check_interval_s), daemon=True)
         controller.start()
         live = context.Queue()
         stop = threading.Event()
@@ -294,7 +319,8 @@ def run_netemu_demo(config: NetemuConfig, *, progress: Callable[[str], None] | N
                 controller.join(timeout=5)
         teardown_s = fabric.teardown()
     predicted = {kind: float(result.schedule.meta.achieved_gbs or 0.0) for kind, result in results.items()}
-    return _report(config, plan, outputs, status, predicted, time.perf_counter() - started, teardown_s)
+    report = _report(config, plan, outputs, status, predicted, time.perf_counter() - started, teardown_s)
+    return replace(report, startup_s=report.records[0].start - started_at if report.records else 0.0)
 
 
 def _forward(live: object, stop: threading.Event, on_collective: Callable[[tuple], None] | None) -> None:
@@ -333,7 +359,9 @@ def _report(config: NetemuConfig, plan: FabricPlan, outputs: list[dict], status:
         records.append(CollectiveRecord(kind, seq, rows[0][0], min(row[1] for row in rows), seconds, size / seconds / 1e9,
                                         rows[0][3], all(row[4] for row in rows), rows[0][5]))
     marks = outputs[0]["marks"]
-    swaps = tuple(Swap(kind, *item) for kind, items in outputs[0]["swaps"].items() for item in items)
+    received = {(kind, version): at for kind, version, at in outputs[0].get("received", [])}
+    swaps = tuple(Swap(kind, *item, received_at=received.get((kind, item[1]))) for kind, items in outputs[0]["swaps"].items()
+                  for item in items)
     return NetemuReport(config=asdict(config), records=tuple(records), events=tuple(status["events"]),
                         degraded_at=marks.get("degraded_at", 0.0), restored_at=marks.get("restored_at"),
                         tc_s=(marks.get("tc_s", 0.0), marks.get("tc_restore_s", 0.0)), swaps=swaps,

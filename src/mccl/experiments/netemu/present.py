@@ -58,10 +58,12 @@ def print_summary(console: Console, report: NetemuReport) -> None:
         for phase in ("degraded", "restored"):
             r = report.reaction(kind, phase)
             console.print(f"  {kind} after the {'fault' if phase == 'degraded' else 'repair'}: detection "
-                          f"{_fmt(r['detect_s'], unit=' ms')} ({_fmt(r['detect_collectives'], 1)} collectives), synthesis "
-                          f"{_fmt(r['synth_s'], unit=' ms')}, issued {_fmt(r['issue_s'], unit=' ms')} after the flag, "
-                          f"swap OOB {_fmt(r['oob_s'], unit=' ms')} (staging→agreement {_fmt(r['swap_total_s'], unit=' ms')}), "
-                          f"first collective on it {_fmt(r['detect_to_first_s'], unit=' ms')} after detection")
+                          f"{_fmt(r['detect_s'], unit=' ms')} ({_fmt(r['detect_collectives'], 1)} collectives); then "
+                          f"synthesis {_fmt(r['synth_s'], unit=' ms')} (issued {_fmt(r['issue_s'], unit=' ms')} after the flag), "
+                          f"dispatch {_fmt(r['dispatch_s'], unit=' ms')}, swap {_fmt(r['swap_total_s'], unit=' ms')} "
+                          f"(OOB {_fmt(r['oob_s'], unit=' ms')}): active {_fmt(r['activation_s'], unit=' ms')} after detection; "
+                          f"first collective on it {_fmt(r['detect_to_first_s'], unit=' ms')} after detection "
+                          f"(waited {_fmt(r['inflight_wait_s'], unit=' ms')} for the collectives in flight)")
     checked = sum(1 for r in report.records if r.torch_checked)
     stats = report.controller_stats
     console.print(f"  {len(report.records)} collectives, every output equal to the known answer"
@@ -69,7 +71,8 @@ def print_summary(console: Console, report: NetemuReport) -> None:
                   if report.all_correct else "  [red]some outputs were NOT correct[/red]")
     console.print(f"  telemetry: {stats.get('samples', 0)} samples, {stats.get('telemetry_dropped', 0)} dropped; "
                   f"tc change {report.tc_s[0] * 1e3:.1f} ms, restore {report.tc_s[1] * 1e3:.1f} ms; wall "
-                  f"{report.wall_s:.1f} s, teardown {report.teardown_s * 1e3:.0f} ms")
+                  f"{report.wall_s:.1f} s (start-up to the first collective {report.startup_s:.1f} s), teardown "
+                  f"{report.teardown_s * 1e3:.0f} ms")
 
 
 def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu_demo") -> Path:
@@ -112,7 +115,7 @@ def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu
 
 
 def run_and_print(console: Console, *, quick: bool, alpha: float | None, gamma: float | None, out: str | Path) -> bool:
-    """``mccl demo --fabric netemu``: False (after one line saying why) when the fabric cannot be built
+    """``mccl demo`` (default fabric): False (after one line saying why) when the fabric cannot be built
     here, so the caller falls back to the in-process pacer; otherwise run, print, plot, True."""
     from mccl.experiments.netemu.demo import NetemuConfig, run_netemu_demo
     from mccl.experiments.netemu.fabric import unsupported_reason
@@ -123,7 +126,7 @@ def run_and_print(console: Console, *, quick: bool, alpha: float | None, gamma: 
         return False
     knobs = {key: value for key, value in (("alpha", alpha), ("gamma", gamma)) if value is not None}
     if quick:
-        knobs.update(healthy=6, after_swap=3, max_degraded=10, max_recovered=10)
+        knobs.update(healthy=4, after_swap=2, max_degraded=8, max_recovered=8)
     config = NetemuConfig(**knobs)
     report = run_netemu_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"),
                              on_collective=live_row(console))

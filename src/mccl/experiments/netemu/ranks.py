@@ -20,6 +20,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import queue
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -82,12 +83,23 @@ def run_ranks_in_fabric(fn: Callable[..., Any], plan: FabricPlan, *args: Any, ti
     try:
         for process in processes:
             process.start()
+        deadline = time.monotonic() + timeout_s
+        dead_seen = False
         while len(values) < world:
             try:
-                rank, ok, value = results.get(timeout=timeout_s)
+                rank, ok, value = results.get(timeout=1.0)
             except queue.Empty as error:
                 missing = sorted(set(range(world)) - set(values))
-                raise FabricError(f"ranks {missing} did not finish within {timeout_s:.0f} s") from error
+                # a rank that crashed without reporting (killed, or its interpreter failed before _entry ran):
+                # say so now rather than after timeout_s (one more second first, for a result still in the pipe)
+                dead = [r for r in missing if processes[r].exitcode not in (None, 0)]
+                if dead and dead_seen:
+                    raise FabricError(f"ranks {dead} exited (codes {[processes[r].exitcode for r in dead]}) "
+                                      "without a result") from error
+                dead_seen = bool(dead)
+                if time.monotonic() > deadline:
+                    raise FabricError(f"ranks {missing} did not finish within {timeout_s:.0f} s") from error
+                continue
             if not ok:
                 raise FabricError(f"rank {rank} failed:\n{value}")
             values[rank] = value

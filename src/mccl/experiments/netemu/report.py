@@ -48,6 +48,7 @@ class Swap:
     ready_s: float
     oob_s: float
     total_s: float
+    received_at: float | None = None  # wall clock: when rank 0's client got the version (staging starts then)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class NetemuReport:
     communicators: dict[str, str] = field(default_factory=dict)
     telemetry: dict = field(default_factory=dict)
     prefix: str = ""  # the fabric's name prefix (to check that nothing of it is left)
+    startup_s: float = 0.0  # from the call to the first collective: fabric, controller, 8 ranks importing torch
 
     # ---- per stream ------------------------------------------------------------------------
     def kinds(self) -> list[str]:
@@ -126,11 +128,16 @@ class NetemuReport:
 
     # ---- reaction time (Fig. 13b) ------------------------------------------------------------
     def reaction(self, kind: str, phase: str = "degraded") -> dict[str, float | None]:
-        """Detection (s and collectives of this stream after the change), synthesis, issue, the swap's
-        OOB and staging → agreement, and the first collective on the new version (s after detection)."""
+        """Fig. 13(b) for the first flag after the fabric change that opened ``phase``: detection (s and
+        collectives of this stream after the change), synthesis, issue (flag → issued: the controller's tick
+        plus synthesis), dispatch (issued → rank 0's client has it), the swap (staging → every rank staged →
+        OOB agreement; ``oob_s`` the agreement alone), activation (flag → agreed on rank 0: the new version is
+        what the next collective runs), the wait for the collective in flight (agreed → the first collective
+        on the new version starts), and detection → that first collective."""
         changed = self.degraded_at if phase == "degraded" else self.restored_at
-        out: dict[str, float | None] = dict.fromkeys(("detect_s", "detect_collectives", "synth_s", "issue_s", "oob_s",
-                                                      "swap_total_s", "first_new_s", "detect_to_first_s"))
+        out: dict[str, float | None] = dict.fromkeys(("detect_s", "detect_collectives", "synth_s", "issue_s", "dispatch_s",
+                                                      "oob_s", "swap_total_s", "activation_s", "inflight_wait_s",
+                                                      "first_new_s", "detect_to_first_s"))
         if changed is None:
             return out
         until = self.restored_at if phase == "degraded" and self.restored_at else None
@@ -148,12 +155,19 @@ class NetemuReport:
             out["issue_s"] = issued[0]["time"] - flag["time"]
             version = issued[0]["version"]
             swap = next((s for s in self.swaps if s.kind == kind and s.version == version), None)
+            agreed = None
             if swap is not None:
                 out["oob_s"], out["swap_total_s"] = swap.oob_s, swap.total_s
+                if swap.received_at is not None:
+                    out["dispatch_s"] = swap.received_at - issued[0]["time"]
+                    agreed = swap.received_at + swap.total_s
+                    out["activation_s"] = agreed - flag["time"]
             first = next((r for r in self.stream(kind) if r.version == version), None)
             if first is not None:
                 out["first_new_s"] = first.start - issued[0]["time"]
                 out["detect_to_first_s"] = first.start - flag["time"]
+                if agreed is not None:
+                    out["inflight_wait_s"] = max(first.start - agreed, 0.0)
         return out
 
     @property
