@@ -81,7 +81,7 @@ from mccl.control.protocol import (
     versions_field,
 )
 from mccl.errors import ControllerError
-from mccl.schedule import Collective, Schedule, loads_schedule
+from mccl.schedule import Collective, Schedule, dumps_schedule, loads_schedule
 
 __all__ = ["ControllerService"]
 
@@ -365,6 +365,7 @@ class ControllerService:
                 message = self._parse_elsewhere(frame)
             else:
                 message = decode(frame, max_bytes=self.max_message_bytes)
+                message.pop("schedule_text", None)  # a client's text is never served unparsed
             op = message["op"]
             if op == "telemetry":
                 samples = samples_of(message)
@@ -413,7 +414,8 @@ class ControllerService:
             raise ControllerError(f"register: the controller serves at most {self.max_communicators} communicators")
         if isinstance(schedule, str):
             schedule = loads_schedule(schedule)
-        version = self.manager.register(communicator, schedule)
+        text = message.get("schedule_text")  # the canonical text, from the parser process
+        version = self.manager.register(communicator, schedule, text=text if isinstance(text, str) else None)
         self._communicators.add(communicator)
         self._refresh([communicator])
         self.stats["registrations"] += 1
@@ -435,10 +437,13 @@ class ControllerService:
 
 
 def _parse_message(frame: bytes, max_bytes: int) -> dict[str, Any]:
-    """In the helper process: the decoded message, a register's schedule as a Schedule (pickled back)."""
+    """In the helper process: the decoded message; a register's schedule as a Schedule and its canonical
+    text (what the manager serves to ranks), both pickled back (arrays and one string: milliseconds)."""
     message = decode(frame, max_bytes=max_bytes)
+    message.pop("schedule_text", None)  # only this process sets it
     if message["op"] == "register" and isinstance(message.get("schedule"), str):
         message["schedule"] = loads_schedule(message["schedule"])
+        message["schedule_text"] = dumps_schedule(message["schedule"])
     return message
 
 
