@@ -10,7 +10,7 @@ p99, max over every trial's polls, and the median of the trials' maxima), the sa
 registration (baseline), the registration's wall time and the service process's CPU time
 per registration, and the machine's load (``os.getloadavg``) before and after.
 
-    PYTHONPATH=src python benchmarks/harden.py --segments 6 --trials 20
+    PYTHONPATH=src python benchmarks/harden.py --segments 6 --trials 20 [--nice -10]
     PYTHONPATH=/path/to/older/src python benchmarks/harden.py ...   # the same against an older service
 """
 
@@ -42,8 +42,9 @@ def _socket(address: str, secret_hex: str | None) -> zmq.Socket:
     return socket
 
 
-def _serve(segments: int, ready, stop) -> None:
-    """The service process: serve until ``stop``; report (address, secret) and then its CPU seconds."""
+def _serve(segments: int, ready, stop, nice: int) -> None:
+    """The service process: serve until ``stop``; report (address, secret)."""
+    os.nice(nice)
     topology = rail_optimized(segments, 8, 8)
     try:
         service = ControllerService(ScheduleManager(topology, ControlConfig()), "tcp://127.0.0.1:*",
@@ -56,8 +57,9 @@ def _serve(segments: int, ready, stop) -> None:
     service.stop()
 
 
-def _poll(address: str, secret_hex: str | None, stop, out) -> None:
+def _poll(address: str, secret_hex: str | None, stop, out, nice: int) -> None:
     """The polling client's process: (send time, latency) of every poll until ``stop``."""
+    os.nice(nice)
     socket = _socket(address, secret_hex)
     polls = []
     while not stop.is_set():
@@ -79,15 +81,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(segments: int, trials: int) -> dict:
+def run(segments: int, trials: int, nice: int = 0) -> dict:
     topology = rail_optimized(segments, 8, 8)
     schedule = optimize(topology, "allgather", method="ring.nccl").schedule
     spawn = multiprocessing.get_context("spawn")
     ready, polls_out, stop_service, stop_polls = spawn.Queue(), spawn.Queue(), spawn.Event(), spawn.Event()
-    server = spawn.Process(target=_serve, args=(segments, ready, stop_service))  # (it spawns a parser process)
+    server = spawn.Process(target=_serve, args=(segments, ready, stop_service, nice))  # (it spawns a parser process)
     server.start()
     address, secret_hex = ready.get(timeout=300)
-    poller = spawn.Process(target=_poll, args=(address, secret_hex, stop_polls, polls_out), daemon=True)
+    poller = spawn.Process(target=_poll, args=(address, secret_hex, stop_polls, polls_out, nice),
+                           daemon=True)
     poller.start()
     if polls_out.get(timeout=300) != "polling":
         raise RuntimeError("the polling client did not start")
@@ -138,13 +141,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segments", type=int, default=6)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--nice", type=int, default=0,
+                        help="niceness of the service and polling processes (negative needs root): on a shared, "
+                             "overloaded machine, -10 approximates a controller that has its CPU share")
     args = parser.parse_args()
-    r = run(args.segments, args.trials)
+    r = run(args.segments, args.trials, args.nice)
     busy = [latency for trial in r["per_trial"] for latency in trial]
     maxima = [max(trial) for trial in r["per_trial"] if trial]
     ms = 1e3
     print(f"{args.trials} registrations of {r['mib']:.1f} MiB ({r['transfers']} transfers); "
-          f"{os.cpu_count()} CPUs, load average {r['load'][0][0]:.1f} before, {r['load'][1][0]:.1f} after")
+          f"service and poller at nice {args.nice}; {os.cpu_count()} CPUs, load average {r['load'][0][0]:.1f} before, {r['load'][1][0]:.1f} after")
     print(f"register: median {statistics.median(r['register_s']):.2f} s wall, "
           f"{statistics.median(r['cpu_s']):.2f} s CPU of the service process")
     print(f"polls during registrations: n={len(busy)} p50 {_quantile(busy, 0.5) * ms:.1f} ms, "

@@ -15,7 +15,7 @@ from mccl.runtime.launch import run_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]  # gloo ranks in processes of their own
 
-PEER_TIMEOUT_S = 3.0
+PEER_TIMEOUT_S = 5.0
 KILL_AFTER_S = 0.3
 
 

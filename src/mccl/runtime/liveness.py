@@ -11,8 +11,12 @@ rank of the group:
 
 * **A process that dies** (SIGKILL, a crash, an OOM kill) has its sockets closed by
   the kernel: every peer reads end-of-file at once.
-* **A process that hangs or a host that vanishes** stops sending heartbeats (one
-  byte every ``timeout_s / 5``): a peer silent for ``timeout_s`` is declared lost.
+* **A process that hangs or a host that vanishes** stops sending heartbeats (a
+  message every ``timeout_s / 5``, at most every second): a peer silent for
+  ``timeout_s`` while this rank waits on something it may hold up is declared lost.
+  Silence alone, while nothing waits on the peer, is not a loss: on a machine with
+  more runnable threads than cores a live process can be starved of CPU for seconds
+  (measured here: two ranks at load 30 on 2 cores declared each other lost after 5 s).
 * **Gossip.** A rank that learns of a loss tells every other rank before it acts on
   it, so when survivors then give up and exit, the ranks still waiting already know
   the first rank that failed and name it, not the survivor that left after it.
@@ -29,8 +33,9 @@ The addresses are exchanged once through the job's store (so the store may die w
 rank 0 afterwards: this channel does not use it again). A connecting rank proves it
 read the store by echoing the listener's random nonce. Listening sockets bind to the
 address this host uses to reach the store (loopback for a local job), never to every
-interface. ``MCCL_PEER_TIMEOUT`` (seconds, default 5) sets ``timeout_s``; torch's own
-default for a process group is 30 minutes.
+interface. ``MCCL_PEER_TIMEOUT`` (seconds, default 10) sets ``timeout_s``; torch's own
+default for a process group is 30 minutes. A killed process is found at once whatever the
+timeout (end-of-file); the timeout bounds the detection of a hung one.
 """
 
 from __future__ import annotations
@@ -58,13 +63,13 @@ __all__ = ["DEFAULT_PEER_TIMEOUT_S", "Liveness", "Loss", "peer_timeout_s"]
 
 log = logging.getLogger("mccl.runtime")
 
-DEFAULT_PEER_TIMEOUT_S = 5.0
+DEFAULT_PEER_TIMEOUT_S = 10.0
 _MESSAGE = struct.Struct("!ci")  # kind, rank: b"h" heartbeat, b"l" a loss the sender learned of, b"b" goodbye
 _HELLO = struct.Struct("!i16s")  # connecting rank, the listener's nonce
 
 
 def peer_timeout_s(value: float | str | None = None) -> float:
-    """The liveness timeout in seconds: ``value``, else ``MCCL_PEER_TIMEOUT``, else 5; finite and > 0."""
+    """The liveness timeout in seconds: ``value``, else ``MCCL_PEER_TIMEOUT``, else 10; 0.05 to 86400."""
     raw = value if value is not None else os.environ.get("MCCL_PEER_TIMEOUT", DEFAULT_PEER_TIMEOUT_S)
     try:
         seconds = float(raw)
@@ -94,8 +99,8 @@ class Liveness:
     def __init__(self, store: dist.Store, rank: int, size: int, *, timeout_s: float | None = None,
                  connect_timeout_s: float = 60.0, waits_on: Callable[[int], bool] = lambda rank: False,
                  on_loss: Callable[[int], None] = lambda rank: None) -> None:
-        """``waits_on(rank)``: whether this rank waits on something ``rank`` may hold up (a departed
-        rank is lost only then); ``on_loss(rank)``: called once, on this thread, after the first loss
+        """``waits_on(rank)``: whether this rank waits on something ``rank`` may hold up (a silent or
+        departed rank is lost only then); ``on_loss(rank)``: called once, on this thread, after the first loss
         is recorded and gossiped (the transport breaks its group there)."""
         self.rank, self.size = rank, size
         self.timeout_s = peer_timeout_s(timeout_s)
@@ -215,7 +220,8 @@ class Liveness:
                     sock.close()
                 now = time.monotonic()
                 for sock, peer in list(self._peers.items()):
-                    if now - self._heard[peer] > self.timeout_s and peer not in self.departed:
+                    if (now - self._heard[peer] > self.timeout_s and peer not in self.departed
+                            and self._waits_on(peer)):
                         selector.unregister(sock)
                         del self._peers[sock]
                         sock.close()

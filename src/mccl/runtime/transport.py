@@ -68,7 +68,7 @@ class Transport:
 
     ``store``: a store private to this transport (a PrefixStore of the job's) through which the
     ranks exchange their liveness addresses; None: no peer watching (waits block, module docstring).
-    ``peer_timeout_s``: how long a silent peer is waited for (default ``MCCL_PEER_TIMEOUT``, 5 s)."""
+    ``peer_timeout_s``: how long a silent peer is waited for (default ``MCCL_PEER_TIMEOUT``, 10 s)."""
 
     def __init__(self, group: dist.ProcessGroup | object, *, backend: str | None = None,
                  store: dist.Store | None = None, peer_timeout_s: float | None = None) -> None:
