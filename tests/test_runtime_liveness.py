@@ -47,7 +47,7 @@ def test_a_rank_whose_connections_close_is_lost_at_once_by_every_other():
     try:
         ranks[2]._stop = True  # the thread closes its sockets without a goodbye: what the kernel does at a kill
         elapsed = _until(lambda: ranks[0].lost.is_set() and ranks[1].lost.is_set())
-        assert elapsed < 2.0  # end-of-file, not the 30 s heartbeat timeout
+        assert elapsed < 10.0  # end-of-file (the victim notices _stop within its 1 s beat), not the 30 s timeout
         for survivor in ranks[:2]:
             assert survivor.first_lost().rank == 2
             assert "connection closed" in survivor.first_lost().how or "lost it" in survivor.first_lost().how

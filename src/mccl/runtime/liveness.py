@@ -114,6 +114,7 @@ class Liveness:
         self.departed: dict[int, float] = {}  # rank -> when it said goodbye (time.monotonic())
         self._stop = False
         self._waits_on, self._on_loss = waits_on, on_loss
+        self._wake_reader, self._wake_writer = socket.socketpair()  # close() wakes the thread at once
         self._connect(store, connect_timeout_s)
         self._thread = threading.Thread(target=self._run, name="mccl-liveness", daemon=True)
         self._thread.start()
@@ -152,6 +153,8 @@ class Liveness:
         if not self._stop:
             self._broadcast(_MESSAGE.pack(b"b", self.rank))
         self._stop = True
+        with contextlib.suppress(OSError):
+            self._wake_writer.send(b"x")
         self._thread.join(timeout=5)
 
     # ---- set-up: addresses through the store, then one connection per pair -------------
@@ -201,6 +204,7 @@ class Liveness:
         selector = selectors.DefaultSelector()
         for sock in self._peers:
             selector.register(sock, selectors.EVENT_READ)
+        selector.register(self._wake_reader, selectors.EVENT_READ)
         next_beat = 0.0
         try:
             while not self._stop:
@@ -210,6 +214,8 @@ class Liveness:
                     next_beat = now + self.interval_s
                 closed = []
                 for key, _ in selector.select(timeout=max(0.0, next_beat - time.monotonic())):
+                    if key.fileobj is self._wake_reader:
+                        continue
                     if not self._read(key.fileobj):
                         closed.append(key.fileobj)
                 for sock in closed:  # after every message of this round
@@ -233,7 +239,7 @@ class Liveness:
             log.exception("mccl: the liveness watcher of rank %d stopped", self.rank)
         finally:
             selector.close()
-            for sock in self._peers:
+            for sock in [*self._peers, self._wake_reader, self._wake_writer]:
                 sock.close()
 
     def _read(self, sock: socket.socket) -> bool:
