@@ -157,6 +157,7 @@ def main() -> None:
           f"p99 {_quantile(busy, 0.99) * ms:.1f} ms, max {max(busy) * ms:.1f} ms; per-trial max: median "
           f"{statistics.median(maxima) * ms:.1f} ms, worst {max(maxima) * ms:.1f} ms; "
           f"trials with a poll > 100 ms: {sum(m > 0.1 for m in maxima)}/{len(maxima)}")
+    print("per-trial max (ms, in order): " + " ".join(f"{m * ms:.0f}" for m in maxima))
     print(f"polls with nothing in hand: n={len(r['idle'])} p50 {_quantile(r['idle'], 0.5) * ms:.2f} ms, "
           f"p99 {_quantile(r['idle'], 0.99) * ms:.1f} ms, max {max(r['idle']) * ms:.1f} ms")
 
