@@ -21,17 +21,12 @@ fresh one, :attr:`ControllerService.secret`). A peer without it never gets a mes
 through; its failed handshakes are counted (``stats["auth_failures"]``). Without
 authentication the service binds to loopback only.
 
-No message stops or stalls the service: every message is parsed with bounds
-(:func:`.protocol.decode`), every handler's failure becomes an ``error`` reply and a
-count, frames above ``max_message_bytes`` are refused by libzmq (``ZMQ_MAXMSGSIZE``),
-registrations per communicator name are bounded (``max_communicators``), and heavy
-messages — every ``register`` (parse and validate a schedule) and any frame above
+No message stops or stalls the service: what a message asks and its bounds are in
+:mod:`.messages` (parsing with limits, the parser process for large frames, the bounded
+state answers read); here, frames above ``max_message_bytes`` are refused by libzmq
+(``ZMQ_MAXMSGSIZE``), and heavy messages — every ``register`` and any frame above
 ``inline_bytes`` — are handled on a worker thread, at most ``max_pending`` at a time
-(more are refused with "busy"), so polls keep being answered meanwhile. Frames above
-``subprocess_bytes`` are parsed in a helper process: ``json.loads`` of a 38 MiB
-schedule is one C call that holds the GIL for ~2 s, which a thread alone cannot hide
-(measured: a poll then waited 2.6 s); the helper returns the parsed schedule's arrays,
-which unpickle in milliseconds.
+(more are refused with "busy"), so polls keep being answered meanwhile.
 
 Threads. The service thread owns the socket (ZeroMQ sockets are single-threaded)
 and never waits for the manager's lock (``ScheduleManager.register`` holds it while it
@@ -47,41 +42,26 @@ or polled here; a poll for one registered on the manager directly is answered on
 next check has refreshed it (≤ ``check_interval_s`` plus a check).
 
 Which path ran each call: a telemetry message may carry a rank's call totals (``calls``,
-:func:`.protocol.calls_of`); the service keeps the latest of each (communicator, rank) — totals,
-so the newest replaces the last and a dropped report costs nothing once the next arrives — at
-most ``max_call_rows`` rows in all (more are dropped and counted), and returns them in ``status``.
+:func:`.protocol.calls_of`); the service keeps the latest of each (communicator, rank), bounded
+(:class:`.messages.Requests`), and returns them in ``status``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import multiprocessing
 import queue
 import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from mccl.control.auth import JobSecret, as_secret, is_loopback, new_secret, secret_from_env
 from mccl.control.manager import ScheduleManager
-from mccl.control.protocol import (
-    MAX_MESSAGE_BYTES,
-    CallReport,
-    calls_of,
-    decode,
-    encode,
-    finite_or_none,
-    samples_of,
-    text_field,
-    versions_field,
-)
+from mccl.control.messages import Limits, Requests, looks_heavy
+from mccl.control.protocol import MAX_MESSAGE_BYTES, encode
 from mccl.errors import ControllerError
-from mccl.schedule import Collective, Schedule, loads_schedule
 
 __all__ = ["ControllerService"]
 
@@ -117,15 +97,10 @@ class ControllerService:
                  max_call_rows: int = 1 << 20) -> None:
         self.manager = manager
         self.check_interval_s = check_interval_s
-        self.max_message_bytes = max_message_bytes
-        self.inline_bytes = inline_bytes
-        self.max_communicators = max_communicators
-        self.max_pending = max_pending
-        self.max_status_events = max_status_events
-        self.subprocess_bytes = subprocess_bytes
-        self.max_ingest_backlog = max_ingest_backlog
-        self.max_call_rows = max_call_rows
-        self._parser: ProcessPoolExecutor | None = None
+        self.limits = Limits(max_message_bytes=max_message_bytes, inline_bytes=inline_bytes,
+                             max_communicators=max_communicators, max_pending=max_pending,
+                             max_status_events=max_status_events, subprocess_bytes=subprocess_bytes,
+                             max_ingest_backlog=max_ingest_backlog, max_call_rows=max_call_rows)
         if authenticate:
             self.secret: JobSecret | None = as_secret(secret) or secret_from_env() or new_secret()
         elif not is_loopback(bind):
@@ -156,17 +131,12 @@ class ControllerService:
         self.stats = {"telemetry_messages": 0, "samples": 0, "malformed": 0, "polls": 0, "replies": 0,
                       "schedules_sent": 0, "checks": 0, "auth_failures": 0, "busy": 0, "registrations": 0,
                       "telemetry_dropped": 0, "call_reports": 0, "call_reports_dropped": 0}
-        self._communicators: set[str] = set()  # registered here (bounded by max_communicators)
-        self._watched: set[str] = set()  # polled here: the snapshot covers them too (bounded likewise)
-        self._snapshot: dict[str, dict[Collective, tuple[int, str]]] = {}  # replaced whole, never mutated
         self._ingest = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-ingest")
         self._ingest_backlog = 0
         self._ingest_lock = threading.Lock()
-        # which path ran each rank's calls: {communicator: {rank: rows}}, the latest report of each rank
-        self._calls: dict[str, dict[int, list[tuple[str, str, int | None, int]]]] = {}
-        self._call_rows = 0  # rows kept in all (bounded by max_call_rows)
-        self._calls_lock = threading.Lock()  # the heavy-message thread may take a large telemetry message
         self._stop = threading.Event()
+        self.requests = Requests(manager, self.limits, self.stats, take_telemetry=self._take_telemetry,
+                                 on_stop=self._stop.set)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-synth")
         self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-register")
         self._results: queue.SimpleQueue[tuple[bytes, bytes | None]] = queue.SimpleQueue()
@@ -225,8 +195,7 @@ class ControllerService:
             self._ingest.shutdown(wait=True, cancel_futures=True)
             self._heavy.shutdown(wait=True, cancel_futures=True)
             self._worker.shutdown(wait=True, cancel_futures=True)
-            if self._parser is not None:
-                self._parser.shutdown(wait=True, cancel_futures=True)
+            self.requests.close()
             self._close()
 
     def _drain(self) -> None:
@@ -239,10 +208,10 @@ class ControllerService:
                 self.stats["malformed"] += 1
                 continue
             identity, frame = parts
-            if len(frame) > self.inline_bytes or _looks_like_register(frame):
+            if looks_heavy(frame, self.limits):
                 self._hand_off(identity, frame)
             else:
-                reply = self._handle(identity, frame)
+                reply = self.requests.handle(frame)
                 if reply is not None:
                     self._reply(identity, reply)
 
@@ -260,23 +229,13 @@ class ControllerService:
         try:
             self.stats["checks"] += 1
             self.manager.step()
-            self._refresh(list(self._communicators | self._watched))
+            self.requests.refresh(self.requests.known())
         except Exception:  # a bug in a check must not stop the service; it is logged
             log.exception("mccl controller: drift check failed")
 
-    def _refresh(self, communicators: list[str]) -> None:
-        """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread)."""
-        fresh = {}
-        for name in communicators:
-            entry = {kind: latest for kind in Collective if (latest := self.manager.latest(name, kind)) is not None}
-            if entry or name in self._snapshot:
-                fresh[name] = entry
-        if fresh:
-            self._snapshot = {**self._snapshot, **fresh}
-
     def _take_telemetry(self, samples: list) -> None:
         with self._ingest_lock:
-            if self._ingest_backlog >= self.max_ingest_backlog:
+            if self._ingest_backlog >= self.limits.max_ingest_backlog:
                 self.stats["telemetry_dropped"] += len(samples)
                 return
             self._ingest_backlog += 1
@@ -292,25 +251,9 @@ class ControllerService:
 
         self._ingest.submit(ingest)
 
-    def _take_calls(self, report: CallReport) -> None:
-        """Keep a rank's latest call totals (they are totals, so the newest replaces the last); a report
-        beyond the bounds (communicator names, rows kept in all) is dropped and counted."""
-        communicator, rank, rows = report
-        with self._calls_lock:
-            ranks = self._calls.get(communicator)
-            known = len(ranks[rank]) if ranks is not None and rank in ranks else 0
-            if ((ranks is None and len(self._calls) >= 2 * self.max_communicators)
-                    or self._call_rows - known + len(rows) > self.max_call_rows):
-                self.stats["call_reports_dropped"] += 1
-                return
-            self._calls.setdefault(communicator, {})[rank] = rows
-            self._call_rows += len(rows) - known
-            self.stats["call_reports"] += 1
-
     def calls(self) -> dict[str, dict[int, list[tuple[str, str, int | None, int]]]]:
         """The latest call totals each rank reported, by communicator and rank (also in ``status``)."""
-        with self._calls_lock:
-            return {name: dict(ranks) for name, ranks in self._calls.items()}
+        return self.requests.calls()
 
     # ---- messages ----------------------------------------------------------------------
     def _reply(self, identity: bytes, payload: bytes) -> None:
@@ -321,7 +264,7 @@ class ControllerService:
             pass
 
     def _hand_off(self, identity: bytes, frame: bytes) -> None:
-        if self._pending >= self.max_pending:
+        if self._pending >= self.limits.max_pending:
             self.stats["busy"] += 1
             self._reply(identity, encode("error", message=f"the controller is busy ({self._pending} large messages "
                                                           "in hand); try again"))
@@ -330,8 +273,8 @@ class ControllerService:
 
         def work() -> None:
             try:
-                self._results.put((identity, self._handle(identity, frame)))
-            except BaseException:  # noqa: BLE001 - _handle already turns every Exception into a reply
+                self._results.put((identity, self.requests.handle(frame)))
+            except BaseException:  # noqa: BLE001 - handle() already turns every Exception into a reply
                 self._results.put((identity, None))
                 raise
 
@@ -346,102 +289,3 @@ class ControllerService:
             self._pending -= 1
             if reply is not None:
                 self._reply(identity, reply)
-
-    def _parse_elsewhere(self, frame: bytes) -> dict[str, Any]:
-        """decode() (and a register's schedule parsed) in the helper process; see module docstring."""
-        if self._parser is None:
-            self._parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            return self._parser.submit(_parse_message, frame, self.max_message_bytes).result()
-        except BrokenProcessPool:  # the helper died (memory?): a fresh one for the next message
-            self._parser = None
-            raise ControllerError("the controller could not parse that message (its parser process died)") from None
-
-    def _handle(self, identity: bytes, frame: bytes) -> bytes | None:
-        """The reply to one message (None: no reply). Never raises: any failure is an error reply."""
-        op: str | None = None
-        try:
-            if len(frame) > self.subprocess_bytes:
-                message = self._parse_elsewhere(frame)
-            else:
-                message = decode(frame, max_bytes=self.max_message_bytes)
-            op = message["op"]
-            if op == "telemetry":
-                samples = samples_of(message)
-                calls = calls_of(message)  # both checked before either is taken
-                self.stats["telemetry_messages"] += 1
-                self.stats["samples"] += len(samples)
-                if samples:
-                    self._take_telemetry(samples)
-                if calls is not None:
-                    self._take_calls(calls)
-                return None
-            if op == "poll":
-                self.stats["polls"] += 1
-                return self._answer_poll(message)
-            if op == "register":
-                return self._register(message)
-            if op == "status":
-                events = [dataclasses.asdict(event) for event in self.manager.events[-self.max_status_events:]]
-                stats = {**self.stats, "samples_taken": self.manager.samples_taken,
-                         "samples_ignored": self.manager.samples_ignored}
-                calls = {name: {str(rank): [list(row) for row in rows] for rank, rows in ranks.items()}
-                         for name, ranks in self.calls().items()}
-                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls)
-            if op == "stop":
-                self._stop.set()
-                return encode("ok")
-            raise ControllerError(f"unknown controller operation {op[:40]!r}")
-        except Exception as error:  # noqa: BLE001 - no message may end the service (issue 13)
-            self.stats["malformed"] += 1
-            if self.stats["malformed"] == 1:
-                log.warning("mccl controller: bad message (%s); further ones are only counted", str(error)[:200])
-            if op == "telemetry":
-                return None
-            text = str(error) if isinstance(error, ControllerError) else f"{type(error).__name__}: {error}"
-            try:
-                return encode("error", message=text[:1000])
-            except Exception:  # noqa: BLE001 - an error text json cannot hold
-                return encode("error", message=type(error).__name__)
-
-    def _register(self, message: dict[str, Any]) -> bytes:
-        communicator = text_field(message, "communicator")
-        schedule = message.get("schedule")
-        if not isinstance(schedule, str | Schedule):
-            raise ControllerError("register: 'schedule' must be a schedule file's text")
-        if communicator not in self._communicators and len(self._communicators) >= self.max_communicators:
-            raise ControllerError(f"register: the controller serves at most {self.max_communicators} communicators")
-        if isinstance(schedule, str):
-            schedule = loads_schedule(schedule)
-        version = self.manager.register(communicator, schedule)
-        self._communicators.add(communicator)
-        self._refresh([communicator])
-        self.stats["registrations"] += 1
-        return encode("ok", version=version)
-
-    def _answer_poll(self, message: dict[str, Any]) -> bytes:
-        """From the snapshot: the socket thread never waits for the manager (see module docstring)."""
-        communicator = text_field(message, "communicator")
-        have = versions_field(message)
-        if communicator not in self._watched and len(self._watched) < 2 * self.max_communicators:
-            self._watched.add(communicator)
-        active = self._snapshot.get(communicator, {})
-        for kind in Collective:
-            latest = active.get(kind)
-            if latest is not None and latest[0] > have.get(kind.value, 0):
-                self.stats["schedules_sent"] += 1
-                return encode("schedule", collective=kind.value, version=latest[0], schedule=latest[1])
-        return encode("idle", versions={kind.value: latest[0] for kind, latest in active.items()})
-
-
-def _parse_message(frame: bytes, max_bytes: int) -> dict[str, Any]:
-    """In the helper process: the decoded message, a register's schedule as a Schedule (pickled back)."""
-    message = decode(frame, max_bytes=max_bytes)
-    if message["op"] == "register" and isinstance(message.get("schedule"), str):
-        message["schedule"] = loads_schedule(message["schedule"])
-    return message
-
-
-def _looks_like_register(frame: bytes) -> bool:
-    """Whether a (small) frame asks to register: such work goes to the heavy-message thread."""
-    return b'"register"' in frame[:4096]

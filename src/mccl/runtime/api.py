@@ -51,12 +51,12 @@ def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | No
     if not dist.is_initialized():
         raise MCCLError("mccl.init needs torch.distributed to be initialized (dist.init_process_group)")
     group = group or dist.group.WORLD
-    transport = Transport(group)
     store = torch_private.default_store()
     group_name = getattr(group, "group_name", "world") or "world"
     # a per-rank counter in the store: equal on every rank when every rank inits in the same order
-    count = store.add(f"mccl/communicators/{group_name}/{transport.rank}", 1)
+    count = store.add(f"mccl/communicators/{group_name}/{group.rank()}", 1)
     name = name or f"{group_name}#{count}"
+    transport = Transport(group, store=dist.PrefixStore(f"mccl/liveness/{group_name}#{count}/", store))
     control = StoreControl(store, f"mccl/control/{name}/", transport.rank, transport.size) if hot_swap else None
     return Communicator(transport, name=name, topology=topology, schedules=schedules, source=controller, sink=sink,
                         telemetry=telemetry, control=control, driver=driver, check=check)

@@ -109,7 +109,8 @@ class MCCLProcessGroup(dist.ProcessGroup):
         inner, transport_name = _transport_backend(store, rank, size, timeout)
         self._transport_device = "cuda" if transport_name == "nccl" else "cpu"
         control = StoreControl(store, "mccl-control/", rank, size)
-        self.communicator = Communicator(Transport(inner, backend=transport_name), name="mccl", control=control,
+        transport = Transport(inner, backend=transport_name, store=dist.PrefixStore("mccl-liveness/", store))
+        self.communicator = Communicator(transport, name="mccl", control=control,
                                          check=os.environ.get("MCCL_CHECK", "1") != "0")
         self._delegate = {}
         for device, (backend, backend_type) in _delegates(store, rank, size, timeout).items():

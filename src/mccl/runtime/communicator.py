@@ -289,7 +289,8 @@ class Communicator(Collectives):
             self._telemetry.flush()
 
     def close(self) -> None:
-        """Stop the background threads (after the queued collectives); the transport group stays."""
+        """Stop the background threads (after the queued collectives) and say goodbye to the peers'
+        liveness watchers (a departure, not a loss: :mod:`mccl.runtime.liveness`); the group stays."""
         if self._swapper is not None:
             self._swapper.stop()
         if self._worker is not None:
@@ -298,6 +299,7 @@ class Communicator(Collectives):
             self._worker = None
         if self._telemetry is not None:
             self._telemetry.close()
+        self.transport.close()
 
     def attach_telemetry(self, sink: TelemetrySink, config: TelemetryConfig | None = None) -> None:
         """Start measuring into ``sink`` (e.g. on a communicator created by the "mccl" backend)."""

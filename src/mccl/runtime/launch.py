@@ -11,8 +11,9 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -50,8 +51,11 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, backen
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0,
-              backend: str = "gloo") -> list[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their return values by rank."""
+              backend: str = "gloo", may_die: Collection[int] = ()) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; their return values by rank.
+
+    ``may_die``: ranks whose process may end without reporting (a test that kills them); their value
+    is None. Any other rank that ends without reporting fails the launch at once, with its exit code."""
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
@@ -68,13 +72,17 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
         else:
             os.environ["OMP_NUM_THREADS"] = env_before
     values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
     try:
         while len(values) < world_size:
             try:
-                rank, ok, value = results.get(timeout=timeout_s)
-            except queue.Empty as error:
-                missing = sorted(set(range(world_size)) - set(values))
-                raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s") from error
+                rank, ok, value = results.get(timeout=0.2)
+            except queue.Empty:
+                _check_exits(processes, values, may_die, results)
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(values))
+                    raise LaunchError(f"ranks {missing} did not finish within {timeout_s:.0f} s") from None
+                continue
             if not ok:
                 raise LaunchError(f"rank {rank} failed:\n{value}")
             values[rank] = value
@@ -86,3 +94,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
                 process.terminate()
                 process.join(timeout=5)
     return [values[rank] for rank in range(world_size)]
+
+
+def _check_exits(processes: list, values: dict[int, Any], may_die: Collection[int], results: Any) -> None:
+    """Ranks whose process ended without reporting: None for those allowed to die, else a LaunchError."""
+    for rank, process in enumerate(processes):
+        if rank in values or process.exitcode is None:
+            continue
+        if rank in may_die:
+            values[rank] = None
+        elif results.empty():  # (a report may still be in the queue's pipe: read it first)
+            raise LaunchError(f"rank {rank} ended with exit code {process.exitcode} without reporting")

@@ -16,9 +16,15 @@ Everything that differs between gloo (CPU, tests) and NCCL (GPUs) is here, named
   forwarding it, so :attr:`Transport.dependency_driven` selects the executor's
   eager driver, which waits in ``Work.wait()`` (the GIL is released there) and
   forwards each chunk as soon as it arrives — pipelining across chunks.
+* **Failure.** A blocking ``Work.wait()`` on a rank whose peer died returns only at the
+  process-group timeout (30 min by default), or never for a peer stuck behind the dead
+  one; gloo's abort does not unblock a pending receive. With a store, a transport watches
+  its peers (:class:`~mccl.runtime.liveness.Liveness`, ``MCCL_PEER_TIMEOUT``); when the
+  watcher loses a rank, :meth:`Transport._break` ends every pending wait of the group
+  with an error, and :class:`PeerLost` names the first rank lost, not the peer of the
+  wait. Waits stay plain blocking ``wait()`` calls: watching costs nothing per operation.
 * **Hazards of gloo** (measured, see issue 6): never call ``wait(timeout)`` (an
-  expired wait breaks the group for good: the executor always waits without a
-  timeout); a message larger than the posted receive aborts the receiving process
+  expired wait breaks the group for good); a message larger than the posted receive aborts the receiving process
   (the executor checks tensor sizes before it issues anything, and receive sizes
   come from the same deterministic layout as send sizes).
 
@@ -31,18 +37,21 @@ swap replaces the schedule, never the group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from mccl.errors import MCCLError, PeerLost
 from mccl.runtime import torch_private
+from mccl.runtime.liveness import Liveness
 from mccl.runtime.throttle import Pacer
 
-__all__ = ["P2P", "Transport", "TAG_SPAN", "wait"]
+__all__ = ["P2P", "Transport", "TAG_SPAN"]
 
+_BREAK_TAG = (1 << 31) - 1  # above every tag space (1024 × TAG_SPAN): never matched by a send
 TAG_SPAN = 1 << 20  # ordinals per peer pair and collective; collectives cycle through 1024 tag spaces
 
 
@@ -55,9 +64,14 @@ class P2P:
 
 
 class Transport:
-    """Point-to-point operations over ``group`` (a ProcessGroup or a c10d Backend), in group ranks."""
+    """Point-to-point operations over ``group`` (a ProcessGroup or a c10d Backend), in group ranks.
 
-    def __init__(self, group: dist.ProcessGroup | object, *, backend: str | None = None) -> None:
+    ``store``: a store private to this transport (a PrefixStore of the job's) through which the
+    ranks exchange their liveness addresses; None: no peer watching (waits block, module docstring).
+    ``peer_timeout_s``: how long a silent peer is waited for (default ``MCCL_PEER_TIMEOUT``, 10 s)."""
+
+    def __init__(self, group: dist.ProcessGroup | object, *, backend: str | None = None,
+                 store: dist.Store | None = None, peer_timeout_s: float | None = None) -> None:
         self.group = group
         name = backend or _backend_name(group)
         if name not in ("gloo", "nccl"):
@@ -66,6 +80,10 @@ class Transport:
         self.rank = int(group.rank())
         self.size = int(group.size())
         self._pacers: dict[int, Pacer] = {}
+        self._waiting: list[int] = []  # the peer of every wait in progress (-1: a collective)
+        self.liveness = (Liveness(store, self.rank, self.size, timeout_s=peer_timeout_s, waits_on=self._waits_on,
+                                  on_loss=self._break)
+                         if store is not None and self.size > 1 else None)
 
     def throttle(self, peers: Sequence[int], gbps: float | None) -> None:
         """Pace every later send to ``peers`` at ``gbps`` through one shared pacer (an emulated
@@ -88,61 +106,114 @@ class Transport:
         return self.backend == "gloo"
 
     def post(self, op: P2P) -> object:
-        """Issue one operation now (gloo); returns its Work."""
-        if op.is_send:
-            pacer = self._pacers.get(op.peer)
-            if pacer is not None:
-                return pacer.submit(lambda: self.group.send([op.tensor], op.peer, op.tag),
-                                    op.tensor.numel() * op.tensor.element_size())
-            return self.group.send([op.tensor], op.peer, op.tag)
-        return self.group.recv([op.tensor], op.peer, op.tag)
+        """Issue one operation now (gloo); returns its Work. A peer known lost, or a backend that
+        refuses the operation (its connection to the peer broke), raises :class:`PeerLost`."""
+        self.check_peers()
+        try:
+            if op.is_send:
+                pacer = self._pacers.get(op.peer)
+                if pacer is not None:
+                    return pacer.submit(lambda: self.group.send([op.tensor], op.peer, op.tag),
+                                        op.tensor.numel() * op.tensor.element_size())
+                return self.group.send([op.tensor], op.peer, op.tag)
+            return self.group.recv([op.tensor], op.peer, op.tag)
+        except RuntimeError as error:
+            raise self._peer_lost(error, op.peer) from error
 
-    def post_group(self, ops: Sequence[P2P]) -> list[object]:
-        """Issue ``ops`` together: one NCCL group (coalesced: one Work), or one by one, receives first,
-        on gloo (one Work per operation, receives' first)."""
-        ordered = [op for op in ops if not op.is_send] + [op for op in ops if op.is_send]
-        if self.backend != "nccl" or not ordered:
-            return [self.post(op) for op in ordered]
-        device = ordered[0].tensor.device
-        torch_private.start_coalescing(self.group, device)
-        for op in ordered:
-            self.post(op)
-        return [torch_private.end_coalescing(self.group, device)]
+    def check_peers(self) -> None:
+        """Raise :class:`PeerLost` naming the first rank lost, if the watcher knows of one."""
+        if self.liveness is not None and self.liveness.lost.is_set():
+            raise PeerLost(self.liveness.first_lost().describe())
+
+    def wait(self, work: object, peer: int | None) -> None:
+        """Block in ``work.wait()`` (``peer``: the rank it exchanges with, None for a collective). Never
+        ``wait(timeout)`` here; when the watcher loses a rank it breaks the group (:meth:`_break`), which
+        ends this wait with an error. A backend error becomes :class:`PeerLost`."""
+        self._waiting.append(-1 if peer is None else peer)
+        try:
+            work.wait()
+        except (RuntimeError, MCCLError) as error:  # (a paced send's failure is an MCCLError)
+            if isinstance(error, PeerLost):
+                raise
+            raise self._peer_lost(error, peer) from error
+        finally:
+            self._waiting.pop()
+
+    def _waits_on(self, rank: int) -> bool:
+        """Whether a wait is in progress that ``rank`` could be holding up (the watcher's question)."""
+        return any(peer in (-1, rank) for peer in list(self._waiting))
+
+    def _break(self, lost: int) -> None:
+        """Make every pending gloo operation of this group fail now (the watcher lost ``lost``).
+
+        A point-to-point Work cannot be aborted from Python and its ``is_completed()`` stays False
+        until it is waited for; but a receive whose ``wait(timeout)`` expires makes gloo signal the
+        error to every pair of its context (``UnboundBuffer::waitRecv``), which ends every blocked
+        wait and collective of the group with an error. The group is broken anyway: one rank is
+        gone. So post a receive that nothing will match and let it expire after a millisecond;
+        from a live peer first (a pair the dead rank's EOF already broke may refuse the post)."""
+        if self.backend != "gloo":
+            return  # NCCL: the stream waits, not the CPU; ncclCommAbort is the user's call
+        dummy = torch.empty(1)
+        for peer in sorted(range(self.size), key=lambda p: (p == lost, p)):
+            if peer == self.rank:
+                continue
+            try:
+                self.group.recv([dummy], peer, _BREAK_TAG).wait(timedelta(milliseconds=1))
+            except RuntimeError:
+                return  # expired (or refused after the break): the context carries the error now
+        return
+
+    def _peer_lost(self, error: Exception, peer: int | None) -> PeerLost:
+        """A backend error as :class:`PeerLost`, named after the first rank the watcher lost, else a
+        rank that left (``peer``, or any for a collective), else ``peer``. gloo may see a broken
+        connection before the watcher hears of it: it is given up to a second to."""
+        text = str(error).strip()
+        detail = text.splitlines()[0][:240] if text else type(error).__name__
+        loss = self.liveness.explain(peer, grace_s=1.0) if self.liveness is not None else None
+        if loss is not None:
+            return PeerLost(f"{loss.describe()}; the transport reported: {detail}")
+        who = f"rank {peer}" if peer is not None else "a rank of the group"
+        return PeerLost(f"{who} stopped answering ({detail})")
 
     # torch's own collectives on the same group: the vendor path of mccl-paper §3
     def native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:
         options = dist.ReduceScatterOptions()
         options.reduceOp = op
-        work = (self.group.reduce_scatter_single(output, input, options) if hasattr(self.group, "reduce_scatter_single")
-                else torch_private.reduce_scatter_base(self.group, output, input, options))
-        wait(work, None)
+        group = self.group
+        self._run_native(lambda: group.reduce_scatter_single(output, input, options)
+                         if hasattr(group, "reduce_scatter_single")
+                         else torch_private.reduce_scatter_base(group, output, input, options))
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        work = (self.group.all_gather_single(output, input, torch_private.AllgatherOptions())
-                if hasattr(self.group, "all_gather_single") else torch_private.all_gather_base(self.group, output, input))
-        wait(work, None)
+        group = self.group
+        self._run_native(lambda: group.all_gather_single(output, input, torch_private.AllgatherOptions())
+                         if hasattr(group, "all_gather_single") else torch_private.all_gather_base(group, output, input))
 
     def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int]) -> None:
         """torch's alltoallv on the group, waited for (empty split lists: even blocks); the vendor
         AllToAll and, on gloo, one step of the exchange driver."""
         options = dist.AllToAllOptions()
-        wait(self.group.alltoall_base(output, input, output_split_sizes, input_split_sizes, options), None)
+        self._run_native(lambda: self.group.alltoall_base(output, input, output_split_sizes, input_split_sizes,
+                                                          options))
 
     def barrier(self) -> None:
-        wait(self.group.barrier(), None)
+        self._run_native(self.group.barrier)
 
+    def _run_native(self, issue: Callable[[], object]) -> None:
+        """Issue one of torch's collectives and wait for it, failures as :class:`PeerLost`."""
+        self.check_peers()
+        try:
+            work = issue()
+        except RuntimeError as error:
+            raise self._peer_lost(error, None) from error
+        self.wait(work, None)
 
-def wait(work, peer: int | None) -> None:
-    """Wait for ``work`` without a timeout (an expired wait breaks a gloo group for good); a peer that
-    died or hung up surfaces as a RuntimeError of the backend, turned here into :class:`PeerLost`."""
-    try:
-        work.wait()
-    except RuntimeError as error:
-        text = str(error).strip()
-        detail = text.splitlines()[0][:240] if text else type(error).__name__
-        who = f"rank {peer}" if peer is not None else "a rank of the group"
-        raise PeerLost(f"{who} stopped answering ({detail})") from error
+    def close(self) -> None:
+        """Stop watching the peers (the group itself belongs to whoever created it)."""
+        if self.liveness is not None:
+            self.liveness.close()
 
 
 def _backend_name(group: object) -> str:

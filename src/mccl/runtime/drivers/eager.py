@@ -30,7 +30,7 @@ from mccl.runtime.buffers import Buffers, Reducer
 from mccl.runtime.drivers.base import PointToPoint, call_views, p2p, point_to_point, tag_base
 from mccl.runtime.plan import RankPlan
 from mccl.runtime.telemetry import Meters
-from mccl.runtime.transport import Transport, wait
+from mccl.runtime.transport import Transport
 from mccl.schedule import TransferOp
 
 __all__ = ["EagerDriver", "EagerProgram"]
@@ -133,7 +133,7 @@ class _EagerRun:
             if not heap:
                 raise MCCLError("the executor stalled: operations wait on each other (a schedule this rank cannot run)")
             first = heapq.heappop(heap)[2]
-            wait(self.works[first], ops[first].peer)
+            self.transport.wait(self.works[first], ops[first].peer)
             self._complete(first)
             works = self.works
             for index in [i for i in self.watched if works[i].is_completed()]:

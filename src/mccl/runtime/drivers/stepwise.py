@@ -17,7 +17,7 @@ from mccl.runtime.buffers import Buffers
 from mccl.runtime.drivers.base import PointToPoint, call_views, p2p, point_to_point, tag_base
 from mccl.runtime.plan import Op, RankPlan
 from mccl.runtime.telemetry import Meters
-from mccl.runtime.transport import Transport, wait
+from mccl.runtime.transport import Transport
 
 __all__ = ["StepwiseDriver", "StepwiseProgram", "StepOps"]
 
@@ -70,7 +70,7 @@ class StepwiseDriver:
             works = transport.post_group([p2p(op, views, temps, base) for op in step.issued])
             one_each = len(works) == len(step.issued)  # NCCL: one coalesced Work for the step
             for position, work in enumerate(works):
-                wait(work, step.issued[position].peer if one_each else None)
+                transport.wait(work, step.issued[position].peer if one_each else None)
             if meters is not None:
                 for op in step.sends:
                     meters.completed(op.peer, views[op.index].numel() * views[op.index].element_size())
