@@ -36,6 +36,7 @@ import numpy as np
 
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.straighten import straighten_routes
 
 __all__ = ["LogicalGraph", "remove_switches", "packing_ok"]
 
@@ -360,7 +361,7 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
             _careful_split(graph, w, k)
     pools = graph.rank_pools()
     units_out = {key: graph.units(key) for key in pools}
-    routes = {key: [(path, units) for path, units in pool] for key, pool in pools.items()}
+    routes = straighten_routes(fabric, units, {key: [(path, units) for path, units in pool] for key, pool in pools.items()})
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
 
 
