@@ -328,10 +328,12 @@ def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
 
 
 def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
-                    groups: np.ndarray | None = None) -> LogicalGraph:
+                    groups: np.ndarray | None = None, *, straighten: bool = True) -> LogicalGraph:
     """Split off every switch; the logical rank-to-rank graph with the routes of its arcs.
 
     ``k``: trees per rank still to pack (uniform, or per rank for a warm start's residual).
+    ``straighten``: make the routes simple and short (:mod:`.straighten`); False keeps the raw
+    concatenations of the splits (for comparison only: they may visit a switch twice).
     """
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
@@ -361,7 +363,9 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
             _careful_split(graph, w, k)
     pools = graph.rank_pools()
     units_out = {key: graph.units(key) for key in pools}
-    routes = straighten_routes(fabric, units, {key: [(path, units) for path, units in pool] for key, pool in pools.items()})
+    routes = {key: [(path, count) for path, count in pool] for key, pool in pools.items()}
+    if straighten:
+        routes = straighten_routes(fabric, units, routes)
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
 
 
