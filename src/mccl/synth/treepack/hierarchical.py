@@ -6,21 +6,22 @@ chunk's slices must fill (time × about ``1 + (D − 1) / slices``). These trees
 as shallow as the HPN structure allows, at the cost of adapting nothing to the
 capacities:
 
-* ``"rail"`` (depth 2): the source sends its whole buffer to the rank on its own
-  rail in every other host (over the rail's ToR, or the aggregation layer across
-  segments) and to the ranks of its own host (NVSwitch); each rail peer passes it
-  on to the ranks of its host. A NIC sends and receives ``(H − 1)`` buffers, the
+* ``"rail"`` (depth 2 in one segment, 3 across segments): the source sends its whole
+  buffer to the rank on its own rail in every other host of its segment (over the
+  rail's ToR) and to the ranks of its own host (NVSwitch); each rail peer passes it
+  on to the ranks of its host. Another segment gets it once, at one rail peer (over
+  the aggregation layer), which forwards it to the segment's other rail peers. A NIC sends and receives ``(H − 1)`` buffers, the
   least any AllGather can on H hosts (the host cut), so on a healthy fabric it
   runs at the NIC bound unless the NVSwitch is slower.
-* ``"host-rail"`` (depth 3, "within host / across rails / within host"): the
+* ``"host-rail"`` (one level more, "within host / across rails / within host"): the
   source cuts its buffer into one chunk per rank of its host, hands chunk j to
   host peer j over the NVSwitch, and peer j runs the ``"rail"`` tree for it. Every
   NIC of the host carries a share of every source, so a slow NIC slows a 1/N share.
 
 A host without a rank on the source's rail receives from the source over the shortest
 route to one of its ranks (chosen round-robin); ranks without host labels are hosts of
-their own. Routes are the fabric's shortest switch-only routes, ECMP-spread by a hash of
-(source, chunk, receiver) (:meth:`mccl.topology.Router.route_many`).
+their own. Routes are the fabric's shortest switch-only routes, spread over equal-cost ones
+(the aggregation switches) by host index (:meth:`mccl.topology.Router.route_many`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class _Layout:
             self.host[rank] = host_index.setdefault(label, len(host_index))
             self.rail[rank] = -1 if node.rail is None else int(node.rail)
         self.members: list[np.ndarray] = [np.flatnonzero(self.host == h) for h in range(len(host_index))]
+        segment_index: dict[str, int] = {}
+        self.segment = np.array([segment_index.setdefault(topology.node(ranks[int(members[0])]).segment or "", len(segment_index))
+                                 for members in self.members], dtype=np.int64)  # per host
+        self.segment_hosts: list[list[int]] = [[int(h) for h in np.flatnonzero(self.segment == g)]
+                                               for g in range(len(segment_index))]
         self.on_rail: list[dict[int, int]] = [{} for _ in host_index]
         for rank in range(len(ranks)):
             if self.rail[rank] >= 0:
@@ -71,28 +77,48 @@ class _Layout:
 
 
 def _rail_tree(layout: _Layout, root: int, skip: int, first_step: int) -> tuple[list[int], list[int], list[int]]:
-    """Edges ``(senders, receivers, steps)`` of the depth-2 rail tree of ``root``, leaving out rank ``skip``."""
+    """Edges ``(senders, receivers, steps)`` of the rail tree of ``root``, leaving out rank ``skip``.
+
+    Own host: root → each rank (NVSwitch). Own segment: root → the host's rail peer → its host.
+    Another segment: root → the rail peer in one of its hosts (a hub, round-robin by root), which
+    passes it on to the rail peers of the segment's other hosts: the segments' uplinks carry each
+    buffer once per segment, not once per host.
+    """
     senders: list[int] = []
     receivers: list[int] = []
     steps: list[int] = []
+
+    def send(sender: int, receiver: int, step: int) -> None:
+        if receiver != skip:
+            senders.append(sender)
+            receivers.append(receiver)
+            steps.append(step)
+
+    def spread(entry: int, host: int, step: int) -> None:
+        for rank in layout.members[host]:
+            if rank != entry:
+                send(entry, int(rank), step)
+
     home = int(layout.host[root])
-    for host in range(layout.n_hosts):
-        members = layout.members[host]
-        if host == home:
-            others = [int(r) for r in members if r != root and r != skip]
-            senders += [root] * len(others)
-            receivers += others
-            steps += [first_step] * len(others)
+    home_segment = int(layout.segment[home])
+    spread(root, home, first_step)
+    for segment, hosts in enumerate(layout.segment_hosts):
+        if segment == home_segment:
+            for host in hosts:
+                if host != home:
+                    entry = layout.entry(root, host)
+                    send(root, entry, first_step)
+                    spread(entry, host, first_step + 1)
             continue
-        entry = layout.entry(root, host)
-        if entry != skip:
-            senders.append(root)
-            receivers.append(entry)
-            steps.append(first_step)
-        others = [int(r) for r in members if r != entry and r != skip]
-        senders += [entry] * len(others)
-        receivers += others
-        steps += [first_step + 1] * len(others)
+        hub_host = hosts[(home + segment) % len(hosts)]  # sources of one rail hub at different hosts
+        hub = layout.entry(root, hub_host)
+        send(root, hub, first_step)
+        spread(hub, hub_host, first_step + 1)
+        for host in hosts:
+            if host != hub_host:
+                entry = layout.entry(root, host)
+                send(hub, entry, first_step + 1)
+                spread(entry, host, first_step + 2)
     return senders, receivers, steps
 
 
@@ -125,7 +151,10 @@ def hierarchical_allgather(topology: Topology, ranks: Sequence[str], hierarchy: 
     step = _compact(step)
     router = router_for(topology)
     positions = router.positions(ranks)
-    hashes = (chunk * 1_000_003 + receiver) & 0x7FFFFFFF
+    # ECMP (only across segments is there a choice, one route per aggregation switch): consecutive
+    # hosts of a rail take consecutive aggregation switches, a chunk of another relay the next one.
+    host = layout.host
+    hashes = host[sender] + layout.segment[host[receiver]] + chunk
     lengths, links = router.route_many(positions[sender], positions[receiver], hashes)
     missing = np.flatnonzero(lengths < 0)
     if missing.size:
