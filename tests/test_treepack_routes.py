@@ -101,3 +101,21 @@ def test_random_fabrics_get_simple_routes_within_capacity(topology):
     load, raw_load = _link_load(fabric, logical), _link_load(fabric, raw)
     assert np.all(load <= np.maximum(integral.units, raw_load))
     assert load.sum() <= raw_load.sum()
+
+
+def test_a_group_on_a_large_fabric_splits_only_the_switches_near_it():
+    """8 GPUs of one host on a 64-GPU fabric: the aggregation layer is pruned (the packing holds without it),
+    so no route leaves the host's NVSwitch and rail ToRs; the rate is the rounding's."""
+    topology = rail_optimized(2, 4, 8)
+    ranks = [f"gpu{i}" for i in range(8)]
+    fabric = fabric_of(topology, ranks)
+    checker = CutChecker(fabric)
+    integral = best_integral_rate(fabric, 10, max_rate(fabric, checker=checker).rate_gbps, checker)
+    logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
+    far = {link.id for link in topology.links if "agg" in link.src or "agg" in link.dst}
+    for pieces in logical.routes.values():
+        for route, _ in pieces:
+            assert not far.intersection(route) and len(route) <= 2
+    result = optimize(topology, "allgather", ranks)
+    validate(result.schedule, topology)
+    assert result.achieved_gbs >= 8 * integral.rate_gbps / 8 * (1 - 1e-9)
