@@ -12,7 +12,7 @@ from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.straighten import simple_route
-from mccl.synth.treepack.switch_removal import remove_switches
+from mccl.synth.treepack.switch_removal import _prune_far_switches, _switch_distance, remove_switches
 from mccl.topology import apply_fault, rail_optimized
 
 
@@ -104,18 +104,24 @@ def test_random_fabrics_get_simple_routes_within_capacity(topology):
 
 
 def test_a_group_on_a_large_fabric_splits_only_the_switches_near_it():
-    """8 GPUs of one host on a 64-GPU fabric: the aggregation layer is pruned (the packing holds without it),
-    so no route leaves the host's NVSwitch and rail ToRs; the rate is the rounding's."""
+    """8 GPUs of one host on a 2-segment fabric: the other segment's ToRs are pruned (the packing holds without
+    them; not the aggregation switches, whose cross-rail routes add to the NVSwitch's), the rate is the rounding's."""
     topology = rail_optimized(2, 4, 8)
     ranks = [f"gpu{i}" for i in range(8)]
     fabric = fabric_of(topology, ranks)
     checker = CutChecker(fabric)
     integral = best_integral_rate(fabric, 10, max_rate(fabric, checker=checker).rate_gbps, checker)
+    kept = _prune_far_switches(fabric, integral.units, integral.k, _switch_distance(fabric))
+    names = [fabric.names[node] for node in range(fabric.n_nodes)]
+    touches = np.array([names[t].startswith("tor1.") or names[h].startswith("tor1.")
+                        for t, h in zip(fabric.tail, fabric.head, strict=True)])
+    assert integral.units[touches].sum() > 0 and kept[touches].sum() == 0
+    assert np.array_equal(kept[~touches], integral.units[~touches])
     logical = remove_switches(fabric, integral.units, integral.k, fabric.groups)
-    far = {link.id for link in topology.links if "agg" in link.src or "agg" in link.dst}
+    far = {link.id for link in topology.links if "tor1." in link.src or "tor1." in link.dst}
     for pieces in logical.routes.values():
         for route, _ in pieces:
-            assert not far.intersection(route) and len(route) <= 2
+            assert not far.intersection(route) and len(route) <= 4
     result = optimize(topology, "allgather", ranks)
     validate(result.schedule, topology)
     assert result.achieved_gbs >= 8 * integral.rate_gbps / 8 * (1 - 1e-9)
