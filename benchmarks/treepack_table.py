@@ -3,6 +3,7 @@
     python benchmarks/treepack_table.py --gpus 16,128 --flow-gpus 16        # the cheap rows, flow at 16
     python benchmarks/treepack_table.py --gpus 128 --flow-gpus 128 --faults healthy
     python benchmarks/treepack_table.py --gpus 512 --faults healthy,fail2    # solve + α-β only
+    python benchmarks/treepack_table.py --gpus 2048 --no-packing             # hierarchies and ring only
 
 Per fabric (HPN ``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8, 2048 = 16×16×8) and fault,
 all in one process, one row each:
@@ -65,47 +66,53 @@ def flow_algbw(schedule: Schedule, topology: Topology, size: float) -> tuple[flo
     return run.algbw_gbs, time.process_time() - started
 
 
-def measure(gpus: int, fault: str, flow: tuple[str, ...]) -> dict[str, object]:
+def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = True) -> dict[str, object]:
+    """One row (module docstring); ``with_packing=False``: hierarchies and ring only (a size the packing
+    cannot reach in the time at hand)."""
     topology = rail_optimized(*SHAPES[gpus])
     if fault != "healthy":
         topology = apply_fault(topology, fault)
-    started = time.process_time()
-    packing = optimize(topology, "allgather")
-    solve_cpu = time.process_time() - started
-    started = time.process_time()
-    validate(packing.schedule, topology)
-    validate_cpu = time.process_time() - started
-    schedule = packing.schedule
-    lengths = schedule.transfers.route_lengths
-    rail = describe_on(hierarchical_allgather(topology, topology.gpus, "rail"), topology)
-    host_rail = describe_on(hierarchical_allgather(topology, topology.gpus, "host-rail"), topology)
+    row: dict[str, object] = {"gpus": gpus, "fault": fault}
+    candidates: dict[str, Schedule] = {}
+    if with_packing:
+        started = time.process_time()
+        packing = optimize(topology, "allgather")
+        solve_cpu = time.process_time() - started
+        started = time.process_time()
+        validate(packing.schedule, topology)
+        validate_cpu = time.process_time() - started
+        schedule = candidates["packing"] = packing.schedule
+        lengths = schedule.transfers.route_lengths
+        row.update({
+            "solve_cpu_s": round(solve_cpu, 2), "validate_cpu_s": round(validate_cpu, 2),
+            "bound_gbs": round(packing.bound_gbs or 0.0, 2), "steady_gbs": round(packing.achieved_gbs, 2),
+            "depth": int(schedule.meta.stat("max_depth")), "route_max": int(lengths.max()),
+            "route_mean": round(float(lengths.mean()), 3), "loop_transfers": loop_count(schedule, topology),
+            "transfers": len(lengths)})
+    rail = candidates["rail"] = describe_on(hierarchical_allgather(topology, topology.gpus, "rail"), topology)
     validate(rail, topology)
-    validate(host_rail, topology)
+    if gpus <= 512:  # 8 chunks per source: 33 M transfers at 2048 GPUs, more memory than this machine spares
+        candidates["host-rail"] = describe_on(hierarchical_allgather(topology, topology.gpus, "host-rail"), topology)
+        validate(candidates["host-rail"], topology)
     ring = nccl_ring(topology, "allgather")
-    row: dict[str, object] = {
-        "gpus": gpus, "fault": fault, "solve_cpu_s": round(solve_cpu, 2), "validate_cpu_s": round(validate_cpu, 2),
-        "bound_gbs": round(packing.bound_gbs or 0.0, 2), "steady_gbs": round(packing.achieved_gbs, 2),
-        "depth": int(schedule.meta.stat("max_depth")), "route_max": int(lengths.max()),
-        "route_mean": round(float(lengths.mean()), 3), "loop_transfers": loop_count(schedule, topology),
-        "transfers": len(lengths), "rail_depth": rail.transfers.n_steps, "rail_steady_gbs": round(rail.meta.achieved_gbs, 2),
-    }
+    row.update({"rail_depth": rail.transfers.n_steps, "rail_steady_gbs": round(rail.meta.achieved_gbs, 2)})
     for label, size in SIZES.items():
-        for name, candidate in (("pack", schedule), ("rail", rail), ("ring", ring)):
-            row[f"{name}_ab_{label}"] = round(evaluate(candidate, topology, size).algbw_gbs, 2)
-        estimates = {name: estimate(candidate, topology, size).time_s
-                     for name, candidate in (("packing", schedule), ("rail", rail), ("host-rail", host_rail))}
+        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("ring", ring)):
+            if candidate is not None:
+                row[f"{name}_ab_{label}"] = round(evaluate(candidate, topology, size).algbw_gbs, 2)
+        estimates = {name: estimate(candidate, topology, size).time_s for name, candidate in candidates.items()}
         row[f"chosen_{label}"] = min(estimates, key=estimates.__getitem__)
     if flow:
         size = SIZES["1GiB"]
-        for name, candidate in (("pack", schedule), ("rail", rail), ("ring", ring)):
-            if name not in flow:
+        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("ring", ring)):
+            if name not in flow or candidate is None:
                 continue
             gbs, cpu = flow_algbw(candidate, topology, size)
             row[f"{name}_flow_1GiB"] = round(gbs, 2)
             row[f"{name}_flow_cpu_s"] = round(cpu, 1)
-        if "pack" in flow:
+        if "pack" in flow and with_packing:
             row["pack_flow_vs_bound"] = round(float(row["pack_flow_1GiB"]) / float(row["bound_gbs"]), 4)
-        if "pack" in flow and "ring" in flow:
+        if "pack" in flow and "ring" in flow and with_packing:
             row["pack_flow_vs_ring"] = round(float(row["pack_flow_1GiB"]) / float(row["ring_flow_1GiB"]), 3)
     return row
 
@@ -124,6 +131,7 @@ def main() -> None:
     parser.add_argument("--faults", default="healthy,fail1,fail2,fail3")
     parser.add_argument("--flow-gpus", default="16", help="sizes that also get the flow-level simulation ('' for none)")
     parser.add_argument("--flow-methods", default="pack,rail,ring", help="which schedules the flow level simulates")
+    parser.add_argument("--no-packing", action="store_true", help="hierarchies and ring only (no packing columns)")
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()
     sizes = [int(value) for value in args.gpus.split(",")]
@@ -137,7 +145,7 @@ def main() -> None:
     for gpus in sizes:
         for fault in args.faults.split(","):
             flow = tuple(args.flow_methods.split(",")) if gpus in flow_sizes else ()
-            row = measure(gpus, fault, flow)
+            row = measure(gpus, fault, flow, with_packing=not args.no_packing)
             row["finished_utc"] = time.strftime("%H:%M:%S", time.gmtime())
             print("| " + " | ".join(str(row.get(column, "")) for column in COLUMNS) + " |", flush=True)
             with args.csv.open("a", newline="") as handle:
