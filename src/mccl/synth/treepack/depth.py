@@ -16,11 +16,15 @@ The estimate, per candidate, at size S (the executor's slicing, :mod:`mccl.sched
 ``T_bw = max_a load_a · (S / n) / C_a`` (the steady state), ``L`` the sum over steps of the
 slowest route latency in the step, D the steps, k the slices per chunk. The fill weight is
 measured, not derived: the flow-level simulator with the executor's model
-(``SimOptions.executor()``) on the 2×8 HPN at 4–64 MiB puts ``T − T_bw − L`` at 0.01–0.08 of
-``T_bw · (D − 1) / k`` for the packings (the other trees keep the links busy while one
-fills); 0.1 errs on the side of shallow trees. The synth layer cannot run the simulator
-(DESIGN.md layering), so this is α-β; ``benchmarks/treepack_table.py`` checks the choice
-against the flow-level simulation.
+(``SimOptions.executor()``) on the 2×8 HPN puts ``T − T_bw − L`` at −0.01 to 0.08 of
+``T_bw · (D − 1) / k`` for the packings at 4–64 MiB (the other trees keep the bottleneck busy
+while one fills; median 0.04), and near 0 when one slow link is the only tight one (Fail1).
+With 0.1 the choice went wrong on 2×8 Fail1 at 16 MiB (a depth-2 tree at 114 GB/s over a
+packing the simulator runs at 157); 0.04 chooses as the simulator ranks in every case measured
+but one (2×8 Fail2 at 16 MiB: the latency-aware trees at 301.5 GB/s over the packing's 305.1;
+BENCHMARKS.md, 2026-12-01). The synth layer cannot run the simulator (DESIGN.md layering), so
+this is α-β; ``benchmarks/treepack_table.py`` checks the choice against the flow-level simulation.
+At 128+ GPUs no flow-level check was affordable: there the weight is an extrapolation.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from mccl.topology import Topology
 
 __all__ = ["FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
 
-FILL_WEIGHT = 0.1
+FILL_WEIGHT = 0.04
 
 
 @dataclass(frozen=True)
