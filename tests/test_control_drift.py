@@ -157,8 +157,14 @@ def test_mapping_localizes_a_degraded_nic_on_hpn(hpn):
     changed = set(np.flatnonzero(measured != hpn.capacities_gbps).tolist())
     cable = {hpn.link_between("gpu0", "tor0.0").id, hpn.link_between("tor0.0", "gpu0").id}
     used = set(int(link) for link in schedule.transfers.route_links)
-    assert changed == cable & used and changed  # only the cable (the directions the schedule uses)
-    assert np.allclose(measured[list(changed)], fail2(hpn).capacities_gbps[list(changed)])
+    assert cable & used <= changed and cable & used  # the cable (the directions the schedule uses)
+    # Any other link lowered is one that only gpu0's degraded pairs cross (with loop-free routes, e.g.
+    # the one ToR-aggregation hop of a cross-rail pair of gpu0): the evidence cannot tell it from the cable.
+    degraded = {i * n + j for i in range(n) for j in range(n) if inter[i, j] < 1}
+    for link in changed - cable:
+        covering = {o for o in range(n * n + n) if link in mapping.links_of(o)}
+        assert covering and covering <= degraded
+    assert np.allclose(measured[list(cable & used)], fail2(hpn).capacities_gbps[list(cable & used)])
 
 
 def test_stale_evidence_does_not_exonerate_a_link():

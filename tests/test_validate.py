@@ -120,6 +120,40 @@ def test_route_must_be_contiguous_and_switch_only():
         validate(Schedule(Collective.ALLGATHER, fabric.gpus, chunks, through_gpu.freeze()), fabric)
 
 
+def _with_route(schedule, index, route):
+    """The schedule with transfer ``index`` taking ``route`` (link ids) instead of its own."""
+    t = schedule.transfers
+    rebuilt = TransferList()
+    for i in range(len(t)):
+        rebuilt.add(int(t.chunk[i]), int(t.sender[i]), int(t.receiver[i]), int(t.step[i]),
+                    route if i == index else list(t.route(i)), TransferOp(int(t.op[i])))
+    return replace(schedule, transfers=rebuilt.freeze())
+
+
+def test_route_that_visits_a_node_twice_is_refused():
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 2)  # gpu0, gpu1 on host 0; gpu2, gpu3 on host 1; rails tor0.0, tor0.1
+    schedule = naive_ring(fabric, Collective.ALLGATHER)
+    validate(schedule, fabric)
+    t = schedule.transfers
+    index = next(i for i in range(len(t)) if (int(t.sender[i]), int(t.receiver[i])) == (1, 2))
+
+    def route(*nodes):
+        return [fabric.link_between(a, b).id for a, b in zip(nodes, nodes[1:], strict=False)]
+
+    # gpu1 -> gpu2 over the aggregation layer, bouncing back into tor0.0 once more (u -> v -> u)
+    looping = route("gpu1", "tor0.1", "agg0", "tor0.0", "agg1", "tor0.0", "gpu2")
+    message = r"transfer \d+ \(chunk \d+ .*rank 1 -> rank 2.* visits tor0.0 twice; a route must be a path"
+    with pytest.raises(InvalidSchedule, match=message):
+        validate(_with_route(schedule, index, looping), fabric)
+    zigzag = route("gpu1", "tor0.1", "agg0", "tor0.0", "agg1", "tor0.1", "agg0", "tor0.0", "gpu2")
+    with pytest.raises(InvalidSchedule, match="visits (tor0.1|agg0|tor0.0) twice"):
+        validate(_with_route(schedule, index, zigzag), fabric)
+    simple = route("gpu1", "tor0.1", "agg1", "tor0.0", "gpu2")  # a path of the same length as the ring's: fine
+    validate(_with_route(schedule, index, simple), fabric)
+
+
 def test_forwarding_before_holding(four):
     schedule = _ring_allgather(four)
     step = schedule.transfers.step.copy()

@@ -16,7 +16,8 @@ rule broken. The rules, in the order they are checked:
 4. routes: every hop is an existing link, the route starts at the sender's GPU,
    each link starts where the previous ended, it ends at the receiver's GPU and
    passes through switches only (forwarding through a GPU is a relay, i.e. a
-   transfer of its own);
+   transfer of its own) and visits no node twice (a route is a path: a loop
+   only adds hops, i.e. latency, and load on links it crosses twice);
 5. causality: a rank sends a chunk at step s only if it held it at the end of
    step s - 1; no contribution is counted twice; a copy never overwrites data the
    incoming copy lacks; nothing is delivered twice;
@@ -202,6 +203,32 @@ def _check_routes(schedule: Schedule, topology: Topology) -> None:
         gpu = view.name(int(link_dst[links[through_gpu[0]]]))
         raise InvalidSchedule(f"{describe(owner)} passes through GPU {gpu}; forwarding through a GPU "
                               "must be a relay (a transfer of its own)")
+    _check_simple(schedule, view.n_nodes + len(view.foreign), link_src, link_dst, describe, view.name)
+
+
+def _check_simple(schedule: Schedule, n_positions: int, link_src: np.ndarray, link_dst: np.ndarray,
+                  describe, name_of) -> None:
+    """No route visits a node twice. Called after the contiguity and GPU checks: the ends are the two
+    distinct GPUs and every inner node a switch, so only a route of 3+ links can repeat (a switch)."""
+    transfers = schedule.transfers
+    lengths = transfers.route_lengths
+    long_routes = np.flatnonzero(lengths >= 3)
+    if not long_routes.size:
+        return
+    links = transfers.route_links.astype(np.int64)
+    sizes = lengths[long_routes].astype(np.int64)
+    starts = transfers.route_offsets[:-1][long_routes].astype(np.int64)
+    ends = np.cumsum(sizes)
+    positions = np.repeat(starts - (ends - sizes), sizes) + np.arange(int(ends[-1]))
+    owner = np.repeat(long_routes.astype(np.int64), sizes)
+    nodes = np.concatenate([link_src[links[starts]], link_dst[links[positions]]])
+    owners = np.concatenate([long_routes.astype(np.int64), owner])
+    key = np.sort(owners * (n_positions + 1) + nodes)
+    repeated = key[1:][key[1:] == key[:-1]]
+    if repeated.size:
+        index, node = divmod(int(repeated[0]), n_positions + 1)
+        raise InvalidSchedule(f"{describe(index)} visits {name_of(node)} twice; a route must be a path "
+                              "(each node at most once): the loop only adds hops and load")
 
 
 def _steps(schedule: Schedule) -> list[np.ndarray]:

@@ -17,6 +17,7 @@ from mccl.errors import InvalidOptions
 __all__ = [
     "CGOptions",
     "TreePackOptions",
+    "DepthOptions",
     "AllToAllOptions",
     "RingOptions",
     "DirectOptions",
@@ -65,6 +66,36 @@ class TreePackOptions:
 
     def __post_init__(self) -> None:
         _integer_in("treepack", "chunks", self.chunks, 1, TREEPACK_MAX_CHUNKS)
+
+
+DEPTH_CANDIDATES = ("packing", "latency_aware", "rail", "host-rail")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DepthOptions:
+    """AllGather trees chosen by estimated completion time at the job's size (:mod:`mccl.synth.treepack.depth`).
+
+    ``size_bytes``: the AllGather's size S (nccl-tests: the output buffer per rank) the choice is
+    made for; the default, 16 MiB, is a mid-size bucket where depth already costs a third of the
+    time on 16 GPUs. ``candidates``: which to weigh, of ``packing`` (the optimal packing),
+    ``latency_aware`` (its App. C shallow variant), ``rail`` and ``host-rail`` (depth-2 / depth-3
+    trees from the host and rail structure). ``chunks``: most trees per source of the packings.
+    """
+
+    size_bytes: float = float(16 << 20)
+    candidates: tuple[str, ...] = DEPTH_CANDIDATES
+    chunks: int = TREEPACK_MAX_CHUNKS
+
+    def __post_init__(self) -> None:
+        method = "treepack.depth"
+        if isinstance(self.size_bytes, bool) or not isinstance(self.size_bytes, int | float) or not self.size_bytes > 0:
+            raise InvalidOptions(method, "size_bytes", f"must be a positive number of bytes, got {self.size_bytes!r}")
+        if not isinstance(self.candidates, tuple) or not self.candidates:
+            raise InvalidOptions(method, "candidates", f"must be a non-empty tuple, got {self.candidates!r}")
+        unknown = [name for name in self.candidates if name not in DEPTH_CANDIDATES]
+        if unknown:
+            raise InvalidOptions(method, "candidates", f"unknown {unknown!r}; choose from {', '.join(DEPTH_CANDIDATES)}")
+        _integer_in(method, "chunks", self.chunks, 1, TREEPACK_MAX_CHUNKS)
 
 
 @dataclass(frozen=True, kw_only=True)

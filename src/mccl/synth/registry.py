@@ -22,6 +22,7 @@ from mccl.synth.direct import direct_alltoall
 from mccl.synth.options import (
     AllToAllOptions,
     ComposedOptions,
+    DepthOptions,
     DirectOptions,
     RingOptions,
     TreePackOptions,
@@ -58,6 +59,13 @@ def _treepack(topology: Topology, collective: Collective, ranks: Sequence[str] |
 
     run = synthesize if collective is Collective.ALLGATHER else synthesize_reducescatter
     return run(topology, ranks, previous=previous, options=options)
+
+
+def _depth(topology: Topology, collective: Collective, ranks: Sequence[str] | None, options: DepthOptions,
+           previous: Previous) -> SynthesisResult:
+    from mccl.synth.treepack.depth import choose_by_time
+
+    return choose_by_time(topology, ranks, options)
 
 
 def _column_generation(topology: Topology, collective: Collective, ranks: Sequence[str] | None,
@@ -99,6 +107,9 @@ _RING_KINDS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLRED
 METHODS: Mapping[str, Method] = MappingProxyType({method.name: method for method in (
     Method("treepack", (Collective.ALLGATHER, Collective.REDUCESCATTER), TreePackOptions, _treepack,
            "optimal spanning-tree packing (ForestColl; mccl-paper §4.1, §4.3)", optimal=True, warm=True),
+    Method("treepack.depth", (Collective.ALLGATHER,), DepthOptions, _depth,
+           "the packing, its shallow variant or depth-2/3 host-rail trees, whichever is estimated fastest "
+           "at the job's size (issue 17)", optimal=False, warm=False),
     Method("alltoall.cg", (Collective.ALLTOALL,), AllToAllOptions, _column_generation,
            "column generation with rounding (HiGHS; mccl-paper §4.2)", optimal=True, warm=True),
     Method("allreduce.composed", (Collective.ALLREDUCE,), ComposedOptions, _composed,

@@ -36,11 +36,12 @@ import numpy as np
 
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.straighten import straighten_routes
 
 __all__ = ["LogicalGraph", "remove_switches", "packing_ok"]
 
 Path = tuple[int, ...]  # physical link ids
-Pool = list[list]  # [[path, units], ...]
+Pool = dict[Path, int]  # route -> units, in order of arrival
 
 
 @dataclass(frozen=True)
@@ -54,18 +55,19 @@ class LogicalGraph:
 
 
 def _take(pool: Pool, amount: int) -> list[tuple[Path, int]]:
-    """Remove ``amount`` units from a pool of routes (largest first); return the pieces."""
+    """Remove ``amount`` units from a pool of routes (latest first: O(1) per piece); return the pieces.
+
+    Which routes a split takes does not change the logical graph, only the routes, and
+    :mod:`.straighten` shortens those afterwards.
+    """
     pieces = []
-    pool.sort(key=lambda item: -item[1])
     while amount > 0:
-        path, units = pool[0]
+        path, units = pool.popitem()
         used = min(units, amount)
         pieces.append((path, used))
         amount -= used
-        if used == units:
-            pool.pop(0)
-        else:
-            pool[0][1] = units - used
+        if units > used:
+            pool[path] = units - used
     return pieces
 
 
@@ -85,21 +87,62 @@ def _pair_pieces(left: list[tuple[Path, int]], right: list[tuple[Path, int]]) ->
     return list(out.items())
 
 
+Key = tuple[int, int]
+Snapshot = dict[Key, tuple[Pool, int] | None]
+
+
 class _Graph:
-    """Mutable multigraph of arcs with route pools during splitting."""
+    """Mutable multigraph of arcs with route pools (and their unit totals) during splitting."""
 
     def __init__(self, fabric: Fabric, units: np.ndarray) -> None:
         self.n_ranks = fabric.n_ranks
         self.n_nodes = fabric.n_nodes
-        self.pools: dict[tuple[int, int], Pool] = {}
+        self.pools: dict[Key, Pool] = {}
+        self.total: dict[Key, int] = {}
         for arc in np.flatnonzero(units > 0):
-            key = (int(fabric.tail[arc]), int(fabric.head[arc]))
-            self.pools.setdefault(key, []).append([(int(fabric.link[arc]),), int(units[arc])])
+            self._put((int(fabric.tail[arc]), int(fabric.head[arc])), [((int(fabric.link[arc]),), int(units[arc]))])
+        self._index()
+
+    def _index(self) -> None:
         self.out: dict[int, set[int]] = defaultdict(set)
         self.inn: dict[int, set[int]] = defaultdict(set)
         for u, v in self.pools:
             self.out[u].add(v)
             self.inn[v].add(u)
+
+    def _put(self, key: Key, pieces: list[tuple[Path, int]]) -> None:
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = {}
+            self.total[key] = 0
+        for path, units in pieces:
+            pool[path] = pool.get(path, 0) + units
+            self.total[key] += units
+
+    def snapshot(self, keys: list[Key] | None = None) -> Snapshot:
+        """A copy of the given arcs (all if None), to :meth:`restore` after a trial split."""
+        keys = list(self.pools) if keys is None else keys
+        return {key: (dict(self.pools[key]), self.total[key]) if key in self.pools else None for key in keys}
+
+    def restore(self, saved: Snapshot, *, everything: bool = False) -> None:
+        if everything:
+            self.pools, self.total = {}, {}
+        for key, value in saved.items():
+            if value is None:
+                self.pools.pop(key, None)
+                self.total.pop(key, None)
+            else:
+                self.pools[key], self.total[key] = dict(value[0]), value[1]
+        if everything:
+            self._index()
+            return
+        for key in saved:
+            if key in self.pools:
+                self.out[key[0]].add(key[1])
+                self.inn[key[1]].add(key[0])
+            else:
+                self.out[key[0]].discard(key[1])
+                self.inn[key[1]].discard(key[0])
 
     def drain_excess(self) -> None:
         """Balance every switch with more units in than out by an arc to the super-source s* (node ``n_nodes``).
@@ -109,8 +152,7 @@ class _Graph:
         the part of u's capacity that w could never forward, dropped at the end.
         """
         balance: dict[int, int] = defaultdict(int)
-        for (u, v), pool in self.pools.items():
-            units = sum(item[1] for item in pool)
+        for (u, v), units in self.total.items():
             balance[v] += units
             balance[u] -= units
         for w in range(self.n_ranks, self.n_nodes):
@@ -141,7 +183,7 @@ class _Graph:
             if not changed:
                 break
 
-    def _without(self, key: tuple[int, int], amount: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _without(self, key: Key, amount: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         tail, head, caps = self.arrays()
         caps = caps.copy()
         caps[(tail == key[0]) & (head == key[1])] -= amount
@@ -158,57 +200,56 @@ class _Graph:
                 high = mid - 1
         return low
 
-    def remove(self, key: tuple[int, int], amount: int) -> None:
-        _take(self.pools[key], amount)
+    def _forget_if_empty(self, key: Key) -> None:
         if not self.pools[key]:
             del self.pools[key]
+            del self.total[key]
             self.out[key[0]].discard(key[1])
             self.inn[key[1]].discard(key[0])
 
-    def rank_pools(self) -> dict[tuple[int, int], Pool]:
+    def _take_from(self, key: Key, amount: int) -> list[tuple[Path, int]]:
+        pieces = _take(self.pools[key], amount)
+        self.total[key] -= amount
+        self._forget_if_empty(key)
+        return pieces
+
+    def remove(self, key: Key, amount: int) -> None:
+        self._take_from(key, amount)
+
+    def rank_pools(self) -> dict[Key, Pool]:
         """The arcs between nodes of the fabric (without the drained excess into s*)."""
         return {key: pool for key, pool in self.pools.items() if key[1] < self.n_nodes}
 
-    def units(self, key: tuple[int, int]) -> int:
-        return sum(units for _, units in self.pools.get(key, ()))
+    def units(self, key: Key) -> int:
+        return self.total.get(key, 0)
 
-    def add(self, key: tuple[int, int], pieces: list[tuple[Path, int]]) -> None:
-        pool = self.pools.setdefault(key, [])
-        index = {path: i for i, (path, _) in enumerate(pool)}
-        for path, units in pieces:
-            if path in index:
-                pool[index[path]][1] += units
-            else:
-                index[path] = len(pool)
-                pool.append([path, units])
+    def add(self, key: Key, pieces: list[tuple[Path, int]]) -> None:
+        self._put(key, pieces)
         self.out[key[0]].add(key[1])
         self.inn[key[1]].add(key[0])
 
     def split(self, u: int, w: int, t: int, amount: int) -> None:
-        left = _take(self.pools[(u, w)], amount)
-        right = _take(self.pools[(w, t)], amount)
-        for key in ((u, w), (w, t)):
-            if not self.pools[key]:
-                del self.pools[key]
-                self.out[key[0]].discard(key[1])
-                self.inn[key[1]].discard(key[0])
+        left = self._take_from((u, w), amount)
+        right = self._take_from((w, t), amount)
         self.add((u, t), _pair_pieces(left, right))
 
     def drop_switch(self, w: int) -> None:
         for u in list(self.inn[w]):
             self.pools.pop((u, w), None)
+            self.total.pop((u, w), None)
             self.out[u].discard(w)
         for t in list(self.out[w]):
             self.pools.pop((w, t), None)
+            self.total.pop((w, t), None)
             self.inn[t].discard(w)
         self.inn.pop(w, None)
         self.out.pop(w, None)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        keys = list(self.pools)
+        keys = list(self.total)
         tail = np.array([u for u, _ in keys], dtype=np.int64)
         head = np.array([v for _, v in keys], dtype=np.int64)
-        caps = np.array([self.units(key) for key in keys], dtype=np.int64)
+        caps = np.array([self.total[key] for key in keys], dtype=np.int64)
         return tail, head, caps
 
 
@@ -298,25 +339,13 @@ def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
             if t == u or (u, w) not in graph.pools or (w, t) not in graph.pools:
                 continue
             high = min(graph.units((u, w)), graph.units((w, t)))
-            saved = {key: [list(item) for item in graph.pools.get(key, [])] for key in ((u, w), (w, t), (u, t))}
-
-            def restore(saved: dict = saved, u: int = u, t: int = t) -> None:
-                for key, pool in saved.items():
-                    if pool:
-                        graph.pools[key] = [list(item) for item in pool]
-                        graph.out[key[0]].add(key[1])
-                        graph.inn[key[1]].add(key[0])
-                    else:
-                        graph.pools.pop(key, None)
-                        graph.out[key[0]].discard(key[1])
-                        graph.inn[key[1]].discard(key[0])
-
+            saved = graph.snapshot([(u, w), (w, t), (u, t)])
             low = 0
             while low < high:
                 mid = (low + high + 1) // 2
                 graph.split(u, w, t, mid)
                 good = ok()
-                restore()
+                graph.restore(saved)
                 if good:
                     low = mid
                 else:
@@ -327,16 +356,20 @@ def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
 
 
 def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
-                    groups: np.ndarray | None = None) -> LogicalGraph:
+                    groups: np.ndarray | None = None, *, straighten: bool = True) -> LogicalGraph:
     """Split off every switch; the logical rank-to-rank graph with the routes of its arcs.
 
     ``k``: trees per rank still to pack (uniform, or per rank for a warm start's residual).
+    ``straighten``: make the routes simple and short (:mod:`.straighten`); False keeps the raw
+    concatenations of the splits (for comparison only: they may visit a switch twice).
     """
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
     groups = np.append(groups, -1)  # s*, the target of drained excess
+    distance = _switch_distance(fabric)
+    units = _prune_far_switches(fabric, units, k, distance)
     graph = _Graph(fabric, units)  # the fast split is maximal: no drain, every out-unit gets used
-    order = _farthest_first(fabric)
+    order = _farthest_first(fabric, distance)
     for w in order:
         _fast_split(graph, w, groups)
     careful = False
@@ -347,34 +380,57 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
         graph.drain_excess()
         graph.trim_out_excess(k)
         for w in order:
-            before = {key: [list(item) for item in pool] for key, pool in graph.pools.items()}
+            before = graph.snapshot()
             _fast_split(graph, w, groups)
             tail, head, caps = graph.arrays()
             if packing_ok(graph.n_nodes, graph.n_ranks, tail, head, caps, k):
                 continue
-            graph.pools = before
-            graph.out, graph.inn = defaultdict(set), defaultdict(set)
-            for u, v in graph.pools:
-                graph.out[u].add(v)
-                graph.inn[v].add(u)
+            graph.restore(before, everything=True)
             _careful_split(graph, w, k)
     pools = graph.rank_pools()
     units_out = {key: graph.units(key) for key in pools}
-    routes = {key: [(path, units) for path, units in pool] for key, pool in pools.items()}
+    routes = {key: list(pool.items()) for key, pool in pools.items()}
+    if straighten:
+        routes = straighten_routes(fabric, units, routes)
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
 
 
-def _farthest_first(fabric: Fabric) -> list[int]:
-    """Switches by hop distance from the nearest rank, farthest first (aggregation, then ToRs and NVSwitches).
-
-    Splitting the core first keeps every split small (an aggregation switch sees ToRs, not every GPU
-    behind them), so the logical graph stays sparse: O(n · ports) arcs rather than O(n²).
-    """
+def _switch_distance(fabric: Fabric) -> np.ndarray:
+    """Hop distance of every node from the nearest rank (0 for ranks)."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import shortest_path
 
     n = fabric.n_nodes
     graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, fabric.head)), shape=(n, n))
-    distance = shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
-    return sorted(range(fabric.n_ranks, n), key=lambda w: (-distance[w], w))
+    return shortest_path(graph, unweighted=True, indices=np.arange(fabric.n_ranks)).min(axis=0)
 
+
+def _farthest_first(fabric: Fabric, distance: np.ndarray) -> list[int]:
+    """Switches by hop distance from the nearest rank, farthest first (aggregation, then ToRs and NVSwitches).
+
+    Splitting the core first keeps every split small (an aggregation switch sees ToRs, not every GPU
+    behind them), so the logical graph stays sparse: O(n · ports) arcs rather than O(n²).
+    """
+    return sorted(range(fabric.n_ranks, fabric.n_nodes), key=lambda w: (-distance[w], w))
+
+
+def _prune_far_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray, distance: np.ndarray) -> np.ndarray:
+    """``units`` without the switches far from every rank, when the ranks' trees fit without them.
+
+    A group of a few ranks on a large fabric (8 GPUs of a 2,048-GPU HPN) sees every switch of it,
+    each with capacity to spare, and splitting them all costs tens of thousands of splits for
+    routes no tree needs. Only for such sub-groups (the fabric has GPUs that hold no rank), the
+    switches at distance >= d from every rank are dropped for the smallest d >= 2 at which the
+    packing condition still holds (n max-flows per d tried; the first d that holds is kept):
+    the rate and the trees per rank are unchanged, only the routes stay nearer the ranks.
+    """
+    if not fabric.foreign or fabric.n_nodes == fabric.n_ranks:
+        return units
+    finite = distance[np.isfinite(distance)]
+    for reach in range(2, int(finite.max(initial=0)) + 1):
+        far = distance >= reach
+        kept = units * ~(far[fabric.tail] | far[fabric.head])
+        live = kept > 0
+        if packing_ok(fabric.n_nodes, fabric.n_ranks, fabric.tail[live], fabric.head[live], kept[live], k):
+            return kept
+    return units

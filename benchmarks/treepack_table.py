@@ -1,0 +1,160 @@
+"""Benchmark: the tree-packing AllGather at 16–2048 GPUs, healthy and Fail1/2/3 (issue 17, deliverable 4).
+
+    python benchmarks/treepack_table.py --gpus 16,128 --flow-gpus 16        # the cheap rows, flow at 16
+    python benchmarks/treepack_table.py --gpus 128 --flow-gpus 128 --faults healthy
+    python benchmarks/treepack_table.py --gpus 512 --faults healthy,fail2    # solve + α-β only
+    python benchmarks/treepack_table.py --gpus 2048 --no-packing             # hierarchies and ring only
+
+Per fabric (HPN ``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8, 2048 = 16×16×8) and fault,
+all in one process, one row each:
+
+* the optimal packing, cold (``optimize(topology, "allgather")``): solve time (CPU,
+  ``time.process_time``: the machine is shared), the bound, its steady state, tree depth, route
+  length (max / mean links) and whether every route is a simple path (``validate``, which now
+  refuses a route that visits a node twice; counted independently here too);
+* α-β algbw (:func:`mccl.sim.evaluate`) at 16 MiB and 1 GiB of the packing, the depth-2/3 rail
+  hierarchy (:mod:`mccl.synth.treepack.hierarchical`) and the NCCL ring (8 channels), and which of
+  packing / rail / host-rail :mod:`mccl.synth.treepack.depth` would choose at each size;
+* with ``--flow-gpus``: flow-level algbw at 1 GiB (``SimOptions.executor()``: the executor's slicing,
+  equal streams) of the packing, the rail hierarchy and the ring, the packing's ratio to its bound
+  and to the ring (the issue's bars: ≥ 0.95 and > 1).
+
+Rows print as they finish (markdown) and are appended to ``benchmarks/results/treepack_table.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mccl.schedule import Schedule, validate
+from mccl.sim import SimOptions, evaluate, simulate_schedule
+from mccl.synth import optimize
+from mccl.synth.common import describe_on
+from mccl.synth.ring import nccl_ring
+from mccl.synth.treepack.depth import estimate
+from mccl.synth.treepack.hierarchical import hierarchical_allgather
+from mccl.topology import Topology, apply_fault, rail_optimized
+
+MiB = 1 << 20
+SIZES = {"16MiB": 16 * MiB, "1GiB": 1024 * MiB}
+SHAPES = {16: (1, 2, 8), 128: (1, 16, 8), 512: (4, 16, 8), 2048: (16, 16, 8)}
+CSV = Path(__file__).resolve().parent / "results" / "treepack_table.csv"
+
+
+def loop_count(schedule: Schedule, topology: Topology) -> int:
+    """Transfers whose route visits a node twice (independent of the validator's vectorized rule)."""
+    tail = np.array([topology.node_index[link.src] for link in topology.links])
+    head = np.array([topology.node_index[link.dst] for link in topology.links])
+    transfers = schedule.transfers
+    loops = 0
+    for index in np.flatnonzero(transfers.route_lengths >= 3):
+        route = np.asarray(transfers.route(int(index)))
+        nodes = np.concatenate([tail[route[:1]], head[route]])
+        loops += len(np.unique(nodes)) < len(nodes)
+    return loops
+
+
+def flow_algbw(schedule: Schedule, topology: Topology, size: float) -> tuple[float, float]:
+    """Flow-level algbw (GB/s) with the executor's model, and the CPU seconds it took."""
+    started = time.process_time()
+    run = simulate_schedule(schedule, topology, size, options=SimOptions.executor(keep_chain=False))
+    return run.algbw_gbs, time.process_time() - started
+
+
+def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = True) -> dict[str, object]:
+    """One row (module docstring); ``with_packing=False``: hierarchies and ring only (a size the packing
+    cannot reach in the time at hand)."""
+    topology = rail_optimized(*SHAPES[gpus])
+    if fault != "healthy":
+        topology = apply_fault(topology, fault)
+    row: dict[str, object] = {"gpus": gpus, "fault": fault}
+    candidates: dict[str, Schedule] = {}
+    if with_packing:
+        started = time.process_time()
+        packing = optimize(topology, "allgather")
+        solve_cpu = time.process_time() - started
+        started = time.process_time()
+        validate(packing.schedule, topology)
+        validate_cpu = time.process_time() - started
+        schedule = candidates["packing"] = packing.schedule
+        lengths = schedule.transfers.route_lengths
+        row.update({
+            "solve_cpu_s": round(solve_cpu, 2), "validate_cpu_s": round(validate_cpu, 2),
+            "bound_gbs": round(packing.bound_gbs or 0.0, 2), "steady_gbs": round(packing.achieved_gbs, 2),
+            "depth": int(schedule.meta.stat("max_depth")), "route_max": int(lengths.max()),
+            "route_mean": round(float(lengths.mean()), 3), "loop_transfers": loop_count(schedule, topology),
+            "transfers": len(lengths)})
+    rail = candidates["rail"] = describe_on(hierarchical_allgather(topology, topology.gpus, "rail"), topology)
+    validate(rail, topology)
+    if gpus <= 512:  # 8 chunks per source: 33 M transfers at 2048 GPUs, more memory than this machine spares
+        candidates["host-rail"] = describe_on(hierarchical_allgather(topology, topology.gpus, "host-rail"), topology)
+        validate(candidates["host-rail"], topology)
+    ring = nccl_ring(topology, "allgather")
+    row.update({"rail_depth": rail.transfers.n_steps, "rail_steady_gbs": round(rail.meta.achieved_gbs, 2)})
+    for label, size in SIZES.items():
+        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("ring", ring)):
+            if candidate is not None:
+                row[f"{name}_ab_{label}"] = round(evaluate(candidate, topology, size).algbw_gbs, 2)
+        estimates = {name: estimate(candidate, topology, size).time_s for name, candidate in candidates.items()}
+        row[f"chosen_{label}"] = min(estimates, key=estimates.__getitem__)
+    if flow:
+        size = SIZES["1GiB"]
+        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("ring", ring)):
+            if name not in flow or candidate is None:
+                continue
+            gbs, cpu = flow_algbw(candidate, topology, size)
+            row[f"{name}_flow_1GiB"] = round(gbs, 2)
+            row[f"{name}_flow_cpu_s"] = round(cpu, 1)
+        if "pack" in flow and with_packing:
+            row["pack_flow_vs_bound"] = round(float(row["pack_flow_1GiB"]) / float(row["bound_gbs"]), 4)
+        if "pack" in flow and "ring" in flow and with_packing:
+            row["pack_flow_vs_ring"] = round(float(row["pack_flow_1GiB"]) / float(row["ring_flow_1GiB"]), 3)
+    return row
+
+
+COLUMNS = ["gpus", "fault", "solve_cpu_s", "validate_cpu_s", "bound_gbs", "steady_gbs", "depth", "route_max",
+           "route_mean", "loop_transfers", "transfers", "rail_depth", "rail_steady_gbs",
+           *[f"{name}_ab_{label}" for label in SIZES for name in ("pack", "rail", "ring")],
+           *[f"chosen_{label}" for label in SIZES],
+           "pack_flow_1GiB", "rail_flow_1GiB", "ring_flow_1GiB", "pack_flow_vs_bound", "pack_flow_vs_ring",
+           "pack_flow_cpu_s", "rail_flow_cpu_s", "ring_flow_cpu_s", "finished_utc"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", default="16,128", help="comma-separated, of 16, 128, 512, 2048")
+    parser.add_argument("--faults", default="healthy,fail1,fail2,fail3")
+    parser.add_argument("--flow-gpus", default="16", help="sizes that also get the flow-level simulation ('' for none)")
+    parser.add_argument("--flow-methods", default="pack,rail,ring", help="which schedules the flow level simulates")
+    parser.add_argument("--no-packing", action="store_true", help="hierarchies and ring only (no packing columns)")
+    parser.add_argument("--csv", type=Path, default=CSV)
+    args = parser.parse_args()
+    sizes = [int(value) for value in args.gpus.split(",")]
+    unknown = [value for value in sizes if value not in SHAPES]
+    if unknown:
+        parser.error(f"--gpus: no HPN shape for {unknown}; choose from {sorted(SHAPES)}")
+    flow_sizes = {int(value) for value in args.flow_gpus.split(",") if value}
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    fresh = not args.csv.exists()
+    print("| " + " | ".join(COLUMNS) + " |", flush=True)
+    for gpus in sizes:
+        for fault in args.faults.split(","):
+            flow = tuple(args.flow_methods.split(",")) if gpus in flow_sizes else ()
+            row = measure(gpus, fault, flow, with_packing=not args.no_packing)
+            row["finished_utc"] = time.strftime("%H:%M:%S", time.gmtime())
+            print("| " + " | ".join(str(row.get(column, "")) for column in COLUMNS) + " |", flush=True)
+            with args.csv.open("a", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+                if fresh:
+                    writer.writeheader()
+                    fresh = False
+                writer.writerow({column: row.get(column, "") for column in COLUMNS})
+
+
+if __name__ == "__main__":
+    main()

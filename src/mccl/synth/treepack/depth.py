@@ -1,0 +1,126 @@
+"""Depth as an objective: the AllGather whose estimated completion time at the job's size is least.
+
+Throughput is not the whole time. Every level of a tree is a step whose slowest route
+latency adds to the collective (the α-β latency term: 18 µs for the 10 levels of the
+2×8 packing against 38 µs of bandwidth time at 16 MiB), and every level is a hop whose
+pipeline a chunk's slices must fill. So among schedules that differ in depth and
+throughput, which is fastest depends on the size. The candidates
+(:data:`~mccl.synth.options.DEPTH_CANDIDATES`): the optimal packing, its latency-aware
+variant (mccl-paper App. C: shallower trees at the same optimum) and the depth-2 / depth-3
+trees of :mod:`.hierarchical` (shallowest, throughput not adapted to the capacities).
+
+The estimate, per candidate, at size S (the executor's slicing, :mod:`mccl.schedule.slicing`)::
+
+    T = T_bw + L + FILL_WEIGHT · T_bw · (D − 1) / k
+
+``T_bw = max_a load_a · (S / n) / C_a`` (the steady state), ``L`` the sum over steps of the
+slowest route latency in the step, D the steps, k the slices per chunk. The fill weight is
+measured, not derived: the flow-level simulator with the executor's model
+(``SimOptions.executor()``) on the 2×8 HPN puts ``T − T_bw − L`` at −0.01 to 0.08 of
+``T_bw · (D − 1) / k`` for the packings at 4–64 MiB (the other trees keep the bottleneck busy
+while one fills; median 0.04), and near 0 when one slow link is the only tight one (Fail1).
+With 0.1 the choice went wrong on 2×8 Fail1 at 16 MiB (a depth-2 tree at 114 GB/s over a
+packing the simulator runs at 157); 0.04 chooses as the simulator ranks in every case measured
+but one (2×8 Fail2 at 16 MiB: the latency-aware trees at 301.5 GB/s over the packing's 305.1;
+BENCHMARKS.md, 2026-12-01). The synth layer cannot run the simulator (DESIGN.md layering), so
+this is α-β; ``benchmarks/treepack_table.py`` checks the choice against the flow-level simulation.
+At 128+ GPUs no flow-level check was affordable: there the weight is an extrapolation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mccl.errors import MCCLError
+from mccl.schedule import Schedule, gbps_to_gbs, link_load
+from mccl.schedule.slicing import slice_count
+from mccl.synth.common import check_ranks, describe_on
+from mccl.synth.options import DepthOptions
+from mccl.synth.result import BaselineStats, SynthesisResult
+from mccl.synth.treepack.hierarchical import hierarchical_allgather
+from mccl.synth.treepack.pipeline import synthesize
+from mccl.topology import Topology
+
+__all__ = ["FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
+
+FILL_WEIGHT = 0.04
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """α-β time of one AllGather of ``size_bytes`` with the executor's slicing (module docstring)."""
+
+    time_s: float
+    bandwidth_s: float
+    latency_s: float
+    fill_s: float
+    depth: int
+    slices: int
+    algbw_gbs: float
+
+
+def estimate(schedule: Schedule, topology: Topology, size_bytes: float) -> Estimate:
+    """The module docstring's estimate of ``schedule`` at ``size_bytes`` on ``topology``."""
+    n = schedule.n_ranks
+    load = link_load(schedule, len(topology.links))
+    rate = gbps_to_gbs(topology.capacities_gbps) * 1e9
+    used = load > 0
+    bandwidth = float(np.max(load[used] * (size_bytes / n) / rate[used])) if np.any(used) else 0.0
+    latency = float(schedule.transfers.step_max_route_cost(topology.latencies_us).sum() * 1e-6)
+    depth = schedule.transfers.n_steps
+    slices = slice_count(float(schedule.chunks.fraction.max()) * size_bytes / n)
+    fill = FILL_WEIGHT * bandwidth * (depth - 1) / slices
+    total = bandwidth + latency + fill
+    return Estimate(total, bandwidth, latency, fill, depth, slices, size_bytes / total / 1e9)
+
+
+def _candidate(name: str, topology: Topology, ranks: tuple[str, ...], chunks: int) -> Schedule:
+    if name in ("packing", "latency_aware"):
+        return synthesize(topology, ranks, chunks=chunks, latency_aware=name == "latency_aware").schedule
+    return describe_on(hierarchical_allgather(topology, ranks, name), topology)
+
+
+def choose_by_time(topology: Topology, ranks: Sequence[str] | None, options: DepthOptions) -> SynthesisResult:
+    """The candidate with the least estimated time at ``options.size_bytes``; every candidate's figures in its stats.
+
+    Stats: ``depth``, ``estimated_time_s``, ``estimated_algbw_gbs``, ``estimate_<candidate>_gbs`` per
+    candidate, and when the packing was weighed, ``packing_achieved_gbs`` and ``throughput_traded`` (the
+    chosen schedule's steady-state loss against the packing's: what depth cost in throughput).
+    A candidate that cannot be built on the fabric (e.g. no switch route for a hierarchy's hop) is
+    left out; if none can, the first one's error is raised.
+    """
+    chosen_ranks = check_ranks(topology, ranks)
+    started = time.perf_counter()
+    built: dict[str, tuple[Schedule, Estimate]] = {}
+    first_error: MCCLError | None = None
+    for name in options.candidates:
+        try:
+            schedule = _candidate(name, topology, chosen_ranks, options.chunks)
+        except MCCLError as error:
+            first_error = first_error or error
+            continue
+        built[name] = (schedule, estimate(schedule, topology, options.size_bytes))
+    if not built:
+        assert first_error is not None
+        raise first_error
+    best = min(built, key=lambda name: (built[name][1].time_s, name))
+    schedule, chosen = built[best]
+    stats = dict(schedule.meta.stats)
+    stats.update({"depth": float(chosen.depth), "estimated_time_s": chosen.time_s,
+                  "estimated_algbw_gbs": chosen.algbw_gbs, "solve_time_s": time.perf_counter() - started})
+    stats.update({f"estimate_{name.replace('-', '_')}_gbs": item[1].algbw_gbs for name, item in built.items()})
+    achieved = float(schedule.meta.achieved_gbs or 0.0)
+    if "packing" in built:
+        packing = float(built["packing"][0].meta.achieved_gbs or 0.0)
+        stats.update({"packing_achieved_gbs": packing,
+                      "throughput_traded": max(0.0, 1.0 - achieved / packing) if packing > 0 else 0.0})
+    inputs = schedule.meta.inputs + (("shape", best), ("size_bytes", repr(float(options.size_bytes))),
+                                     ("candidates", ",".join(options.candidates)))
+    meta = replace(schedule.meta, inputs=inputs, stats=tuple(sorted(stats.items())))
+    return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack.depth", bound_gbs=None,
+                           achieved_gbs=achieved, optimal=False,
+                           stats=BaselineStats(solve_time_s=stats["solve_time_s"]))
