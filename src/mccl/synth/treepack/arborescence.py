@@ -55,10 +55,11 @@ import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.synth.maxflow import BIG, FlowNet
-from mccl.synth.treepack.greedy import GreedyGrower
+from mccl.synth.treepack.growkernel import FastGrower, GrownRoot
 from mccl.synth.treepack.tree import Tree
+from mccl.synth.treepack.treeset import TreeSet
 
-__all__ = ["Tree", "pack_arborescences"]
+__all__ = ["Tree", "TreeSet", "pack_arborescences"]
 
 
 def pack_arborescences(
@@ -68,82 +69,190 @@ def pack_arborescences(
     *,
     latency_aware: bool = False,
     prefer: Callable[[int], Set[tuple[int, int]]] | None = None,
-    first_batch: int = 16,
     greedy_retries: int = 3,
     root_seed: int = 0,
     groups: np.ndarray | None = None,
     demand: np.ndarray | None = None,
-) -> tuple[list[Tree], int, bool]:
-    """k spanning out-trees per rank within ``units``; the trees, the max-flows used, and whether
-    ``prefer`` was dropped (the warm budget of the module docstring).
+) -> tuple[TreeSet, int, bool]:
+    """k spanning out-trees per rank within ``units`` (``demand``: per rank instead); the trees, the
+    max-flows used, and whether ``prefer`` was dropped (the warm budget of the module docstring).
 
-    ``prefer(root)``: arcs to try first for that root's trees (warm start), until a batch fails.
+    ``prefer(root)``: arcs to try first for that root's trees (warm start), until the greedy stalls.
     """
     keys = list(units)
-    out: list[list[int]] = [[] for _ in range(n)]
-    for index, (u, _) in enumerate(keys):
-        out[u].append(index)
-    residual = np.array([units[key] for key in keys], dtype=np.int64)
-    tails = np.array([u for u, _ in keys], dtype=np.int64)
-    heads = np.array([v for _, v in keys], dtype=np.int64)
-    untouched = np.full(n, k, dtype=np.int64) if demand is None else np.asarray(demand, dtype=np.int64).copy()
-    wanted = untouched.copy()
-    trees: list[Tree] = []
-    solves = 0
-    grower = GreedyGrower(n, tails, heads, latency_aware)
-    index_of = {key: i for i, key in enumerate(keys)}
-    order = _interleaved(n, groups)
-    root, batch, retries = 0, first_batch, 0
+    residual = np.fromiter((units[key] for key in keys), dtype=np.int64, count=len(keys))
+    tails = np.fromiter((u for u, _ in keys), dtype=np.int64, count=len(keys))
+    heads = np.fromiter((v for _, v in keys), dtype=np.int64, count=len(keys))
+    wanted = np.full(n, k, dtype=np.int64) if demand is None else np.asarray(demand, dtype=np.int64).copy()
+    packer = _Packer(n, keys, tails, heads, residual, wanted, latency_aware, prefer, groups)
     rng = np.random.default_rng(root_seed)
-    dropped = False
-    initial = (residual.copy(), untouched.copy())
-    while root < n:
-        # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
-        # still packs with n max-flows; on failure roll back and retry smaller, then with a few
-        # randomized orders, and only then grow one root with every arc checked.
-        roots = order[root:min(n, root + batch)]
-        saved = (residual.copy(), untouched.copy())
-        greedy: list[Tree] = []
-        stalled = False
-        grower.jitter = rng if retries else None
-        for r in roots:
-            untouched[r] = 0
-            if wanted[r] == 0:
+    position = 0
+    while position < n:
+        stalled = packer.optimistic(position)
+        if stalled is None:
+            break
+        if packer.prefer is not None:  # the warm budget (module docstring): start over, cold
+            packer.prefix(0)
+            packer.prefer, packer.dropped = None, True
+            position = 0
+            continue
+        # The greedy got stuck on the root at ``stalled``: find the last prefix that still packs,
+        # then get past the root after it with randomized greedy orders or, failing those, the exact rule.
+        boundary = packer.last_packing_prefix(position, stalled)
+        packer.prefix(boundary)
+        packer.careful_root(boundary, greedy_retries, rng)
+        position = boundary + 1
+    packer.prefix(n)
+    return packer.tree_set(), packer.solves, packer.dropped
+
+
+class _Packer:
+    """The packing's state: the roots grown so far in ``order`` and the residual they leave.
+
+    ``grown[i]`` is the i-th root's groups (None: no trees wanted); :meth:`prefix` moves the residual
+    to "the first p roots applied" by releasing or re-applying grown roots (no regrowth needed).
+    """
+
+    def __init__(self, n: int, keys: list[tuple[int, int]], tails: np.ndarray, heads: np.ndarray,
+                 residual: np.ndarray, wanted: np.ndarray, latency_aware: bool,
+                 prefer: Callable[[int], Set[tuple[int, int]]] | None, groups: np.ndarray | None) -> None:
+        self.n, self.keys, self.tails, self.heads = n, keys, tails, heads
+        self.residual, self.wanted = residual, wanted
+        self.latency_aware, self.prefer, self.dropped = latency_aware, prefer, False
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        for index, u in enumerate(tails.tolist()):
+            self.out[u].append(index)
+        self.index_of = {key: i for i, key in enumerate(keys)}
+        self.grower = FastGrower(n, tails, heads, latency_aware)
+        self.order = _interleaved(n, groups)
+        self.grown: list[GrownRoot | None] = []
+        self.applied = 0  # how many of ``grown`` are in the residual
+        self.solves = 0
+        self.missed = np.zeros(n, dtype=bool)  # ranks the last stuck group could not reach
+
+    def untouched(self) -> np.ndarray:
+        """Trees still wanted by the roots not yet applied."""
+        untouched = self.wanted.copy()
+        untouched[self.order[:self.applied]] = 0
+        return untouched
+
+    def prefix(self, count: int, *, keep: bool = False) -> None:
+        """Residual as if exactly the first ``count`` grown roots were packed (releasing or re-applying
+        grown roots, no regrowth); the roots beyond are forgotten unless ``keep``."""
+        while self.applied > count:
+            self.applied -= 1
+            grown = self.grown[self.applied]
+            if grown is not None:
+                grown.release(self.residual)
+        while self.applied < min(count, len(self.grown)):
+            grown = self.grown[self.applied]
+            if grown is not None:
+                grown.take(self.residual)
+            self.applied += 1
+        if not keep:
+            del self.grown[count:]
+
+    def optimistic(self, position: int) -> int | None:
+        """Grow every root from ``position`` on greedily, no check; None, or where it got stuck."""
+        self.prefix(position)
+        for index in range(position, self.n):
+            root = self.order[index]
+            if self.wanted[root] == 0:
+                self.grown.append(None)
+                self.applied += 1
                 continue
-            grown = grower.grow_root(r, int(wanted[r]), residual, _mask(prefer, r, index_of, len(keys)))
+            grown = self.grower.grow_root(root, int(self.wanted[root]), self.residual, self._mask(root))
             if grown is None:
-                stalled = True
+                self.missed = self.grower.unreached.copy()
+                return index
+            self.grown.append(grown)
+            self.applied += 1
+        return None
+
+    def last_packing_prefix(self, lowest: int, stalled: int) -> int:
+        """The largest p in [lowest, stalled] whose prefix provably packs (``lowest``'s does).
+
+        Backs off from the stall by 0, 1, 2, 4, … roots, then bisects between the last prefix that
+        failed and the first that passed: ``log`` checks rather than one per root.
+        """
+        failed = stalled + 1
+        step = 0
+        good = lowest
+        while True:
+            probe = stalled - step
+            if probe <= lowest:
                 break
-            greedy.extend(grown)
-        if not stalled:
-            ok, used = _packs(n, tails, heads, residual, untouched)
-            solves += used
-            stalled = not ok
-        if not stalled:
-            trees.extend(greedy)
-            root += len(roots)
-            batch *= 2
-            retries = 0
-            continue
-        residual[:], untouched[:] = saved
-        if prefer is not None:  # the warm budget (module docstring): start over, cold
-            prefer, dropped = None, True
-            residual[:], untouched[:] = initial
-            trees, root, batch, retries = [], 0, first_batch, 0
-            rng = np.random.default_rng(root_seed)
-            continue
-        if batch > 1:
-            batch = max(1, batch // 4)
-            continue
-        if retries < greedy_retries:
-            retries += 1
-            continue
-        retries = 0
-        trees.extend(_checked_root(order[root], n, int(wanted[order[root]]), keys, out, tails, heads, residual, untouched,
-                                   latency_aware, prefer))
-        solves += _checked_root.solves  # type: ignore[attr-defined]
-        root += 1
-    return trees, solves, dropped
+            if self._packs_at(probe):
+                good = probe
+                break
+            failed = probe
+            step = 1 if step == 0 else 2 * step
+        while failed - good > 1:
+            probe = (good + failed) // 2
+            if self._packs_at(probe):
+                good = probe
+            else:
+                failed = probe
+        return good
+
+    def careful_root(self, index: int, retries: int, rng: np.random.Generator) -> None:
+        """Pack the root at ``index`` (the prefix before it packs) so that the rest still packs."""
+        root = self.order[index]
+        self.prefix(index)
+        want = int(self.wanted[root])
+        if want == 0:
+            self.grown.append(None)
+            self.applied += 1
+            return
+        for attempt in range(1 + retries):
+            seed = -1 if attempt == 0 else int(rng.integers(2**31))
+            grown = self.grower.grow_root(root, want, self.residual, self._mask(root), seed)
+            if grown is None:
+                continue
+            self.grown.append(grown)
+            self.applied += 1
+            if self._packs_now():
+                return
+            self.prefix(index)
+        untouched = self.untouched()
+        trees = _checked_root(root, self.n, want, self.keys, self.out, self.tails, self.heads, self.residual,
+                              untouched, self.latency_aware, self.prefer(root) if self.prefer else None)
+        self.solves += _checked_root.solves  # type: ignore[attr-defined]
+        self.grown.append(_as_grown(root, trees, self.index_of, self.n))
+        self.applied += 1
+
+    def _packs_at(self, count: int) -> bool:
+        self.prefix(count, keep=True)
+        return self._packs_now()
+
+    def _packs_now(self) -> bool:
+        ok, used = _packs(self.n, self.tails, self.heads, self.residual, self.untouched(), self.missed)
+        self.solves += used
+        return ok
+
+    def _mask(self, root: int) -> np.ndarray:
+        return _mask(self.prefer, root, self.index_of, len(self.keys))
+
+    def tree_set(self) -> TreeSet:
+        done = [grown for grown in self.grown[:self.applied] if grown is not None]
+        edges = max(self.n - 1, 0)
+        if not done:
+            empty = np.zeros(0, dtype=np.int64)
+            return TreeSet(self.n, empty, empty, np.zeros((0, edges), dtype=np.int64),
+                           np.zeros((0, self.n), dtype=np.int32), self.tails, self.heads)
+        return TreeSet(self.n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in done]),
+                       np.concatenate([g.multiplicity for g in done]), np.concatenate([g.arcs for g in done]),
+                       np.concatenate([g.depth for g in done]), self.tails, self.heads)
+
+
+def _as_grown(root: int, trees: list[Tree], index_of: dict[tuple[int, int], int], n: int) -> GrownRoot:
+    """The exact rule's :class:`Tree` groups as arrays."""
+    arcs = np.array([[index_of[edge] for edge in tree.edges] for tree in trees], dtype=np.int64).reshape(
+        len(trees), max(n - 1, 0))
+    depth = np.zeros((len(trees), n), dtype=np.int32)
+    for row, tree in enumerate(trees):
+        depth[row, list(tree.depth)] = list(tree.depth.values())
+    return GrownRoot(root, np.array([tree.multiplicity for tree in trees], dtype=np.int64), arcs, depth)
 
 
 def _interleaved(n: int, groups: np.ndarray | None) -> list[int]:
@@ -176,16 +285,18 @@ def _mask(prefer: Callable[[int], Set[tuple[int, int]]] | None, root: int, index
 
 
 def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray,
-           untouched: np.ndarray) -> tuple[bool, int]:
+           untouched: np.ndarray, first: np.ndarray | None = None) -> tuple[bool, int]:
     """Whether the untouched roots' trees still fit (``maxflow(s*, v) >= Σ untouched`` for every v),
-    and the max-flows that took."""
+    and the max-flows that took. ``first``: ranks to check before the others (where a failure is
+    likely: those a stuck greedy tree could not reach), so that a failing check stops early."""
     need = int(untouched.sum())
     if need == 0:
         return True, 0
     net = FlowNet(n + 1)
     net.add_arcs(tails, heads, residual)
     net.add_arcs(np.full(n, n), np.arange(n), untouched)
-    ok = all(net.max_flow(n, v) >= need for v in range(n))
+    sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
+    ok = all(net.max_flow(n, int(v)) >= need for v in sinks)
     return ok, net.solves
 
 
