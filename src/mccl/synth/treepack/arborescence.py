@@ -123,7 +123,7 @@ class _Packer:
         for index, u in enumerate(tails.tolist()):
             self.out[u].append(index)
         self.index_of = {key: i for i, key in enumerate(keys)}
-        self.grower = FastGrower(n, tails, heads, latency_aware)
+        self.grower = FastGrower(n, tails, heads, latency_aware, groups)
         self.order = _interleaved(n, groups)
         self.grown: list[GrownRoot | None] = []
         self.applied = 0  # how many of ``grown`` are in the residual
@@ -155,13 +155,18 @@ class _Packer:
     def optimistic(self, position: int) -> int | None:
         """Grow every root from ``position`` on greedily, no check; None, or where it got stuck."""
         self.prefix(position)
+        untouched = self.untouched()
+        reserve = self.grower.reserve(untouched)
         for index in range(position, self.n):
             root = self.order[index]
+            reserve[self.grower.host[root]] -= untouched[root]
+            untouched[root] = 0
             if self.wanted[root] == 0:
                 self.grown.append(None)
                 self.applied += 1
                 continue
-            grown = self.grower.grow_root(root, int(self.wanted[root]), self.residual, self._mask(root))
+            grown = self.grower.grow_root(root, int(self.wanted[root]), self.residual, self._mask(root),
+                                          untouched=untouched, reserve=reserve)
             if grown is None:
                 self.missed = self.grower.unreached.copy()
                 return index
@@ -204,9 +209,12 @@ class _Packer:
             self.grown.append(None)
             self.applied += 1
             return
+        untouched = self.untouched()
+        untouched[root] = 0
+        reserve = self.grower.reserve(untouched)
         for attempt in range(1 + retries):
             seed = -1 if attempt == 0 else int(rng.integers(2**31))
-            grown = self.grower.grow_root(root, want, self.residual, self._mask(root), seed)
+            grown = self.grower.grow_root(root, want, self.residual, self._mask(root), seed, untouched, reserve)
             if grown is None:
                 continue
             self.grown.append(grown)
@@ -293,7 +301,8 @@ def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray,
     if need == 0:
         return True, 0
     net = FlowNet(n + 1)
-    net.add_arcs(tails, heads, residual)
+    positive = residual > 0  # late in the packing most arcs are spent; the solver need not see them
+    net.add_arcs(tails[positive], heads[positive], residual[positive])
     net.add_arcs(np.full(n, n), np.arange(n), untouched)
     sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
     ok = all(net.max_flow(n, int(v)) >= need for v in sinks)
@@ -312,7 +321,10 @@ def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: l
     untouched[root] = 0
     total = int(untouched.sum()) + k
     net = FlowNet(n + 1)
-    arc_ids = net.add_arcs(tails, heads, residual)
+    # Residuals only shrink here: spent arcs stay out of the network (-1: no arc).
+    positive = residual > 0
+    arc_ids = np.full(len(residual), -1, dtype=np.int64)
+    arc_ids[positive] = net.add_arcs(tails[positive], heads[positive], residual[positive])
     source_arcs = net.add_arcs(np.full(n, n), np.arange(n), untouched)
     stack: list[tuple[Tree, int | None]] = [(Tree(root, k, depth={root: 0}), None)]
     trees = []
