@@ -5,14 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import BUILDER_CASES, small_topologies
 from mccl.errors import Infeasible, InvalidOptions, SynthesisError, TopologyError
 from mccl.schedule import Collective, link_load, steady_state_algbw, validate
 from mccl.synth import allgather_cut_bound, optimize
+from mccl.synth.common import describe_on
+from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.maxflow import scipy_max_flow
 from mccl.synth.ring import nccl_ring
 from mccl.synth.treepack import reversed_topology, synthesize, synthesize_reducescatter
+from mccl.synth.treepack.arborescence import _as_grown, _checked_root, _interleaved, pack_arborescences
+from mccl.synth.treepack.balance import split_switches
+from mccl.synth.treepack.fabric import fabric_of
+from mccl.synth.treepack.greedy import GreedyGrower
+from mccl.synth.treepack.growkernel import FastGrower
+from mccl.synth.treepack.rounding import best_integral_rate
+from mccl.synth.treepack.treeset import TreeSet, lower_trees, route_table
 from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 CASES = [*BUILDER_CASES, rail_optimized(1, 4, 8), rail_optimized(2, 2, 8), rail_optimized(1, 8, 8)]
@@ -176,3 +186,114 @@ def test_bad_previous_schedules_refused(hpn: Topology) -> None:
         synthesize(hpn, previous=synthesize(hpn, list(hpn.gpus[:8])))
     with pytest.raises(InvalidOptions, match="option .chunks. of .treepack."):
         synthesize(hpn, chunks=11)
+
+
+# --- Phase 3 at scale (issue 17): the compiled greedy and the optimistic packing -------------------
+
+
+@st.composite
+def _logical_graphs(draw: st.DrawFn) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random rank-to-rank graph (3–9 ranks, units 0–6), a preferred-arc mask and a root order."""
+    n = draw(st.integers(3, 9))
+    pairs = [(u, v) for u in range(n) for v in range(n) if u != v]
+    chosen = draw(st.lists(st.sampled_from(pairs), min_size=n, max_size=len(pairs), unique=True))
+    tails = np.array([u for u, _ in chosen], dtype=np.int64)
+    heads = np.array([v for _, v in chosen], dtype=np.int64)
+    units = np.array(draw(st.lists(st.integers(0, 6), min_size=len(chosen), max_size=len(chosen))), dtype=np.int64)
+    preferred = np.array(draw(st.lists(st.booleans(), min_size=len(chosen), max_size=len(chosen))), dtype=bool)
+    return n, tails, heads, units, preferred
+
+
+@settings(max_examples=30, deadline=None)
+@given(_logical_graphs(), st.integers(1, 4), st.booleans())
+def test_compiled_greedy_matches_numpy_grower(graph, k: int, latency_aware: bool) -> None:
+    """Unguarded, the compiled grower takes the numpy grower's arcs, in order, split for split, and
+    gets stuck where it does (then leaving the residual as it found it)."""
+    n, tails, heads, units, preferred = graph
+    reference = GreedyGrower(n, tails, heads, latency_aware)
+    fast = FastGrower(n, tails, heads, latency_aware)
+    slow_residual, fast_residual = units.copy(), units.copy()
+    for root in range(n):
+        before = fast_residual.copy()
+        trees = reference.grow_root(root, k, slow_residual, preferred)
+        grown = fast.grow_root(root, k, fast_residual, preferred, guard=False)
+        assert (trees is None) == (grown is None)
+        if grown is None:
+            assert np.array_equal(fast_residual, before)
+            break
+        assert [tree.multiplicity for tree in trees] == grown.multiplicity.tolist()
+        for tree, arcs, depth in zip(trees, grown.arcs, grown.depth, strict=True):
+            assert tree.edges == list(zip(tails[arcs].tolist(), heads[arcs].tolist(), strict=True))
+            assert all(depth[v] == d for v, d in tree.depth.items())
+        assert np.array_equal(fast_residual, slow_residual)
+
+
+def _phase2(topology: Topology, chunks: int):
+    fabric = fabric_of(topology, [node.id for node in topology.nodes if node.is_gpu])
+    checker = CutChecker(fabric)
+    integral = best_integral_rate(fabric, chunks, max_rate(fabric, checker=checker).rate_gbps, checker)
+    return fabric, split_switches(fabric, integral)
+
+
+def _exact_rule_packing(n: int, units: dict, k: int, groups) -> TreeSet:
+    """The reference: every root's trees grown arc by arc with the exact max-flow rule, no greedy."""
+    keys = list(units)
+    tails = np.array([u for u, _ in keys], dtype=np.int64)
+    heads = np.array([v for _, v in keys], dtype=np.int64)
+    residual = np.array([units[key] for key in keys], dtype=np.int64)
+    out: list[list[int]] = [[] for _ in range(n)]
+    for index, u in enumerate(tails.tolist()):
+        out[u].append(index)
+    untouched = np.full(n, k, dtype=np.int64)
+    index_of = {key: i for i, key in enumerate(keys)}
+    grown = [_as_grown(root, _checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
+                       index_of, n) for root in _interleaved(n, groups)]
+    return TreeSet(n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in grown]),
+                   np.concatenate([g.multiplicity for g in grown]), np.concatenate([g.arcs for g in grown]),
+                   np.concatenate([g.depth for g in grown]), tails, heads)
+
+
+def _check_tree_set(trees: TreeSet, units: dict, k: int) -> None:
+    """Every group is a spanning out-tree of its root with consistent depths; k trees per root; within units."""
+    n = trees.n
+    assert np.all(trees.trees_per_root() == k)
+    for root, arcs, depth in zip(trees.root, trees.arcs, trees.depth, strict=True):
+        tail, head = trees.arc_tail[arcs], trees.arc_head[arcs]
+        assert sorted(head.tolist()) == sorted(set(range(n)) - {int(root)})
+        assert depth[root] == 0 and np.all(depth[head] == depth[tail] + 1)
+    used = np.bincount(trees.arcs.reshape(-1), weights=np.repeat(trees.multiplicity, trees.arcs.shape[1]),
+                       minlength=len(units))
+    assert np.all(used <= np.array(list(units.values())))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_topologies())
+def test_fast_packing_same_throughput_as_exact_rule(topology: Topology) -> None:
+    """The optimistic packing (compiled greedy, checks only where it stalls) and the exact rule alone give
+    valid trees of the same throughput; the fast one lowers to a valid schedule."""
+    fabric, split = _phase2(topology, 4)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    fast, _, _ = pack_arborescences(n, units, k, groups=fabric.groups)
+    exact = _exact_rule_packing(n, units, k, fabric.groups)
+    _check_tree_set(fast, units, k)
+    _check_tree_set(exact, units, k)
+    table = route_table(list(units), split.logical.routes)
+    ranks = tuple(fabric.names[:n])
+    algbw = []
+    for trees in (fast, exact):
+        schedule = describe_on(lower_trees(ranks, Collective.ALLGATHER, trees, k, table), topology)
+        validate(schedule, topology)
+        algbw.append(_on(schedule, topology))
+    assert algbw[0] == pytest.approx(algbw[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 8), (2, 2, 8), (1, 8, 8)])
+def test_fast_packing_on_rail_fabrics_where_the_greedy_stalls(shape) -> None:
+    """On these fabrics the guarded greedy gets stuck near the end of the packing (the checks and the
+    exact rule finish it): k trees per root, within the units, same throughput as the exact rule."""
+    topology = rail_optimized(*shape)
+    fabric, split = _phase2(topology, 10)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    fast, flows, dropped = pack_arborescences(n, units, k, groups=fabric.groups)
+    assert flows > 0 and not dropped
+    _check_tree_set(fast, units, k)
