@@ -69,10 +69,14 @@ class TreeSet:
 
 @dataclass(frozen=True, eq=False)
 class RouteTable:
-    """Each logical arc's physical routes with their units, flattened (arcs in logical-arc order)."""
+    """Each logical arc's physical routes with their units, flattened (arcs in logical-arc order).
 
-    first_route: np.ndarray  # int64, arcs + 1: the routes of arc a are first_route[a]:first_route[a + 1]
-    unit_end: np.ndarray  # int64 per route: cumulative units within its arc (exclusive end)
+    Units are numbered globally: arc a owns ``arc_base[a] … arc_base[a + 1] - 1``, and route r the
+    units below ``route_end[r]`` not owned by an earlier route, so one ``searchsorted`` finds a unit's route.
+    """
+
+    arc_base: np.ndarray  # int64, arcs + 1
+    route_end: np.ndarray  # int64 per route: cumulative units over all routes (exclusive end)
     link_offsets: np.ndarray  # int64, routes + 1
     links: np.ndarray  # int64 link ids
 
@@ -80,28 +84,29 @@ class RouteTable:
 def route_table(keys: Sequence[tuple[int, int]], routes: dict[tuple[int, int], list[tuple[tuple[int, ...], int]]]
                 ) -> RouteTable:
     """The routes of ``keys`` (logical arcs, in arc-id order) as flat arrays."""
-    counts, units, lengths, links = [], [], [], []
+    per_arc, units, lengths, links = [], [], [], []
     for key in keys:
-        pool = routes.get(key, [])
-        counts.append(len(pool))
-        for path, amount in pool:
+        total = 0
+        for path, amount in routes.get(key, []):
             units.append(amount)
             lengths.append(len(path))
             links.extend(path)
-    first_route = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum(counts, out=first_route[1:])
-    unit = np.asarray(units, dtype=np.int64)
-    cumulative = np.cumsum(unit)
-    # within-arc cumulative units: subtract the total of the arcs before
-    before = np.concatenate([[0], cumulative])[first_route[:-1]]
-    unit_end = cumulative - np.repeat(before, counts)
+            total += amount
+        per_arc.append(total)
+    arc_base = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(per_arc, out=arc_base[1:])
     link_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=link_offsets[1:])
-    return RouteTable(first_route, unit_end, link_offsets, np.asarray(links, dtype=np.int64))
+    return RouteTable(arc_base, np.cumsum(np.asarray(units, dtype=np.int64)), link_offsets,
+                      np.asarray(links, dtype=np.int64))
 
 
 def lower_trees(ranks: tuple[str, ...], collective: Collective, trees: TreeSet, k: int, table: RouteTable) -> Schedule:
-    """Trees to chunks and transfers (see the module docstring for the order and the steps)."""
+    """Trees to chunks and transfers (see the module docstring for the order and the steps).
+
+    Per tree edge first (groups × (n-1) of them), then per transfer (edges × multiplicity): the
+    transfer-level arrays are the schedule's own columns and little besides.
+    """
     n = len(ranks)
     reduce = collective is Collective.REDUCESCATTER
     order = np.argsort(trees.root, kind="stable")
@@ -109,61 +114,46 @@ def lower_trees(ranks: tuple[str, ...], collective: Collective, trees: TreeSet, 
     arcs, depth = trees.arcs[order], trees.depth[order]
     # First chunk of each group: root · k plus the trees of the same root before it.
     before = np.cumsum(mult) - mult
-    root_start = np.searchsorted(root, np.arange(n))
-    first = root * k + before - before[root_start[root]]
-    edges = arcs.shape[1]
-    # One row per (group, edge, chunk of the group): group-major, then edge, then chunk.
-    group_of_row = np.repeat(np.repeat(np.arange(len(root)), edges), np.repeat(mult, edges))
+    first = root * k + before - before[np.searchsorted(root, root)]
+    n_groups, per_group = arcs.shape
     edge_arc = arcs.reshape(-1)
-    row_arc = np.repeat(edge_arc, np.repeat(mult, edges))
-    rows = len(row_arc)
-    # Index of the row within its (group, edge) run = its chunk offset.
-    run_start = np.repeat(np.cumsum(np.repeat(mult, edges)) - np.repeat(mult, edges), np.repeat(mult, edges))
-    chunk = first[group_of_row] + (np.arange(rows) - run_start)
-    # The unit each row takes on its arc: its rank among that arc's rows in row order.
-    by_arc = np.argsort(row_arc, kind="stable")
-    sorted_arc = row_arc[by_arc]
-    arc_first = np.searchsorted(sorted_arc, sorted_arc, side="left")
-    unit = np.empty(rows, dtype=np.int64)
-    unit[by_arc] = np.arange(rows) - arc_first
-    lo, hi = table.first_route[row_arc], table.first_route[row_arc + 1]
-    # Route of each row: the first route of its arc whose cumulative units exceed the unit.
-    route = _first_exceeding(table.unit_end, lo, hi, unit)
-    tail, head = trees.arc_tail[row_arc], trees.arc_head[row_arc]
+    edge_group = np.repeat(np.arange(n_groups), per_group)
+    edge_mult = mult[edge_group]
+    # The first unit each edge takes on its arc: the units of the edges before it on the same arc.
+    by_arc = np.argsort(edge_arc, kind="stable")
+    sorted_mult = edge_mult[by_arc]
+    taken = np.cumsum(sorted_mult) - sorted_mult
+    sorted_arc = edge_arc[by_arc]
+    unit_start = np.empty(len(edge_arc), dtype=np.int64)
+    unit_start[by_arc] = taken - taken[np.searchsorted(sorted_arc, sorted_arc)] + table.arc_base[sorted_arc]
+    del by_arc, sorted_mult, taken, sorted_arc
+    edge_tail, edge_head = trees.arc_tail[edge_arc], trees.arc_head[edge_arc]
     flat_depth = depth.reshape(-1)
     if reduce:
-        deepest = trees.max_depth
-        step = deepest - flat_depth[group_of_row * n + head]
-        sender, receiver = head, tail
+        edge_step = trees.max_depth - flat_depth[edge_group * n + edge_head]
+        edge_sender, edge_receiver = edge_head, edge_tail
     else:
-        step = flat_depth[group_of_row * n + tail]
-        sender, receiver = tail, head
+        edge_step = flat_depth[edge_group * n + edge_tail]
+        edge_sender, edge_receiver = edge_tail, edge_head
+    # Transfers: one per (edge, chunk of its group), edge by edge.
+    edge_of_row = np.repeat(np.arange(len(edge_arc)), edge_mult)
+    offset = np.arange(len(edge_of_row)) - np.repeat(np.cumsum(edge_mult) - edge_mult, edge_mult)
+    chunk = first[edge_group][edge_of_row] + offset
+    unit = unit_start[edge_of_row] + offset
+    if np.any(unit >= table.arc_base[edge_arc[edge_of_row] + 1]):
+        raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
+    route = np.searchsorted(table.route_end, unit, side="right")
+    del unit, offset
     lengths = table.link_offsets[route + 1] - table.link_offsets[route]
     links = segments(table.links, table.link_offsets[route], lengths, reverse=reduce)
-    offsets = np.zeros(rows + 1, dtype=np.int64)
+    del route
+    offsets = np.zeros(len(edge_of_row) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     op = TransferOp.REDUCE if reduce else TransferOp.COPY
-    transfers = Transfers(chunk, sender, receiver, step, np.full(rows, int(op), dtype=np.int8), offsets, links)
+    transfers = Transfers(chunk, edge_sender[edge_of_row], edge_receiver[edge_of_row], edge_step[edge_of_row],
+                          np.full(len(edge_of_row), int(op), dtype=np.int8), offsets, links)
     sources = np.repeat(np.arange(n), k)
     fractions = np.full(n * k, 1.0 / k)
     none = np.full(n * k, -1)
     chunks = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
     return Schedule(collective, ranks, chunks, transfers)
-
-
-def _first_exceeding(unit_end: np.ndarray, lo: np.ndarray, hi: np.ndarray, unit: np.ndarray) -> np.ndarray:
-    """Per row, the smallest route index r in [lo, hi) with ``unit_end[r] > unit`` (vectorized bisection)."""
-    left, right = lo.copy(), hi.copy()
-    while True:
-        active = left < right
-        if not active.any():
-            break
-        middle = (left + right) // 2
-        probe = np.where(active, middle, 0)
-        go_right = active & (unit_end[probe] <= unit)
-        left = np.where(go_right, middle + 1, left)
-        right = np.where(active & ~go_right, middle, right)
-    if np.any(left >= hi):
-        raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
-    return left
-
