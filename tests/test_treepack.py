@@ -297,3 +297,49 @@ def test_fast_packing_on_rail_fabrics_where_the_greedy_stalls(shape) -> None:
     fast, flows, dropped = pack_arborescences(n, units, k, groups=fabric.groups)
     assert flows > 0 and not dropped
     _check_tree_set(fast, units, k)
+
+
+def _reference_lowering(trees: TreeSet, k: int, routes: dict, reduce: bool) -> tuple[list, ...]:
+    """The former per-tree, per-transfer lowering (Python loops): groups by root, edges in order, each
+    logical arc's routes consumed unit by unit."""
+    n = trees.n
+    pools = {key: [list(item) for item in pool] for key, pool in routes.items()}
+    deepest = trees.max_depth
+    columns: tuple[list, ...] = ([], [], [], [], [])  # chunk, sender, receiver, step, route
+    next_chunk = [0] * n
+    for g in np.argsort(trees.root, kind="stable").tolist():
+        root, m = int(trees.root[g]), int(trees.multiplicity[g])
+        first = root * k + next_chunk[root]
+        next_chunk[root] += m
+        for arc in trees.arcs[g].tolist():
+            u, v = int(trees.arc_tail[arc]), int(trees.arc_head[arc])
+            step = deepest - int(trees.depth[g, v]) if reduce else int(trees.depth[g, u])
+            chunk, count = first, m
+            for item in pools[(u, v)]:
+                used = min(item[1], count)
+                for _ in range(used):
+                    route = list(reversed(item[0])) if reduce else list(item[0])
+                    for column, value in zip(columns, (chunk, *((v, u) if reduce else (u, v)), step, route),
+                                             strict=True):
+                        column.append(value)
+                    chunk += 1
+                item[1] -= used
+                count -= used
+    return columns
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["allgather", "reducescatter"])
+def test_vectorized_lowering_matches_per_transfer_reference(reduce: bool) -> None:
+    """The numpy lowering emits exactly the transfers (order, chunks, steps, routes) of the loop it replaced."""
+    topology = fail2(rail_optimized(2, 2, 8))
+    fabric, split = _phase2(topology, 10)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    trees, _, _ = pack_arborescences(n, units, k, groups=fabric.groups)
+    collective = Collective.REDUCESCATTER if reduce else Collective.ALLGATHER
+    schedule = lower_trees(tuple(fabric.names[:n]), collective, trees, k, route_table(list(units), split.logical.routes))
+    chunk, sender, receiver, step, route = _reference_lowering(trees, k, split.logical.routes, reduce)
+    transfers = schedule.transfers
+    assert transfers.chunk.tolist() == chunk and transfers.step.tolist() == step
+    assert transfers.sender.tolist() == sender and transfers.receiver.tolist() == receiver
+    offsets = transfers.route_offsets
+    assert [transfers.route_links[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)] == route
