@@ -17,15 +17,23 @@ stack (integral multiplicities, as ForestColl's packing). The first arc of a gro
 (R = {root}) needs no max-flow: no X can meet R without containing u.
 
 That exact rule costs one max-flow per arc added (n·(n-1)·groups in all), so it is
-the fallback. The packing runs in optimistic batches instead: the next roots' trees
-grow greedily (:mod:`.greedy`, no max-flow), then n max-flows prove that every root
-still to come can be packed in what is left (the theorem above with untouched roots
-only). A batch that passes is kept and the next one is twice as large (the first
-has 16 roots: early on there is slack everywhere); one that fails is rolled back and
-retried smaller, then with a few randomized greedy orders, and only then is one root
-grown arc by arc with the exact rule. Roots
-go host by host in turn, so that no host's egress is spent on relays before its own
-roots' trees leave it. On HPN fabrics the exact rule is needed for about one root.
+the fallback. The packing is optimistic instead (issue 17: checks only where needed):
+
+1. every root, host by host in turn (so that no host's egress is spent on relays before
+   its own roots' trees leave it), grows its trees with the compiled guarded greedy
+   (:mod:`.growkernel`, no max-flow). Its guard refuses arcs that would break the
+   condition above for sets it tracks cheaply (each host's egress against its untouched
+   roots, each pending group's partial tree), so it rarely paints itself into a corner;
+2. only if a root gets stuck: the last prefix of roots after which the rest still
+   packs (n max-flows per check, the ranks the stuck tree missed checked first, so that
+   a failing check stops early) is found by backing off from the stall 0, 1, 2, 4, …
+   roots and bisecting — the grown roots are released and re-applied, not regrown;
+3. the root after that prefix is grown greedily with its result checked, then with a
+   few randomized greedy orders, then with the exact rule; and step 1 resumes after it.
+
+Healthy rail-optimized fabrics get stuck only in the last few roots (512 GPUs: 5
+careful roots, 2 by the exact rule). Max-flows see only arcs with units left (late in
+the packing most are spent). Trees are arrays (:class:`~.treeset.TreeSet`).
 
 Each exact-rule root gets its own network: logical arcs at their residual capacity,
 group nodes added as groups split. Candidate arcs come from a heap: the previous
@@ -36,9 +44,9 @@ nothing else is left.
 Warm budget: the previous trees' arcs (``prefer``) are only an ordering, and a bad one
 when the previous fabric differed where it matters (trees made for a degraded fabric
 relay around its faults, spending other hosts' egress that the healthy fabric's roots
-need): their greedy batches fail the check again and again and end in the exact rule,
+need): their greedy trees fail the check again and again and end in the exact rule,
 one max-flow per arc (512 GPUs, Fail2 → healthy: 539 s against cold's ~30 s). So the
-preference lasts until the first batch that fails; then the packing starts over cold,
+preference lasts until the greedy first gets stuck; then the packing starts over cold,
 from the full capacities (the third value returned; ``warm_prefer_dropped`` in the
 stats). Restarting, not going on cold from the trees the preference grew: those
 passed the check, yet left a residual where even the cold greedy kept failing (512
