@@ -13,15 +13,17 @@ from mccl.schedule import Collective, link_load, steady_state_algbw, validate
 from mccl.synth import allgather_cut_bound, optimize
 from mccl.synth.common import describe_on
 from mccl.synth.cutbound import CutChecker, max_rate
-from mccl.synth.maxflow import scipy_max_flow
+from mccl.synth.maxflow import FlowNet, scipy_max_flow
 from mccl.synth.ring import nccl_ring
 from mccl.synth.treepack import reversed_topology, synthesize, synthesize_reducescatter
+from mccl.synth.treepack import arborescence
 from mccl.synth.treepack.arborescence import _as_grown, _checked_root, _interleaved, pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.greedy import GreedyGrower
 from mccl.synth.treepack.growkernel import FastGrower
 from mccl.synth.treepack.rounding import best_integral_rate
+from mccl.synth.treepack.smallflow import CappedFlowNet
 from mccl.synth.treepack.treeset import TreeSet, lower_trees, route_table
 from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
 
@@ -246,8 +248,12 @@ def _exact_rule_packing(n: int, units: dict, k: int, groups) -> TreeSet:
         out[u].append(index)
     untouched = np.full(n, k, dtype=np.int64)
     index_of = {key: i for i, key in enumerate(keys)}
-    grown = [_as_grown(root, _checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
-                       index_of, n) for root in _interleaved(n, groups)]
+    capped, arborescence._CAPPED_TOTAL = arborescence._CAPPED_TOTAL, 0  # OR-Tools for every flow here
+    try:
+        grown = [_as_grown(root, _checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
+                           index_of, n) for root in _interleaved(n, groups)]
+    finally:
+        arborescence._CAPPED_TOTAL = capped
     return TreeSet(n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in grown]),
                    np.concatenate([g.multiplicity for g in grown]), np.concatenate([g.arcs for g in grown]),
                    np.concatenate([g.depth for g in grown]), tails, heads)
@@ -343,3 +349,17 @@ def test_vectorized_lowering_matches_per_transfer_reference(reduce: bool) -> Non
     assert transfers.sender.tolist() == sender and transfers.receiver.tolist() == receiver
     offsets = transfers.route_offsets
     assert [transfers.route_links[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)] == route
+
+
+@settings(max_examples=40, deadline=None)
+@given(_logical_graphs(), st.integers(1, 40))
+def test_capped_flow_equals_push_relabel_up_to_its_limit(graph, limit: int) -> None:
+    """The exact rule's augmenting-path engine returns min(max-flow, limit), as OR-Tools' max-flow says."""
+    n, tails, heads, units, _ = graph
+    capped, full = CappedFlowNet(n, limit), FlowNet(n)
+    ids = capped.add_arcs(tails, heads, units)
+    full.add_arcs(tails, heads, units)
+    capped.set_capacity(int(ids[0]), 0)
+    full.set_capacity(0, 0)
+    for sink in range(1, n):
+        assert capped.max_flow(0, sink) == min(full.max_flow(0, sink), limit)

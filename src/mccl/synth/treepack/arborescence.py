@@ -64,10 +64,13 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.growkernel import FastGrower, GrownRoot
+from mccl.synth.treepack.smallflow import CappedFlowNet
 from mccl.synth.treepack.tree import Tree
 from mccl.synth.treepack.treeset import TreeSet
 
 __all__ = ["Tree", "TreeSet", "pack_arborescences"]
+
+_CAPPED_TOTAL = 64  # exact rule with at most this many trees still to pack: capped augmenting paths
 
 
 def pack_arborescences(
@@ -328,7 +331,8 @@ def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: l
     preferred = prefer(root) if prefer is not None else frozenset()
     untouched[root] = 0
     total = int(untouched.sum()) + k
-    net = FlowNet(n + 1)
+    # Only whether a flow reaches ``total`` matters: few trees left, a few augmenting paths decide it.
+    net = CappedFlowNet(n + 1, total) if total <= _CAPPED_TOTAL else FlowNet(n + 1)
     # Residuals only shrink here: spent arcs stay out of the network (-1: no arc).
     positive = residual > 0
     arc_ids = np.full(len(residual), -1, dtype=np.int64)
