@@ -15,8 +15,7 @@ from mccl.synth.common import describe_on
 from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.maxflow import FlowNet, scipy_max_flow
 from mccl.synth.ring import nccl_ring
-from mccl.synth.treepack import reversed_topology, synthesize, synthesize_reducescatter
-from mccl.synth.treepack import arborescence
+from mccl.synth.treepack import arborescence, reversed_topology, synthesize, synthesize_reducescatter
 from mccl.synth.treepack.arborescence import _as_grown, _checked_root, _interleaved, pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
