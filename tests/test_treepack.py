@@ -15,8 +15,8 @@ from mccl.synth.common import describe_on
 from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.maxflow import FlowNet, scipy_max_flow
 from mccl.synth.ring import nccl_ring
-from mccl.synth.treepack import arborescence, reversed_topology, synthesize, synthesize_reducescatter
-from mccl.synth.treepack.arborescence import _as_grown, _checked_root, _interleaved, pack_arborescences
+from mccl.synth.treepack import exactrule, reversed_topology, synthesize, synthesize_reducescatter
+from mccl.synth.treepack.arborescence import _as_grown, _interleaved, pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.greedy import GreedyGrower
@@ -247,12 +247,12 @@ def _exact_rule_packing(n: int, units: dict, k: int, groups) -> TreeSet:
         out[u].append(index)
     untouched = np.full(n, k, dtype=np.int64)
     index_of = {key: i for i, key in enumerate(keys)}
-    capped, arborescence._CAPPED_TOTAL = arborescence._CAPPED_TOTAL, 0  # OR-Tools for every flow here
+    capped, exactrule._CAPPED_TOTAL = exactrule._CAPPED_TOTAL, 0  # OR-Tools for every flow here
     try:
-        grown = [_as_grown(root, _checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
+        grown = [_as_grown(root, exactrule.checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
                            index_of, n) for root in _interleaved(n, groups)]
     finally:
-        arborescence._CAPPED_TOTAL = capped
+        exactrule._CAPPED_TOTAL = capped
     return TreeSet(n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in grown]),
                    np.concatenate([g.multiplicity for g in grown]), np.concatenate([g.arcs for g in grown]),
                    np.concatenate([g.depth for g in grown]), tails, heads)

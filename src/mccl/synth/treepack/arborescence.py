@@ -56,21 +56,17 @@ the preferred prefix plus exactly cold's packing, and returns cold's trees.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Set
 
 import numpy as np
 
-from mccl.errors import SynthesisError
-from mccl.synth.maxflow import BIG, FlowNet
+from mccl.synth.maxflow import FlowNet
+from mccl.synth.treepack.exactrule import checked_root
 from mccl.synth.treepack.growkernel import FastGrower, GrownRoot
-from mccl.synth.treepack.smallflow import CappedFlowNet
 from mccl.synth.treepack.tree import Tree
 from mccl.synth.treepack.treeset import TreeSet
 
 __all__ = ["Tree", "TreeSet", "pack_arborescences"]
-
-_CAPPED_TOTAL = 64  # exact rule with at most this many trees still to pack: capped augmenting paths
 
 
 def pack_arborescences(
@@ -234,9 +230,9 @@ class _Packer:
                 return
             self.prefix(index)
         untouched = self.untouched()
-        trees = _checked_root(root, self.n, want, self.keys, self.out, self.tails, self.heads, self.residual,
+        trees = checked_root(root, self.n, want, self.keys, self.out, self.tails, self.heads, self.residual,
                               untouched, self.latency_aware, self.prefer(root) if self.prefer else None)
-        self.solves += _checked_root.solves  # type: ignore[attr-defined]
+        self.solves += checked_root.solves  # type: ignore[attr-defined]
         self.grown.append(_as_grown(root, trees, self.index_of, self.n))
         self.applied += 1
 
@@ -318,110 +314,3 @@ def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray,
     sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
     ok = all(net.max_flow(n, int(v)) >= need for v in sinks)
     return ok, net.solves
-
-
-def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: list[list[int]],
-                  tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
-                  latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None) -> list[Tree]:
-    """One root's k trees, every arc checked by the max-flow of the module docstring."""
-    if k == 0:
-        untouched[root] = 0
-        _checked_root.solves = 0  # type: ignore[attr-defined]
-        return []
-    preferred = prefer(root) if prefer is not None else frozenset()
-    untouched[root] = 0
-    total = int(untouched.sum()) + k
-    # Only whether a flow reaches ``total`` matters: few trees left, a few augmenting paths decide it.
-    net = CappedFlowNet(n + 1, total) if total <= _CAPPED_TOTAL else FlowNet(n + 1)
-    # Residuals only shrink here: spent arcs stay out of the network (-1: no arc).
-    positive = residual > 0
-    arc_ids = np.full(len(residual), -1, dtype=np.int64)
-    arc_ids[positive] = net.add_arcs(tails[positive], heads[positive], residual[positive])
-    source_arcs = net.add_arcs(np.full(n, n), np.arange(n), untouched)
-    stack: list[tuple[Tree, int | None]] = [(Tree(root, k, depth={root: 0}), None)]
-    trees = []
-    while stack:
-        tree, group_arc = stack.pop()
-        if group_arc is not None:
-            net.set_capacity(group_arc, 0)  # the group being grown leaves the network
-        if not _grow(tree, n, keys, out, residual, net, arc_ids, source_arcs, untouched, total,
-                     latency_aware, preferred, stack):
-            raise SynthesisError(f"tree packing stalled for root rank {tree.root} with {len(tree.depth)} of {n} "
-                                 "ranks reached; the logical graph lost the cut condition (a bug)")
-        total -= tree.multiplicity
-        trees.append(tree)
-    _checked_root.solves = net.solves  # type: ignore[attr-defined]
-    return trees
-
-
-def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]], residual: np.ndarray,
-          net: FlowNet | None, arc_ids: np.ndarray | None, source_arcs: np.ndarray | None,
-          untouched: np.ndarray, total: int, latency_aware: bool, preferred: Set[tuple[int, int]],
-          stack: list) -> bool:
-    """Grow one group until it spans all ranks, splitting off remainders onto ``stack``.
-
-    With ``net`` None, greedily (μ = min(m, c_uv)); False when no arc is left to grow by.
-    """
-    heap: list[tuple[tuple, int]] = []
-
-    def push_from(u: int) -> None:
-        for index in out[u]:
-            v = keys[index][1]
-            if v in tree.depth or residual[index] == 0:
-                continue
-            warm = 0 if keys[index] in preferred else 1
-            cap = int(residual[index])
-            # Latency-aware: among arcs of the same capacity class (a power of two), the shallowest first.
-            order = (-cap.bit_length(), tree.depth[u], -cap) if latency_aware else (-cap, tree.depth[u])
-            heapq.heappush(heap, ((warm, *order, index), index))
-
-    for u in tree.depth:
-        push_from(u)
-    failed: list[tuple[tuple, int]] = []
-    grown = False  # whether the tree grew since the failed arcs were last retried
-    while len(tree.depth) < n:
-        if not heap:
-            # An arc refused now may fit once the tree holds more ranks: retry the refused ones lazily,
-            # only when nothing else is left (each retry costs a max-flow).
-            if not failed or not grown:
-                return False
-            for again in failed:
-                heapq.heappush(heap, again)
-            failed.clear()
-            grown = False
-            continue
-        item = heapq.heappop(heap)
-        index = item[1]
-        u, v = keys[index]
-        if v in tree.depth or residual[index] == 0:
-            continue
-        m = tree.multiplicity
-        mu = min(m, int(residual[index]))
-        if net is not None and len(tree.depth) > 1:
-            saved = int(untouched[u])
-            net.set_capacity(source_arcs[u], BIG)
-            flow = net.max_flow(n, v)
-            net.set_capacity(source_arcs[u], saved)
-            mu = min(mu, flow - total + m)
-        if mu <= 0:
-            failed.append(item)
-            continue
-        if mu < m:
-            rest = Tree(tree.root, m - mu, list(tree.edges), dict(tree.depth), tree.preferred)
-            group_arc = None
-            if net is not None:
-                node = net.n_nodes
-                group_arc = net.add_arc(n, node, m - mu)
-                members = np.fromiter(rest.depth, dtype=np.int64)
-                net.add_arcs(np.full(len(members), node), members, np.full(len(members), BIG))
-            stack.append((rest, group_arc))
-            tree.multiplicity = mu
-        residual[index] -= mu
-        if net is not None:
-            net.set_capacity(arc_ids[index], int(residual[index]))
-        tree.depth[v] = tree.depth[u] + 1
-        tree.edges.append((u, v))
-        tree.preferred += (u, v) in preferred
-        push_from(v)
-        grown = True
-    return True
