@@ -5,14 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import BUILDER_CASES, small_topologies
 from mccl.errors import Infeasible, InvalidOptions, SynthesisError, TopologyError
 from mccl.schedule import Collective, link_load, steady_state_algbw, validate
 from mccl.synth import allgather_cut_bound, optimize
-from mccl.synth.maxflow import scipy_max_flow
+from mccl.synth.common import describe_on
+from mccl.synth.cutbound import CutChecker, max_rate
+from mccl.synth.maxflow import FlowNet, scipy_max_flow
 from mccl.synth.ring import nccl_ring
-from mccl.synth.treepack import reversed_topology, synthesize, synthesize_reducescatter
+from mccl.synth.treepack import exactrule, reversed_topology, synthesize, synthesize_reducescatter
+from mccl.synth.treepack.arborescence import _as_grown, _interleaved, pack_arborescences
+from mccl.synth.treepack.balance import split_switches
+from mccl.synth.treepack.fabric import fabric_of
+from mccl.synth.treepack.greedy import GreedyGrower
+from mccl.synth.treepack.growkernel import FastGrower
+from mccl.synth.treepack.rounding import best_integral_rate
+from mccl.synth.treepack.smallflow import CappedFlowNet
+from mccl.synth.treepack.treeset import TreeSet, lower_trees, route_table
 from mccl.topology import Node, NodeKind, Topology, degrade, fail1, fail2, fail3, rail_optimized
 
 CASES = [*BUILDER_CASES, rail_optimized(1, 4, 8), rail_optimized(2, 2, 8), rail_optimized(1, 8, 8)]
@@ -176,3 +187,178 @@ def test_bad_previous_schedules_refused(hpn: Topology) -> None:
         synthesize(hpn, previous=synthesize(hpn, list(hpn.gpus[:8])))
     with pytest.raises(InvalidOptions, match="option .chunks. of .treepack."):
         synthesize(hpn, chunks=11)
+
+
+# --- Phase 3 at scale (issue 17): the compiled greedy and the optimistic packing -------------------
+
+
+@st.composite
+def _logical_graphs(draw: st.DrawFn) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random rank-to-rank graph (3–9 ranks, units 0–6), a preferred-arc mask and a root order."""
+    n = draw(st.integers(3, 9))
+    pairs = [(u, v) for u in range(n) for v in range(n) if u != v]
+    chosen = draw(st.lists(st.sampled_from(pairs), min_size=n, max_size=len(pairs), unique=True))
+    tails = np.array([u for u, _ in chosen], dtype=np.int64)
+    heads = np.array([v for _, v in chosen], dtype=np.int64)
+    units = np.array(draw(st.lists(st.integers(0, 6), min_size=len(chosen), max_size=len(chosen))), dtype=np.int64)
+    preferred = np.array(draw(st.lists(st.booleans(), min_size=len(chosen), max_size=len(chosen))), dtype=bool)
+    return n, tails, heads, units, preferred
+
+
+@settings(max_examples=30, deadline=None)
+@given(_logical_graphs(), st.integers(1, 4), st.booleans())
+def test_compiled_greedy_matches_numpy_grower(graph, k: int, latency_aware: bool) -> None:
+    """Unguarded, the compiled grower takes the numpy grower's arcs, in order, split for split, and
+    gets stuck where it does (then leaving the residual as it found it)."""
+    n, tails, heads, units, preferred = graph
+    reference = GreedyGrower(n, tails, heads, latency_aware)
+    fast = FastGrower(n, tails, heads, latency_aware)
+    slow_residual, fast_residual = units.copy(), units.copy()
+    for root in range(n):
+        before = fast_residual.copy()
+        trees = reference.grow_root(root, k, slow_residual, preferred)
+        grown = fast.grow_root(root, k, fast_residual, preferred, guard=False)
+        assert (trees is None) == (grown is None)
+        if grown is None:
+            assert np.array_equal(fast_residual, before)
+            break
+        assert [tree.multiplicity for tree in trees] == grown.multiplicity.tolist()
+        for tree, arcs, depth in zip(trees, grown.arcs, grown.depth, strict=True):
+            assert tree.edges == list(zip(tails[arcs].tolist(), heads[arcs].tolist(), strict=True))
+            assert all(depth[v] == d for v, d in tree.depth.items())
+        assert np.array_equal(fast_residual, slow_residual)
+
+
+def _phase2(topology: Topology, chunks: int):
+    fabric = fabric_of(topology, [node.id for node in topology.nodes if node.is_gpu])
+    checker = CutChecker(fabric)
+    integral = best_integral_rate(fabric, chunks, max_rate(fabric, checker=checker).rate_gbps, checker)
+    return fabric, split_switches(fabric, integral)
+
+
+def _exact_rule_packing(n: int, units: dict, k: int, groups) -> TreeSet:
+    """The reference: every root's trees grown arc by arc with the exact max-flow rule, no greedy."""
+    keys = list(units)
+    tails = np.array([u for u, _ in keys], dtype=np.int64)
+    heads = np.array([v for _, v in keys], dtype=np.int64)
+    residual = np.array([units[key] for key in keys], dtype=np.int64)
+    out: list[list[int]] = [[] for _ in range(n)]
+    for index, u in enumerate(tails.tolist()):
+        out[u].append(index)
+    untouched = np.full(n, k, dtype=np.int64)
+    index_of = {key: i for i, key in enumerate(keys)}
+    capped, exactrule._CAPPED_TOTAL = exactrule._CAPPED_TOTAL, 0  # OR-Tools for every flow here
+    try:
+        grown = [_as_grown(root, exactrule.checked_root(root, n, k, keys, out, tails, heads, residual, untouched, False, None),
+                           index_of, n) for root in _interleaved(n, groups)]
+    finally:
+        exactrule._CAPPED_TOTAL = capped
+    return TreeSet(n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in grown]),
+                   np.concatenate([g.multiplicity for g in grown]), np.concatenate([g.arcs for g in grown]),
+                   np.concatenate([g.depth for g in grown]), tails, heads)
+
+
+def _check_tree_set(trees: TreeSet, units: dict, k: int) -> None:
+    """Every group is a spanning out-tree of its root with consistent depths; k trees per root; within units."""
+    n = trees.n
+    assert np.all(trees.trees_per_root() == k)
+    for root, arcs, depth in zip(trees.root, trees.arcs, trees.depth, strict=True):
+        tail, head = trees.arc_tail[arcs], trees.arc_head[arcs]
+        assert sorted(head.tolist()) == sorted(set(range(n)) - {int(root)})
+        assert depth[root] == 0 and np.all(depth[head] == depth[tail] + 1)
+    used = np.bincount(trees.arcs.reshape(-1), weights=np.repeat(trees.multiplicity, trees.arcs.shape[1]),
+                       minlength=len(units))
+    assert np.all(used <= np.array(list(units.values())))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_topologies())
+def test_fast_packing_same_throughput_as_exact_rule(topology: Topology) -> None:
+    """The optimistic packing (compiled greedy, checks only where it stalls) and the exact rule alone give
+    valid trees of the same throughput; the fast one lowers to a valid schedule."""
+    fabric, split = _phase2(topology, 4)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    fast, _, _ = pack_arborescences(n, units, k, groups=fabric.groups)
+    exact = _exact_rule_packing(n, units, k, fabric.groups)
+    _check_tree_set(fast, units, k)
+    _check_tree_set(exact, units, k)
+    table = route_table(list(units), split.logical.routes)
+    ranks = tuple(fabric.names[:n])
+    algbw = []
+    for trees in (fast, exact):
+        schedule = describe_on(lower_trees(ranks, Collective.ALLGATHER, trees, k, table), topology)
+        validate(schedule, topology)
+        algbw.append(_on(schedule, topology))
+    assert algbw[0] == pytest.approx(algbw[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 8), (2, 2, 8), (1, 8, 8)])
+def test_fast_packing_on_rail_fabrics_where_the_greedy_stalls(shape) -> None:
+    """On these fabrics the guarded greedy gets stuck near the end of the packing (the checks and the
+    exact rule finish it): k trees per root, within the units, same throughput as the exact rule."""
+    topology = rail_optimized(*shape)
+    fabric, split = _phase2(topology, 10)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    fast, flows, dropped = pack_arborescences(n, units, k, groups=fabric.groups)
+    assert flows > 0 and not dropped
+    _check_tree_set(fast, units, k)
+
+
+def _reference_lowering(trees: TreeSet, k: int, routes: dict, reduce: bool) -> tuple[list, ...]:
+    """The former per-tree, per-transfer lowering (Python loops): groups by root, edges in order, each
+    logical arc's routes consumed unit by unit."""
+    n = trees.n
+    pools = {key: [list(item) for item in pool] for key, pool in routes.items()}
+    deepest = trees.max_depth
+    columns: tuple[list, ...] = ([], [], [], [], [])  # chunk, sender, receiver, step, route
+    next_chunk = [0] * n
+    for g in np.argsort(trees.root, kind="stable").tolist():
+        root, m = int(trees.root[g]), int(trees.multiplicity[g])
+        first = root * k + next_chunk[root]
+        next_chunk[root] += m
+        for arc in trees.arcs[g].tolist():
+            u, v = int(trees.arc_tail[arc]), int(trees.arc_head[arc])
+            step = deepest - int(trees.depth[g, v]) if reduce else int(trees.depth[g, u])
+            chunk, count = first, m
+            for item in pools[(u, v)]:
+                used = min(item[1], count)
+                for _ in range(used):
+                    route = list(reversed(item[0])) if reduce else list(item[0])
+                    for column, value in zip(columns, (chunk, *((v, u) if reduce else (u, v)), step, route),
+                                             strict=True):
+                        column.append(value)
+                    chunk += 1
+                item[1] -= used
+                count -= used
+    return columns
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["allgather", "reducescatter"])
+def test_vectorized_lowering_matches_per_transfer_reference(reduce: bool) -> None:
+    """The numpy lowering emits exactly the transfers (order, chunks, steps, routes) of the loop it replaced."""
+    topology = fail2(rail_optimized(2, 2, 8))
+    fabric, split = _phase2(topology, 10)
+    units, k, n = split.logical.units, split.k, fabric.n_ranks
+    trees, _, _ = pack_arborescences(n, units, k, groups=fabric.groups)
+    collective = Collective.REDUCESCATTER if reduce else Collective.ALLGATHER
+    schedule = lower_trees(tuple(fabric.names[:n]), collective, trees, k, route_table(list(units), split.logical.routes))
+    chunk, sender, receiver, step, route = _reference_lowering(trees, k, split.logical.routes, reduce)
+    transfers = schedule.transfers
+    assert transfers.chunk.tolist() == chunk and transfers.step.tolist() == step
+    assert transfers.sender.tolist() == sender and transfers.receiver.tolist() == receiver
+    offsets = transfers.route_offsets
+    assert [transfers.route_links[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)] == route
+
+
+@settings(max_examples=40, deadline=None)
+@given(_logical_graphs(), st.integers(1, 40))
+def test_capped_flow_equals_push_relabel_up_to_its_limit(graph, limit: int) -> None:
+    """The exact rule's augmenting-path engine returns min(max-flow, limit), as OR-Tools' max-flow says."""
+    n, tails, heads, units, _ = graph
+    capped, full = CappedFlowNet(n, limit), FlowNet(n)
+    ids = capped.add_arcs(tails, heads, units)
+    full.add_arcs(tails, heads, units)
+    capped.set_capacity(int(ids[0]), 0)
+    full.set_capacity(0, 0)
+    for sink in range(1, n):
+        assert capped.max_flow(0, sink) == min(full.max_flow(0, sink), limit)

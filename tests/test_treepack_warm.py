@@ -164,6 +164,16 @@ def test_tree_depths_flags_non_trees() -> None:
     assert depth[0].tolist() == [0, 1, 2]
 
 
+def test_forest_of_another_synthesizers_schedule() -> None:
+    """On a ring's schedule (steps read as depths where they are, pointer doubling where not), forest_of
+    finds the same depths and tree flags as pointer doubling alone."""
+    topology = rail_optimized(1, 2, 8)
+    ring = nccl_ring(topology, Collective.ALLGATHER)
+    forest = forest_of(ring, Collective.ALLGATHER)
+    depth, valid = tree_depths(forest.n, forest.root, forest.row_chunk, forest.tail, forest.head)
+    assert np.array_equal(forest.valid, valid) and np.array_equal(forest.depth, depth)
+
+
 @pytest.mark.parametrize("reduce", [False, True], ids=["allgather", "reducescatter"])
 def test_forest_round_trip(hpn: Topology, reduce: bool) -> None:
     """Reading a schedule's trees and lowering all of them again gives the same loads and a valid schedule."""
@@ -172,6 +182,9 @@ def test_forest_round_trip(hpn: Topology, reduce: bool) -> None:
     collective = schedule.collective
     forest = forest_of(schedule, collective)
     assert forest.valid.all()
+    # The depths read off the steps (forest_of's fast path) are the pointer-doubling ones.
+    depth, valid = tree_depths(forest.n, forest.root, forest.row_chunk, forest.tail, forest.head)
+    assert np.array_equal(depth, forest.depth) and valid.all()
     k = len(schedule.chunks) // schedule.n_ranks
     rows = np.arange(len(forest.tail))
     chunk = forest.row_chunk  # treepack numbers chunks root by root: chunk c is root c // k's

@@ -17,15 +17,23 @@ stack (integral multiplicities, as ForestColl's packing). The first arc of a gro
 (R = {root}) needs no max-flow: no X can meet R without containing u.
 
 That exact rule costs one max-flow per arc added (n·(n-1)·groups in all), so it is
-the fallback. The packing runs in optimistic batches instead: the next roots' trees
-grow greedily (:mod:`.greedy`, no max-flow), then n max-flows prove that every root
-still to come can be packed in what is left (the theorem above with untouched roots
-only). A batch that passes is kept and the next one is twice as large (the first
-has 16 roots: early on there is slack everywhere); one that fails is rolled back and
-retried smaller, then with a few randomized greedy orders, and only then is one root
-grown arc by arc with the exact rule. Roots
-go host by host in turn, so that no host's egress is spent on relays before its own
-roots' trees leave it. On HPN fabrics the exact rule is needed for about one root.
+the fallback. The packing is optimistic instead (issue 17: checks only where needed):
+
+1. every root, host by host in turn (so that no host's egress is spent on relays before
+   its own roots' trees leave it), grows its trees with the compiled guarded greedy
+   (:mod:`.growkernel`, no max-flow). Its guard refuses arcs that would break the
+   condition above for sets it tracks cheaply (each host's egress against its untouched
+   roots, each pending group's partial tree), so it rarely paints itself into a corner;
+2. only if a root gets stuck: the last prefix of roots after which the rest still
+   packs (n max-flows per check, the ranks the stuck tree missed checked first, so that
+   a failing check stops early) is found by backing off from the stall 0, 1, 2, 4, …
+   roots and bisecting — the grown roots are released and re-applied, not regrown;
+3. the root after that prefix is grown greedily with its result checked, then with a
+   few randomized greedy orders, then with the exact rule; and step 1 resumes after it.
+
+Healthy rail-optimized fabrics get stuck only in the last few roots (512 GPUs: 5
+careful roots, 2 by the exact rule). Max-flows see only arcs with units left (late in
+the packing most are spent). Trees are arrays (:class:`~.treeset.TreeSet`).
 
 Each exact-rule root gets its own network: logical arcs at their residual capacity,
 group nodes added as groups split. Candidate arcs come from a heap: the previous
@@ -36,9 +44,9 @@ nothing else is left.
 Warm budget: the previous trees' arcs (``prefer``) are only an ordering, and a bad one
 when the previous fabric differed where it matters (trees made for a degraded fabric
 relay around its faults, spending other hosts' egress that the healthy fabric's roots
-need): their greedy batches fail the check again and again and end in the exact rule,
+need): their greedy trees fail the check again and again and end in the exact rule,
 one max-flow per arc (512 GPUs, Fail2 → healthy: 539 s against cold's ~30 s). So the
-preference lasts until the first batch that fails; then the packing starts over cold,
+preference lasts until the greedy first gets stuck; then the packing starts over cold,
 from the full capacities (the third value returned; ``warm_prefer_dropped`` in the
 stats). Restarting, not going on cold from the trees the preference grew: those
 passed the check, yet left a residual where even the cold greedy kept failing (512
@@ -48,17 +56,17 @@ the preferred prefix plus exactly cold's packing, and returns cold's trees.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Set
 
 import numpy as np
 
-from mccl.errors import SynthesisError
-from mccl.synth.maxflow import BIG, FlowNet
-from mccl.synth.treepack.greedy import GreedyGrower
+from mccl.synth.maxflow import FlowNet
+from mccl.synth.treepack.exactrule import checked_root
+from mccl.synth.treepack.growkernel import FastGrower, GrownRoot
 from mccl.synth.treepack.tree import Tree
+from mccl.synth.treepack.treeset import TreeSet
 
-__all__ = ["Tree", "pack_arborescences"]
+__all__ = ["Tree", "TreeSet", "pack_arborescences"]
 
 
 def pack_arborescences(
@@ -68,82 +76,198 @@ def pack_arborescences(
     *,
     latency_aware: bool = False,
     prefer: Callable[[int], Set[tuple[int, int]]] | None = None,
-    first_batch: int = 16,
     greedy_retries: int = 3,
     root_seed: int = 0,
     groups: np.ndarray | None = None,
     demand: np.ndarray | None = None,
-) -> tuple[list[Tree], int, bool]:
-    """k spanning out-trees per rank within ``units``; the trees, the max-flows used, and whether
-    ``prefer`` was dropped (the warm budget of the module docstring).
+) -> tuple[TreeSet, int, bool]:
+    """k spanning out-trees per rank within ``units`` (``demand``: per rank instead); the trees, the
+    max-flows used, and whether ``prefer`` was dropped (the warm budget of the module docstring).
 
-    ``prefer(root)``: arcs to try first for that root's trees (warm start), until a batch fails.
+    ``prefer(root)``: arcs to try first for that root's trees (warm start), until the greedy stalls.
     """
     keys = list(units)
-    out: list[list[int]] = [[] for _ in range(n)]
-    for index, (u, _) in enumerate(keys):
-        out[u].append(index)
-    residual = np.array([units[key] for key in keys], dtype=np.int64)
-    tails = np.array([u for u, _ in keys], dtype=np.int64)
-    heads = np.array([v for _, v in keys], dtype=np.int64)
-    untouched = np.full(n, k, dtype=np.int64) if demand is None else np.asarray(demand, dtype=np.int64).copy()
-    wanted = untouched.copy()
-    trees: list[Tree] = []
-    solves = 0
-    grower = GreedyGrower(n, tails, heads, latency_aware)
-    index_of = {key: i for i, key in enumerate(keys)}
-    order = _interleaved(n, groups)
-    root, batch, retries = 0, first_batch, 0
+    residual = np.fromiter((units[key] for key in keys), dtype=np.int64, count=len(keys))
+    tails = np.fromiter((u for u, _ in keys), dtype=np.int64, count=len(keys))
+    heads = np.fromiter((v for _, v in keys), dtype=np.int64, count=len(keys))
+    wanted = np.full(n, k, dtype=np.int64) if demand is None else np.asarray(demand, dtype=np.int64).copy()
+    packer = _Packer(n, keys, tails, heads, residual, wanted, latency_aware, prefer, groups)
     rng = np.random.default_rng(root_seed)
-    dropped = False
-    initial = (residual.copy(), untouched.copy())
-    while root < n:
-        # Optimistic batch: grow the next roots' trees greedily (no checks), then prove the rest
-        # still packs with n max-flows; on failure roll back and retry smaller, then with a few
-        # randomized orders, and only then grow one root with every arc checked.
-        roots = order[root:min(n, root + batch)]
-        saved = (residual.copy(), untouched.copy())
-        greedy: list[Tree] = []
-        stalled = False
-        grower.jitter = rng if retries else None
-        for r in roots:
-            untouched[r] = 0
-            if wanted[r] == 0:
+    position = 0
+    while position < n:
+        stalled = packer.optimistic(position)
+        if stalled is None:
+            break
+        if packer.prefer is not None:  # the warm budget (module docstring): start over, cold
+            packer.prefix(0)
+            packer.prefer, packer.dropped = None, True
+            position = 0
+            continue
+        # The greedy got stuck on the root at ``stalled``: find the last prefix that still packs,
+        # then get past the root after it with randomized greedy orders or, failing those, the exact rule.
+        boundary = packer.last_packing_prefix(position, stalled)
+        packer.prefix(boundary)
+        packer.careful_root(boundary, greedy_retries, rng)
+        position = boundary + 1
+    packer.prefix(n)
+    return packer.tree_set(), packer.solves, packer.dropped
+
+
+class _Packer:
+    """The packing's state: the roots grown so far in ``order`` and the residual they leave.
+
+    ``grown[i]`` is the i-th root's groups (None: no trees wanted); :meth:`prefix` moves the residual
+    to "the first p roots applied" by releasing or re-applying grown roots (no regrowth needed).
+    """
+
+    def __init__(self, n: int, keys: list[tuple[int, int]], tails: np.ndarray, heads: np.ndarray,
+                 residual: np.ndarray, wanted: np.ndarray, latency_aware: bool,
+                 prefer: Callable[[int], Set[tuple[int, int]]] | None, groups: np.ndarray | None) -> None:
+        self.n, self.keys, self.tails, self.heads = n, keys, tails, heads
+        self.residual, self.wanted = residual, wanted
+        self.latency_aware, self.prefer, self.dropped = latency_aware, prefer, False
+        self.out: list[list[int]] = [[] for _ in range(n)]
+        for index, u in enumerate(tails.tolist()):
+            self.out[u].append(index)
+        self.index_of = {key: i for i, key in enumerate(keys)}
+        self.grower = FastGrower(n, tails, heads, latency_aware, groups)
+        self.order = _interleaved(n, groups)
+        self.grown: list[GrownRoot | None] = []
+        self.applied = 0  # how many of ``grown`` are in the residual
+        self.solves = 0
+        self.missed = np.zeros(n, dtype=bool)  # ranks the last stuck group could not reach
+
+    def untouched(self) -> np.ndarray:
+        """Trees still wanted by the roots not yet applied."""
+        untouched = self.wanted.copy()
+        untouched[self.order[:self.applied]] = 0
+        return untouched
+
+    def prefix(self, count: int, *, keep: bool = False) -> None:
+        """Residual as if exactly the first ``count`` grown roots were packed (releasing or re-applying
+        grown roots, no regrowth); the roots beyond are forgotten unless ``keep``."""
+        while self.applied > count:
+            self.applied -= 1
+            grown = self.grown[self.applied]
+            if grown is not None:
+                grown.release(self.residual)
+        while self.applied < min(count, len(self.grown)):
+            grown = self.grown[self.applied]
+            if grown is not None:
+                grown.take(self.residual)
+            self.applied += 1
+        if not keep:
+            del self.grown[count:]
+
+    def optimistic(self, position: int) -> int | None:
+        """Grow every root from ``position`` on greedily, no check; None, or where it got stuck."""
+        self.prefix(position)
+        untouched = self.untouched()
+        reserve = self.grower.reserve(untouched)
+        for index in range(position, self.n):
+            root = self.order[index]
+            reserve[self.grower.host[root]] -= untouched[root]
+            untouched[root] = 0
+            if self.wanted[root] == 0:
+                self.grown.append(None)
+                self.applied += 1
                 continue
-            grown = grower.grow_root(r, int(wanted[r]), residual, _mask(prefer, r, index_of, len(keys)))
+            grown = self.grower.grow_root(root, int(self.wanted[root]), self.residual, self._mask(root),
+                                          untouched=untouched, reserve=reserve)
             if grown is None:
-                stalled = True
+                self.missed = self.grower.unreached.copy()
+                return index
+            self.grown.append(grown)
+            self.applied += 1
+        return None
+
+    def last_packing_prefix(self, lowest: int, stalled: int) -> int:
+        """The largest p in [lowest, stalled] whose prefix provably packs (``lowest``'s does).
+
+        Backs off from the stall by 0, 1, 2, 4, … roots, then bisects between the last prefix that
+        failed and the first that passed: ``log`` checks rather than one per root.
+        """
+        failed = stalled + 1
+        step = 0
+        good = lowest
+        while True:
+            probe = stalled - step
+            if probe <= lowest:
                 break
-            greedy.extend(grown)
-        if not stalled:
-            ok, used = _packs(n, tails, heads, residual, untouched)
-            solves += used
-            stalled = not ok
-        if not stalled:
-            trees.extend(greedy)
-            root += len(roots)
-            batch *= 2
-            retries = 0
-            continue
-        residual[:], untouched[:] = saved
-        if prefer is not None:  # the warm budget (module docstring): start over, cold
-            prefer, dropped = None, True
-            residual[:], untouched[:] = initial
-            trees, root, batch, retries = [], 0, first_batch, 0
-            rng = np.random.default_rng(root_seed)
-            continue
-        if batch > 1:
-            batch = max(1, batch // 4)
-            continue
-        if retries < greedy_retries:
-            retries += 1
-            continue
-        retries = 0
-        trees.extend(_checked_root(order[root], n, int(wanted[order[root]]), keys, out, tails, heads, residual, untouched,
-                                   latency_aware, prefer))
-        solves += _checked_root.solves  # type: ignore[attr-defined]
-        root += 1
-    return trees, solves, dropped
+            if self._packs_at(probe):
+                good = probe
+                break
+            failed = probe
+            step = 1 if step == 0 else 2 * step
+        while failed - good > 1:
+            probe = (good + failed) // 2
+            if self._packs_at(probe):
+                good = probe
+            else:
+                failed = probe
+        return good
+
+    def careful_root(self, index: int, retries: int, rng: np.random.Generator) -> None:
+        """Pack the root at ``index`` (the prefix before it packs) so that the rest still packs."""
+        root = self.order[index]
+        self.prefix(index)
+        want = int(self.wanted[root])
+        if want == 0:
+            self.grown.append(None)
+            self.applied += 1
+            return
+        untouched = self.untouched()
+        untouched[root] = 0
+        reserve = self.grower.reserve(untouched)
+        for attempt in range(1 + retries):
+            seed = -1 if attempt == 0 else int(rng.integers(2**31))
+            grown = self.grower.grow_root(root, want, self.residual, self._mask(root), seed, untouched, reserve)
+            if grown is None:
+                continue
+            self.grown.append(grown)
+            self.applied += 1
+            if self._packs_now():
+                return
+            self.prefix(index)
+        untouched = self.untouched()
+        trees = checked_root(root, self.n, want, self.keys, self.out, self.tails, self.heads, self.residual,
+                              untouched, self.latency_aware, self.prefer(root) if self.prefer else None)
+        self.solves += checked_root.solves  # type: ignore[attr-defined]
+        self.grown.append(_as_grown(root, trees, self.index_of, self.n))
+        self.applied += 1
+
+    def _packs_at(self, count: int) -> bool:
+        self.prefix(count, keep=True)
+        return self._packs_now()
+
+    def _packs_now(self) -> bool:
+        ok, used = _packs(self.n, self.tails, self.heads, self.residual, self.untouched(), self.missed)
+        self.solves += used
+        return ok
+
+    def _mask(self, root: int) -> np.ndarray:
+        return _mask(self.prefer, root, self.index_of, len(self.keys))
+
+    def tree_set(self) -> TreeSet:
+        done = [grown for grown in self.grown[:self.applied] if grown is not None]
+        edges = max(self.n - 1, 0)
+        if not done:
+            empty = np.zeros(0, dtype=np.int64)
+            return TreeSet(self.n, empty, empty, np.zeros((0, edges), dtype=np.int64),
+                           np.zeros((0, self.n), dtype=np.int32), self.tails, self.heads)
+        return TreeSet(self.n, np.concatenate([np.full(len(g.multiplicity), g.root) for g in done]),
+                       np.concatenate([g.multiplicity for g in done]), np.concatenate([g.arcs for g in done]),
+                       np.concatenate([g.depth for g in done]), self.tails, self.heads)
+
+
+def _as_grown(root: int, trees: list[Tree], index_of: dict[tuple[int, int], int], n: int) -> GrownRoot:
+    """The exact rule's :class:`Tree` groups as arrays."""
+    arcs = np.array([[index_of[edge] for edge in tree.edges] for tree in trees], dtype=np.int64).reshape(
+        len(trees), max(n - 1, 0))
+    depth = np.zeros((len(trees), n), dtype=np.int32)
+    for row, tree in enumerate(trees):
+        depth[row, list(tree.depth)] = list(tree.depth.values())
+    return GrownRoot(root, np.array([tree.multiplicity for tree in trees], dtype=np.int64), arcs, depth)
 
 
 def _interleaved(n: int, groups: np.ndarray | None) -> list[int]:
@@ -176,117 +300,17 @@ def _mask(prefer: Callable[[int], Set[tuple[int, int]]] | None, root: int, index
 
 
 def _packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray,
-           untouched: np.ndarray) -> tuple[bool, int]:
+           untouched: np.ndarray, first: np.ndarray | None = None) -> tuple[bool, int]:
     """Whether the untouched roots' trees still fit (``maxflow(s*, v) >= Σ untouched`` for every v),
-    and the max-flows that took."""
+    and the max-flows that took. ``first``: ranks to check before the others (where a failure is
+    likely: those a stuck greedy tree could not reach), so that a failing check stops early."""
     need = int(untouched.sum())
     if need == 0:
         return True, 0
     net = FlowNet(n + 1)
-    net.add_arcs(tails, heads, residual)
+    positive = residual > 0  # late in the packing most arcs are spent; the solver need not see them
+    net.add_arcs(tails[positive], heads[positive], residual[positive])
     net.add_arcs(np.full(n, n), np.arange(n), untouched)
-    ok = all(net.max_flow(n, v) >= need for v in range(n))
+    sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
+    ok = all(net.max_flow(n, int(v)) >= need for v in sinks)
     return ok, net.solves
-
-
-def _checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: list[list[int]],
-                  tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
-                  latency_aware: bool, prefer: Callable[[int], Set[tuple[int, int]]] | None) -> list[Tree]:
-    """One root's k trees, every arc checked by the max-flow of the module docstring."""
-    if k == 0:
-        untouched[root] = 0
-        _checked_root.solves = 0  # type: ignore[attr-defined]
-        return []
-    preferred = prefer(root) if prefer is not None else frozenset()
-    untouched[root] = 0
-    total = int(untouched.sum()) + k
-    net = FlowNet(n + 1)
-    arc_ids = net.add_arcs(tails, heads, residual)
-    source_arcs = net.add_arcs(np.full(n, n), np.arange(n), untouched)
-    stack: list[tuple[Tree, int | None]] = [(Tree(root, k, depth={root: 0}), None)]
-    trees = []
-    while stack:
-        tree, group_arc = stack.pop()
-        if group_arc is not None:
-            net.set_capacity(group_arc, 0)  # the group being grown leaves the network
-        if not _grow(tree, n, keys, out, residual, net, arc_ids, source_arcs, untouched, total,
-                     latency_aware, preferred, stack):
-            raise SynthesisError(f"tree packing stalled for root rank {tree.root} with {len(tree.depth)} of {n} "
-                                 "ranks reached; the logical graph lost the cut condition (a bug)")
-        total -= tree.multiplicity
-        trees.append(tree)
-    _checked_root.solves = net.solves  # type: ignore[attr-defined]
-    return trees
-
-
-def _grow(tree: Tree, n: int, keys: list[tuple[int, int]], out: list[list[int]], residual: np.ndarray,
-          net: FlowNet | None, arc_ids: np.ndarray | None, source_arcs: np.ndarray | None,
-          untouched: np.ndarray, total: int, latency_aware: bool, preferred: Set[tuple[int, int]],
-          stack: list) -> bool:
-    """Grow one group until it spans all ranks, splitting off remainders onto ``stack``.
-
-    With ``net`` None, greedily (μ = min(m, c_uv)); False when no arc is left to grow by.
-    """
-    heap: list[tuple[tuple, int]] = []
-
-    def push_from(u: int) -> None:
-        for index in out[u]:
-            v = keys[index][1]
-            if v in tree.depth or residual[index] == 0:
-                continue
-            warm = 0 if keys[index] in preferred else 1
-            cap = int(residual[index])
-            # Latency-aware: among arcs of the same capacity class (a power of two), the shallowest first.
-            order = (-cap.bit_length(), tree.depth[u], -cap) if latency_aware else (-cap, tree.depth[u])
-            heapq.heappush(heap, ((warm, *order, index), index))
-
-    for u in tree.depth:
-        push_from(u)
-    failed: list[tuple[tuple, int]] = []
-    grown = False  # whether the tree grew since the failed arcs were last retried
-    while len(tree.depth) < n:
-        if not heap:
-            # An arc refused now may fit once the tree holds more ranks: retry the refused ones lazily,
-            # only when nothing else is left (each retry costs a max-flow).
-            if not failed or not grown:
-                return False
-            for again in failed:
-                heapq.heappush(heap, again)
-            failed.clear()
-            grown = False
-            continue
-        item = heapq.heappop(heap)
-        index = item[1]
-        u, v = keys[index]
-        if v in tree.depth or residual[index] == 0:
-            continue
-        m = tree.multiplicity
-        mu = min(m, int(residual[index]))
-        if net is not None and len(tree.depth) > 1:
-            saved = int(untouched[u])
-            net.set_capacity(source_arcs[u], BIG)
-            flow = net.max_flow(n, v)
-            net.set_capacity(source_arcs[u], saved)
-            mu = min(mu, flow - total + m)
-        if mu <= 0:
-            failed.append(item)
-            continue
-        if mu < m:
-            rest = Tree(tree.root, m - mu, list(tree.edges), dict(tree.depth), tree.preferred)
-            group_arc = None
-            if net is not None:
-                node = net.n_nodes
-                group_arc = net.add_arc(n, node, m - mu)
-                members = np.fromiter(rest.depth, dtype=np.int64)
-                net.add_arcs(np.full(len(members), node), members, np.full(len(members), BIG))
-            stack.append((rest, group_arc))
-            tree.multiplicity = mu
-        residual[index] -= mu
-        if net is not None:
-            net.set_capacity(arc_ids[index], int(residual[index]))
-        tree.depth[v] = tree.depth[u] + 1
-        tree.edges.append((u, v))
-        tree.preferred += (u, v) in preferred
-        push_from(v)
-        grown = True
-    return True

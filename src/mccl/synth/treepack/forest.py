@@ -85,8 +85,37 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
     row_start = np.searchsorted(chunk, np.arange(n_chunks + 1)).astype(np.int64)
     root = (previous.chunks.destination if reduce else previous.chunks.source).astype(np.int64)
     n = previous.n_ranks
-    depth, valid = tree_depths(n, root, chunk, tail, head)
+    steps = transfers.step[order].astype(np.int64)
+    found = _depths_from_steps(n, root, chunk, tail, head, steps, reduce)
+    depth, valid = found if found is not None else tree_depths(n, root, chunk, tail, head)
     return Forest(n, root, row_start, tail, head, offsets, links, depth, valid)
+
+
+def _depths_from_steps(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray, head: np.ndarray,
+                       step: np.ndarray, reduce: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """Depths read off the steps of a tree packing's schedule, if they are its (else None).
+
+    The lowering (:func:`lower_rows`, :mod:`.treeset`) sends edge ``u → v`` at step depth(u)
+    (ReduceScatter: ``D - depth(v)``, D = max step + 1), so depth(v) follows from the step. When
+    every chunk has one in-edge per non-root rank and every edge then satisfies depth(v) =
+    depth(u) + 1 with depth(root) = 0, each chunk is a spanning out-tree with those depths
+    (parents strictly shallower: every rank reaches the root). Two gathers instead of the
+    ``log2 n`` pointer-doubling passes of :func:`tree_depths`; any mismatch falls back to those.
+    """
+    n_chunks = len(root)
+    if n_chunks == 0 or len(chunk) == 0 or root.min() < 0 or root.max() >= n:
+        return None
+    key = chunk * n + head
+    counts = np.bincount(key, minlength=n_chunks * n)
+    expected = np.ones(n_chunks * n, dtype=np.int64)
+    expected[np.arange(n_chunks) * n + root] = 0
+    if not np.array_equal(counts, expected):
+        return None
+    depth = np.zeros(n_chunks * n, dtype=np.int64)
+    depth[key] = (int(step.max()) + 1 - step) if reduce else step + 1
+    if not np.array_equal(depth[chunk * n + tail] + 1, depth[key]):
+        return None
+    return depth.reshape(n_chunks, n).astype(np.int32), np.ones(n_chunks, dtype=bool)
 
 
 def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,

@@ -54,6 +54,7 @@ class Keeper:
         arc_of_link = np.full(max(self.n_links, int(forest.route_links.max(initial=-1)) + 1), -1, dtype=np.int64)
         arc_of_link[fabric.link] = np.arange(fabric.n_arcs)
         self.route_arcs = arc_of_link[forest.route_links]  # -1: a link this fabric lacks (or holds at 0 Gbit/s)
+        self.safe_arcs = np.maximum(self.route_arcs, 0)  # the same, -1 read as arc 0 (masked out by callers)
         self.link_chunk = np.repeat(forest.row_chunk, forest.route_lengths)
         self.chunk_links = forest.route_offsets[forest.row_start]  # route-link range of each chunk
 
@@ -64,8 +65,7 @@ class Keeper:
 
     def _touching(self, chunks: np.ndarray, arcs: np.ndarray) -> np.ndarray:
         """Per chunk, how many of its route links (chunks in the mask only) lie on the arcs in the mask."""
-        safe = np.maximum(self.route_arcs, 0)
-        mask = chunks[self.link_chunk] & arcs[safe]
+        mask = chunks[self.link_chunk] & arcs[self.safe_arcs]
         return np.bincount(self.link_chunk[mask], minlength=self.forest.n_chunks)
 
     def _fits(self, chunk: int) -> bool:

@@ -31,10 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
-
-from mccl.errors import SynthesisError
-from mccl.schedule import Chunks, Collective, Schedule, ScheduleMeta, TransferOp, Transfers, bottleneck_cut
+from mccl.schedule import Collective, Schedule, ScheduleMeta, bottleneck_cut
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.options import TREEPACK_MAX_CHUNKS, TreePackOptions, resolve_options
@@ -45,9 +42,8 @@ from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.forest import Forest, forest_of, lower_rows
 from mccl.synth.treepack.repair import warm_pack
 from mccl.synth.treepack.rounding import best_integral_rate
-from mccl.synth.treepack.switch_removal import LogicalGraph
-from mccl.synth.treepack.tree import Tree
-from mccl.synth.treepack.warm import WarmHints, kept_fraction, kept_fraction_of_rows, preferred_arcs, warm_hints
+from mccl.synth.treepack.treeset import lower_trees, route_table
+from mccl.synth.treepack.warm import WarmHints, kept_fraction_of_rows, preferred_arcs, warm_hints
 from mccl.topology import Link, Topology
 
 __all__ = ["synthesize", "synthesize_reducescatter", "reversed_topology"]
@@ -134,16 +130,16 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         trees, phase3_flows, dropped = pack_arborescences(fabric.n_ranks, logical.units, k, latency_aware=latency_aware,
                                                  prefer=prefer, groups=fabric.groups)
         t_phase3 = time.perf_counter()
-        schedule = _lower(topology, ranks, collective, trees, k, logical)
+        schedule = lower_trees(ranks, collective, trees, k, route_table(list(logical.units), logical.routes))
         stats.update({
-            "tree_groups": float(len(trees)), "max_depth": float(max(max(tree.depth.values()) for tree in trees)),
+            "tree_groups": float(trees.n_groups), "max_depth": float(trees.max_depth),
             "switch_removal_careful": float(logical.careful),
             # Unbalanced switches (more capacity in than out, per direction): splitting at the rounded
             # rate kept no tree per rank, so it was retried at lower rates (see :mod:`.balance`).
             "switch_balance_retries": float(split.retries),
         })
         if arcs is not None:
-            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": kept_fraction(arcs, trees),
+            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": trees.kept_fraction(arcs),
                           # 1: the previous arcs misled a packing check, the rest was packed cold
                           "warm_prefer_dropped": float(dropped)})
     stats.update({
@@ -174,66 +170,3 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack", bound_gbs=bound,
                            achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats))
 
-
-def _lower(topology: Topology, ranks: tuple[str, ...], collective: Collective, trees: list[Tree], k: int,
-           logical: LogicalGraph) -> Schedule:
-    """Trees to chunks and transfers (see the module docstring for steps and ReduceScatter).
-
-    Built column-wise with list extends (a 512-GPU schedule has millions of transfers): per
-    tree edge, its chunks take the logical link's routes unit by unit, a run of chunks per route.
-    """
-    n = len(ranks)
-    pools = {key: [list(item) for item in routes] for key, routes in logical.routes.items()}
-    reduce = collective is Collective.REDUCESCATTER
-    deepest = max(max(tree.depth.values()) for tree in trees)
-    chunk_col: list[int] = []
-    sender_col: list[int] = []
-    receiver_col: list[int] = []
-    step_col: list[int] = []
-    lengths: list[int] = []
-    links: list[int] = []
-    next_chunk = [0] * n
-    for tree in sorted(trees, key=lambda tree: tree.root):
-        first = tree.root * k + next_chunk[tree.root]
-        next_chunk[tree.root] += tree.multiplicity
-        m = tree.multiplicity
-        for u, v in tree.edges:
-            pieces = _take_routes(pools[(u, v)], m)
-            sender, receiver = (v, u) if reduce else (u, v)
-            step = deepest - tree.depth[v] if reduce else tree.depth[u]
-            chunk = first
-            for route, count in pieces:
-                path = list(reversed(route)) if reduce else list(route)
-                chunk_col.extend(range(chunk, chunk + count))
-                chunk += count
-                sender_col.extend([sender] * count)
-                receiver_col.extend([receiver] * count)
-                step_col.extend([step] * count)
-                lengths.extend([len(path)] * count)
-                links.extend(path * count)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    op = TransferOp.REDUCE if reduce else TransferOp.COPY
-    transfers = Transfers(chunk_col, sender_col, receiver_col, step_col, np.full(len(chunk_col), int(op)),
-                          offsets, links)
-    sources = [root for root in range(n) for _ in range(k)]
-    fractions = [1.0 / k] * (n * k)
-    none = [-1] * (n * k)
-    table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
-    return Schedule(collective, ranks, table, transfers)
-
-
-def _take_routes(pool: list[list], count: int) -> list[tuple[tuple[int, ...], int]]:
-    """``count`` units of a logical link's routes, as (route, units) pieces."""
-    pieces = []
-    for item in pool:
-        if count == 0:
-            break
-        used = min(item[1], count)
-        if used > 0:
-            item[1] -= used
-            count -= used
-            pieces.append((item[0], used))
-    if count:
-        raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
-    return pieces

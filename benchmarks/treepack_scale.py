@@ -1,0 +1,118 @@
+"""Benchmark: AllGather tree packing (``optimize(topology, "allgather")``) at 128–2048 GPUs, cold and warm (issue 17).
+
+Each case runs in a fresh interpreter of its own (so "cold" means cold: no route search, cut or
+compiled-kernel state in memory; numba's on-disk cache is warm after the first run ever, which
+saves its ~10 s compile, and its load is inside the timed call). Per case and repeat:
+
+* ``cpu_s``: CPU time (``time.process_time``; the machine is shared) of the ``optimize`` call;
+* the phase times the synthesis reports (``phase1_s`` cut bound, ``rounding_s``, ``phase2_s`` switch
+  removal, ``phase3_s`` tree construction; wall clock, so inflated under load), its max-flows, trees,
+  depth, the fractional bound and the achieved throughput;
+* ``rss_mb``: the worker's peak resident memory (``ru_maxrss``), and ``base_mb`` after the imports;
+* every emitted schedule is checked with ``validate()`` (outside the timing).
+
+Fabric: ``rail_optimized(1, gpus // 8, 8)`` (one segment, the issue's 512-GPU case is (1,64,8)).
+Cases: ``healthy`` (cold), ``fail2`` (cold, Fail2 on gpu0), ``fail2-warm`` (the Fail2 fabric
+warm-started from the healthy schedule, only the warm call timed — what the controller does when
+a NIC degrades). With ``--before-src`` (main's ``src``) the same cases run on that checkout too,
+and the ratios before/after are printed.
+
+    python benchmarks/treepack_scale.py --gpus 128,256,512 --repeats 3
+    python benchmarks/treepack_scale.py --gpus 1024,2048 --repeats 1 --cases healthy
+    python benchmarks/treepack_scale.py --gpus 512 --cases healthy,fail2-warm --before-src /work/main/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STATS = ("phase1_s", "rounding_s", "phase2_s", "phase3_s", "max_flows", "tree_groups", "max_depth",
+         "trees_per_source", "kept_fraction")
+
+WORKER = r"""
+import json, resource, sys, time
+from mccl.schedule import validate
+from mccl.synth import optimize
+from mccl.topology import fail2, rail_optimized
+
+gpus, case = int(sys.argv[1]), sys.argv[2]
+topology = rail_optimized(1, gpus // 8, 8)
+base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+previous = None
+if case == "fail2-warm":
+    previous = optimize(topology, "allgather")
+if case.startswith("fail2"):
+    topology = fail2(topology)
+start = time.process_time()
+result = optimize(topology, "allgather", previous=previous)
+cpu = time.process_time() - start
+validate(result.schedule, topology)
+stats = dict(result.schedule.meta.stats)
+print(json.dumps({"cpu_s": cpu, "bound_gbs": result.bound_gbs, "achieved_gbs": result.achieved_gbs,
+                  "transfers": len(result.schedule.transfers.chunk), "base_mb": base_mb,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  **{name: stats.get(name) for name in STAT_NAMES}}))
+""".replace("STAT_NAMES", repr(STATS))
+
+
+def run_case(src: str, gpus: int, case: str, timeout: float) -> dict:
+    """One case in a fresh interpreter importing mccl from ``src``."""
+    env_path = f"import sys; sys.path.insert(0, {src!r})\n"
+    done = subprocess.run([sys.executable, "-c", env_path + WORKER, str(gpus), case], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{gpus} {case} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def median_row(rows: list[dict]) -> dict:
+    """Per field, the median over the repeats (numbers only)."""
+    out = {}
+    for key in rows[0]:
+        values = [row[key] for row in rows if isinstance(row[key], (int, float))]
+        out[key] = statistics.median(values) if values else rows[0][key]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", default="128,256,512")
+    parser.add_argument("--cases", default="healthy,fail2,fail2-warm")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before-src", default=None, help="another checkout's src to compare against")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--out", default=str(HERE / "results" / "treepack_scale.jsonl"))
+    args = parser.parse_args()
+    sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"{'gpus':>5} {'case':<10} {'side':<6} {'cpu_s':>8} {'ph1':>6} {'ph2':>6} {'ph3':>7} {'flows':>6} "
+              f"{'groups':>6} {'depth':>5} {'bound':>8} {'achieved':>8} {'rss_mb':>7} {'base_mb':>7}")
+    print(header, flush=True)
+    for gpus in [int(g) for g in args.gpus.split(",")]:
+        for case in args.cases.split(","):
+            medians = {}
+            for side, src in sides:
+                rows = [run_case(src, gpus, case, args.timeout) for _ in range(args.repeats)]
+                row = median_row(rows)
+                medians[side] = row
+                with out.open("a") as handle:
+                    handle.write(json.dumps({"gpus": gpus, "case": case, "side": side, "repeats": rows}) + "\n")
+                print(f"{gpus:>5} {case:<10} {side:<6} {row['cpu_s']:>8.2f} {row['phase1_s']:>6.2f} "
+                      f"{row['phase2_s']:>6.2f} {row['phase3_s']:>7.2f} {row['max_flows']:>6.0f} "
+                      f"{row['tree_groups']:>6.0f} {row['max_depth']:>5.0f} {row['bound_gbs']:>8.2f} "
+                      f"{row['achieved_gbs']:>8.2f} {row['rss_mb']:>7.0f} {row['base_mb']:>7.0f}", flush=True)
+            if "before" in medians:
+                ratio = medians["before"]["cpu_s"] / medians["after"]["cpu_s"]
+                same = medians["before"]["achieved_gbs"] == medians["after"]["achieved_gbs"]
+                print(f"{gpus:>5} {case:<10} before/after CPU {ratio:.2f}x; achieved equal: {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

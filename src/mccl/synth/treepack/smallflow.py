@@ -1,0 +1,124 @@
+"""Max-flow by augmenting paths up to a small limit, compiled: the exact rule's engine late in the packing.
+
+Phase 3's exact rule (:mod:`.arborescence`) asks one max-flow per arc it adds, and only
+whether the flow reaches ``total`` (the trees still to pack): a flow capped at ``total``
+answers it exactly. For the last roots ``total`` is at most a few dozen while the network
+still has n nodes and thousands of arcs: OR-Tools' push-relabel pays its global work per
+solve (seconds per root at 1024 GPUs, one solve per arc), while at most ``total`` BFS
+augmentations (Edmonds–Karp, O(total · arcs)) cost microseconds each here.
+
+:class:`CappedFlowNet` has the calling convention of :class:`mccl.synth.maxflow.FlowNet`
+that the exact rule uses (arcs added once, capacities changed in place); ``max_flow``
+returns ``min(max-flow, limit)``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["CappedFlowNet"]
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@_jit
+def _capped_max_flow(n_nodes: int, tail: np.ndarray, head: np.ndarray, capacity: np.ndarray, source: int,
+                     sink: int, limit: int) -> int:
+    """min(max-flow(source → sink), limit) by shortest augmenting paths."""
+    arcs = len(tail)
+    start = np.zeros(n_nodes + 1, dtype=np.int64)
+    for i in range(arcs):
+        start[tail[i] + 1] += 1
+        start[head[i] + 1] += 1
+    for v in range(n_nodes):
+        start[v + 1] += start[v]
+    fill = start[:-1].copy()
+    edge = np.empty(2 * arcs, dtype=np.int64)  # residual edge 2i: arc i forward; 2i + 1: its reverse
+    for i in range(arcs):
+        edge[fill[tail[i]]] = 2 * i
+        fill[tail[i]] += 1
+        edge[fill[head[i]]] = 2 * i + 1
+        fill[head[i]] += 1
+    room = np.zeros(2 * arcs, dtype=np.int64)
+    for i in range(arcs):
+        room[2 * i] = capacity[i]
+    via = np.empty(n_nodes, dtype=np.int64)
+    queue = np.empty(n_nodes, dtype=np.int64)
+    flow = 0
+    while flow < limit:
+        via[:] = -1
+        queue[0] = source
+        via[source] = -2
+        first, last = 0, 1
+        while first < last and via[sink] == -1:
+            u = queue[first]
+            first += 1
+            for position in range(start[u], start[u + 1]):
+                e = edge[position]
+                if room[e] <= 0:
+                    continue
+                w = head[e >> 1] if e % 2 == 0 else tail[e >> 1]
+                if via[w] == -1:
+                    via[w] = e
+                    queue[last] = w
+                    last += 1
+        if via[sink] == -1:
+            break
+        push = limit - flow
+        w = sink
+        while w != source:
+            e = via[w]
+            push = min(push, room[e])
+            w = tail[e >> 1] if e % 2 == 0 else head[e >> 1]
+        w = sink
+        while w != source:
+            e = via[w]
+            room[e] -= push
+            room[e ^ 1] += push
+            w = tail[e >> 1] if e % 2 == 0 else head[e >> 1]
+        flow += push
+    return flow
+
+
+class CappedFlowNet:
+    """A directed network with int64 capacities whose max-flow is only needed up to ``limit``."""
+
+    def __init__(self, n_nodes: int, limit: int) -> None:
+        self.n_nodes = n_nodes
+        self.limit = int(limit)
+        self.solves = 0
+        self._tail: list[np.ndarray] = []
+        self._head: list[np.ndarray] = []
+        self._capacity = np.zeros(0, dtype=np.int64)
+        self._count = 0
+
+    def add_arcs(self, tail: np.ndarray, head: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+        """Add arcs and return their ids (in order)."""
+        tail = np.asarray(tail, dtype=np.int64)
+        head = np.asarray(head, dtype=np.int64)
+        ids = np.arange(self._count, self._count + len(tail), dtype=np.int64)
+        if len(tail):
+            self._tail.append(tail)
+            self._head.append(head)
+            self._capacity = np.concatenate([self._capacity, np.asarray(capacity, dtype=np.int64)])
+            self._count += len(tail)
+            self.n_nodes = max(self.n_nodes, int(tail.max()) + 1, int(head.max()) + 1)
+        return ids
+
+    def add_arc(self, tail: int, head: int, capacity: int) -> int:
+        return int(self.add_arcs(np.array([tail]), np.array([head]), np.array([capacity]))[0])
+
+    def set_capacity(self, arc: int, capacity: int) -> None:
+        self._capacity[int(arc)] = int(capacity)
+
+    def max_flow(self, source: int, sink: int) -> int:
+        """``min(max-flow, limit)`` from ``source`` to ``sink``."""
+        self.solves += 1
+        if len(self._tail) > 1:
+            self._tail = [np.concatenate(self._tail)]
+            self._head = [np.concatenate(self._head)]
+        if not self._tail:
+            return 0
+        return int(_capped_max_flow(self.n_nodes, self._tail[0], self._head[0], self._capacity, int(source),
+                                    int(sink), self.limit))
