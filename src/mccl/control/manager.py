@@ -1,5 +1,10 @@
 """The Schedule Manager (mccl-paper §3.1–§3.2): which collectives to re-optimize, and when.
 
+Split by concern: this module holds the decisions (register, check, re-optimize, issue);
+telemetry batches are folded in by :mod:`.intake`, settings live in :mod:`.config`, records
+(events, bounded by ``ControlConfig.max_events``; per-version state, whose schedule text is
+encoded on the first fetch) in :mod:`.records`, the never-worse comparison in :mod:`.guard`.
+
 It holds the active schedule of every (communicator, collective) with its version,
 folds telemetry into per-overlay-link EWMAs (:mod:`.ewma`), runs the drift test of
 Algorithm 1 (:mod:`.drift`) on the measured topology, and for a flagged schedule
