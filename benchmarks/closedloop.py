@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/closedloop.py                # + AllGather (~3 min)
     .venv/bin/python benchmarks/closedloop.py --hosts 16 --evaluator fluid   # 128 GPUs, per-path rate model
     .venv/bin/python benchmarks/closedloop.py --predictor sim   # the guard predicts by flow simulation
+    .venv/bin/python benchmarks/closedloop.py --hosts 128 --evaluator fluid --collectives alltoall \
+        --scenarios fail2 --out benchmarks/results/closedloop1024   # 1024 GPUs (issue 11 deliverable 2)
 
 Every scenario of :mod:`mccl.experiments.loop_scenarios` on ``rail_optimized(1, hosts, 8)``:
 the real ScheduleManager (α = 0.1, Γ = 0.2, α_level = 1) behind virtual executors with 5 %

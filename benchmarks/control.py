@@ -38,6 +38,7 @@ Writes ``benchmarks/results/control_*.csv`` and ``control_detection.png``.
 from __future__ import annotations
 
 import argparse
+import pickle
 import statistics
 import time
 from pathlib import Path
@@ -303,6 +304,7 @@ class Chain:
         self.manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.2, warmup=1, settle_collectives=1),
                                        synthesize=self.recorder)
         self.collective = collective
+        self.allow_unflagged = False  # controller_cpu sets it: a phase the drift test does not flag is skipped
         self.manager.register("job", registered, result=result)
         self.telemetry = FabricTelemetry.probe(topology, registered)
         self.version = 1
@@ -337,10 +339,15 @@ class Chain:
         cpu2 = time.process_time()
         issued = [self.manager.reoptimize(d) for d in decisions]
         cpu3, wall3 = time.process_time(), time.perf_counter()
+        if not decisions and self.allow_unflagged:
+            return None  # e.g. a repair of a link the active schedule barely loads: unobservable
         if len(decisions) != 1 or issued[0] is None or len(self.recorder.calls) != calls + 1:
             raise RuntimeError(f"expected one flagged schedule re-synthesized and issued, got {len(decisions)} "
                                f"flagged, events {[e.kind for e in self.manager.events[-4:]]}")
         call = self.recorder.calls[-1]
+        cpu4 = time.process_time()
+        self.manager.latest("job", self.collective)  # the ranks' first fetch encodes the schedule text
+        text_cpu = time.process_time() - cpu4
         synthesized = [e for e in self.manager.events if e.kind == "synthesized"][-1]
         result = self.manager.active_result("job", self.collective)
         self.version = result.schedule.meta.version
@@ -348,6 +355,7 @@ class Chain:
         return {"samples_per_collective": len(batch), "ingest_cpu_s": cpu1 - cpu0, "check_cpu_s": cpu2 - cpu1,
                 "synth_cpu_s": call["cpu"], "synth_wall_s": call["wall"], "event_s": synthesized.value,
                 "dispatch_cpu_s": cpu3 - cpu2 - call["cpu"], "total_cpu_s": cpu3 - cpu0, "total_wall_s": wall3 - wall0,
+                "text_cpu_s": text_cpu,
                 "previous": call["previous"], "path": _warm_path(call["result"]), "version": self.version,
                 "achieved_gbs": result.achieved_gbs, "measured": call["topology"], "result": call["result"]}
 
@@ -408,7 +416,22 @@ def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
     return rows
 
 
-def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> list[dict]:
+def _healthy_result(topology: Topology, collective: str, gpus: int, cache: Path | None):
+    """The cold healthy synthesis the chain starts from (not measured); with ``cache``, pickled there
+    once and read back by later runs (a cold 512-GPU tree packing is ~70 s CPU)."""
+    path = cache / f"healthy-{collective}-{gpus}.pkl" if cache is not None else None
+    if path is not None and path.exists():
+        with path.open("rb") as handle:
+            return pickle.load(handle)
+    result = optimize(topology, collective)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            pickle.dump(result, handle)
+    return result
+
+
+def controller_cpu(sizes: list[int], collectives: list[str], repeats: int, cache: Path | None = None) -> list[dict]:
     """CPU per flagged collective: ingest of its samples (EWMA) + check (measured capacities, Algorithm 1)
     + warm synthesis + dispatch (validation, overlay map, cut profile, schedule text). The healthy
     schedule is registered with its synthesis result (as if the controller had made it), so every step
@@ -416,17 +439,21 @@ def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> li
     _warm_up()
     rows = []
     print(f"{'GPUs':>5} {'collective':>10} {'step':>10} {'path':>9} {'samples':>8} {'ingest ms':>9} {'check ms':>8} "
-          f"{'synth ms':>9} {'dispatch ms':>11} {'total CPU ms':>12} {'wall ms':>8}", flush=True)
+          f"{'synth ms':>9} {'dispatch ms':>11} {'total CPU ms':>12} {'wall ms':>8} {'text ms':>8}", flush=True)
     for gpus in sizes:
         topology = fabric(gpus)
         faulty = fail2(topology)
         for collective in collectives:
-            synthesized = optimize(topology, collective).with_version(1)
+            synthesized = _healthy_result(topology, collective, gpus, cache).with_version(1)
             per_step: dict[str, list[dict]] = {}
             for _ in range(repeats if gpus <= 64 else 1):
                 chain = Chain(topology, collective, synthesized.schedule, result=synthesized)
+                chain.allow_unflagged = True
                 for index, (name, is_faulty) in enumerate(PHASES):
                     step = chain.phase(faulty if is_faulty else topology)
+                    if step is None:
+                        print(f"{gpus:>5} {collective:>10} {index + 1}:{name:<8} not flagged (no re-synthesis)", flush=True)
+                        continue
                     step.pop("measured")
                     step.pop("result")
                     per_step.setdefault(f"{index + 1}:{name}", []).append(step)
@@ -434,13 +461,14 @@ def controller_cpu(sizes: list[int], collectives: list[str], repeats: int) -> li
                 row = {"gpus": gpus, "collective": collective, "step": label, "repeats": len(steps),
                        "path": steps[-1]["path"], "samples_per_collective": steps[-1]["samples_per_collective"]}
                 for key in ("ingest_cpu_s", "check_cpu_s", "synth_cpu_s", "dispatch_cpu_s", "total_cpu_s",
-                            "total_wall_s"):
+                            "total_wall_s", "text_cpu_s"):
                     row[key] = statistics.median(s[key] for s in steps)
                 rows.append(row)
                 print(f"{gpus:>5} {collective:>10} {label:>10} {row['path']:>9} {row['samples_per_collective']:>8} "
                       f"{row['ingest_cpu_s'] * 1e3:>9.2f} {row['check_cpu_s'] * 1e3:>8.2f} "
                       f"{row['synth_cpu_s'] * 1e3:>9.2f} {row['dispatch_cpu_s'] * 1e3:>11.2f} "
-                      f"{row['total_cpu_s'] * 1e3:>12.2f} {row['total_wall_s'] * 1e3:>8.2f}", flush=True)
+                      f"{row['total_cpu_s'] * 1e3:>12.2f} {row['total_wall_s'] * 1e3:>8.2f} "
+                      f"{row['text_cpu_s'] * 1e3:>8.1f}", flush=True)
     return rows
 
 
@@ -502,6 +530,9 @@ def main() -> None:
     parser.add_argument("--collectives", default="allgather,alltoall", help="for --controller-cpu")
     parser.add_argument("--repeats", type=int, default=9, help="chains per collective for --controller-cpu "
                         "up to 64 GPUs (one above)")
+    parser.add_argument("--cache", type=Path, default=None, help="--controller-cpu: keep the cold healthy "
+                        "syntheses the chains start from in this folder (pickled; not part of the figures)")
+    parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv")
     parser.add_argument("--ingest-gpus", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5, help="collectives of telemetry for --ingest-scale")
     args = parser.parse_args()
@@ -514,7 +545,8 @@ def main() -> None:
     if args.manager_warm:
         write("manager_warm", manager_warm(ints(args.sizes), args.warm_repeats))
     if args.controller_cpu:
-        write("cpu_per_flag", controller_cpu(ints(args.cpu_sizes), args.collectives.split(","), args.repeats))
+        write(args.cpu_csv, controller_cpu(ints(args.cpu_sizes), args.collectives.split(","), args.repeats,
+                                          args.cache))
     if args.ingest_scale:
         write("ingest_scale", ingest_scale(args.ingest_gpus, args.rounds))
     if scale:

@@ -36,6 +36,7 @@ def test_path_rates_keep_time_and_bytes_and_localize_a_fault():
     assert np.allclose(ratio[through_nic0], 50 / 400)  # the NIC is those pairs' most loaded link
     assert np.allclose(ratio[~through_nic0], 1.0)  # nobody else slows in the model
     assert after.time_s > 7 * before.time_s
+    assert after.time_s == pytest.approx(evaluate(schedule, fail2(healthy), SIZE).time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["fail2", "microburst", "uniform"])

@@ -54,3 +54,24 @@ def test_step_response_is_geometric(alpha, level, step, k):
     expected = step * level + (1 - alpha) ** k * (1 - step) * level
     assert ewma.inter[0, 1] == pytest.approx(expected, rel=1e-9)
     assert ewma.factors()[0][0, 1] == pytest.approx(expected / level, rel=1e-9)
+
+
+def test_a_batch_folds_exactly_as_samples_one_by_one():
+    """update_arrays (the manager's vectorized ingest) gives the state update() gives per sample, in
+    arrival order: repeated overlay links (several collectives in one batch), invalid samples, warm-up."""
+    rng = np.random.default_rng(3)
+    n, count = 6, 400
+    kinds = rng.choice(["inter", "intra", "bogus"], count, p=[0.7, 0.28, 0.02])
+    ranks = rng.integers(-1, n + 1, count)
+    peers = rng.integers(-1, n + 1, count)
+    rates = np.where(rng.random(count) < 0.03, 0.0, rng.uniform(1.0, 20.0, count))
+    seqs = np.sort(rng.integers(1, 30, count))
+    one, batch = OverlayEWMA(n, 0.3, warmup=3), OverlayEWMA(n, 0.3, warmup=3)
+    for kind, rank, peer, rate, seq in zip(kinds, ranks, peers, rates, seqs, strict=True):
+        one.update(str(kind), int(rank), int(peer), float(rate), int(seq))
+    overlay = np.array([batch.overlay_index(str(k), int(r), int(p)) for k, r, p in zip(kinds, ranks, peers, strict=True)])
+    taken = batch.update_arrays(overlay, rates, seqs)
+    assert taken == count - one.ignored and batch.ignored == one.ignored > 0
+    for name in ("value", "count", "reference", "last_seq"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(one, name))
+    assert batch.count.max() > 3  # some links were folded in several rounds

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mccl.control import ControlConfig, ScheduleManager
-from mccl.control.guard import SizeMeter, alpha_beta_seconds, choose, size_from_bytes
+from mccl.control.guard import AlphaBeta, SizeMeter, alpha_beta_seconds, choose, size_from_bytes
 from mccl.errors import ControllerError
 from mccl.schedule import Collective
 from mccl.sim.analytic import evaluate
@@ -146,3 +146,31 @@ def test_guard_off_issues_the_candidate_and_a_failing_predictor_does_too(hpn):
             manager.ingest(samples(16, seq, slow_rank=0 if seq >= 5 else None))
         assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
         assert manager.guard.decisions == []
+
+
+def test_cached_alpha_beta_equals_the_plain_model_across_capacity_changes(hpn):
+    """AlphaBeta keeps loads and latencies per schedule; capacities change between calls (as the
+    measured topology does), and its answers stay those of alpha_beta_seconds."""
+    topology = hpn
+    trees = optimize(topology, "allgather").schedule
+    ring = optimize(topology, "allgather", method="ring.nccl").schedule
+    predict = AlphaBeta(keep=1)  # keep=1: the two schedules evict each other
+    for fabric in (topology, fail2(topology), topology.with_capacities(topology.capacities_gbps * 0.5)):
+        for schedule in (trees, ring, trees):
+            assert predict(schedule, fabric, SIZE) == pytest.approx(alpha_beta_seconds(schedule, fabric, SIZE),
+                                                                   rel=1e-12)
+    with pytest.raises(ControllerError, match="positive size"):
+        predict(trees, topology, 0.0)
+
+
+def test_size_meter_batch_equals_sample_by_sample():
+    rng = np.random.default_rng(1)
+    seqs = np.maximum.accumulate(rng.integers(1, 9, 300)) - rng.integers(0, 2, 300)  # mostly rising, some late
+    nbytes = rng.integers(1, 1000, 300).astype(float)
+    one, batch = SizeMeter(), SizeMeter()
+    for seq, size in zip(seqs.tolist(), nbytes.tolist(), strict=True):
+        one.add("alltoall", seq, size)
+    for part in np.array_split(np.arange(300), 7):  # several batches, each continuing the last
+        batch.add_many("alltoall", seqs[part], nbytes[part])
+    assert batch.bytes_of(Collective.ALLTOALL) == one.bytes_of(Collective.ALLTOALL) > 0
+    assert batch._open == one._open

@@ -7,7 +7,7 @@ import pytest
 
 from mccl.control import ControlConfig, Sample, ScheduleManager
 from mccl.errors import ControllerError, InvalidOptions
-from mccl.schedule import link_load, steady_state_algbw, validate
+from mccl.schedule import dumps_schedule, link_load, steady_state_algbw, validate
 from mccl.synth import AllToAllOptions, optimize
 from mccl.synth.direct import direct_alltoall
 from mccl.topology import fail2, rail_optimized
@@ -262,3 +262,33 @@ def test_register_with_its_synthesis_result_warm_starts_from_its_state():
     assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
     warm = manager.active_result("job", "alltoall").stats.warm
     assert warm.repaired or warm.restarted
+
+
+def test_ingest_matches_sample_by_sample_and_the_event_log_is_bounded(hpn_schedule):
+    """The vectorized ingest leaves the EWMAs as folding each sample does (two communicators, an
+    unknown one, a malformed sample, tagged samples of an old version); events keep only the newest."""
+    topology, schedule = hpn_schedule
+    manager = ScheduleManager(topology, ControlConfig(alpha=0.5, warmup=2, settle_collectives=1, max_events=2))
+    for name in ("job", "other"):
+        manager.register(name, schedule)
+    batch = []
+    for seq in range(1, 6):
+        batch += samples(16, seq, slow_rank=0 if seq > 3 else None)
+        batch += samples(16, seq, communicator="other")[:20] + samples(16, seq, communicator="nobody")[:3]
+    batch.append(Sample("inter", "job", 0, 1, "many", 0.01, 0.0, 5))  # malformed: ignored, the rest folded
+    batch += [Sample("inter", "job", 0, 9, 10**6, 0.01, 0.0, 5, "allgather", 0)]  # a version never active
+    taken = manager.ingest(batch)
+    ewma = manager._comms["job"].ewma
+    expected = type(ewma)(16, 0.5, warmup=2)
+    for sample in batch:
+        if sample.communicator == "job" and sample.seq > 1 and sample.version < 0 and isinstance(sample.bytes, int):
+            expected.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
+    np.testing.assert_array_equal(ewma.value, expected.value)
+    np.testing.assert_array_equal(ewma.reference, expected.reference)
+    assert taken == manager.samples_taken and manager.samples_ignored == len(batch) - taken
+    assert len(manager.events) == 2 and manager.events.total == 2  # two registrations
+    manager.register("third", schedule.with_meta(version=1))
+    assert len(manager.events) == 2 and manager.events.total == 3 and manager.events[-1].communicator == "third"
+    assert manager.events.since(1) == list(manager.events)  # the oldest of those two was dropped
+    version, text = manager.latest("job", "allgather")
+    assert version == 1 and text == dumps_schedule(schedule)  # encoded on this first fetch

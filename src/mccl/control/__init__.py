@@ -2,6 +2,8 @@
 
 Read first: ``manager`` (the Schedule Manager: versions, decisions, calls into
 synth), ``drift`` (Algorithm 1 and the measured topology), ``ewma`` (smoothing),
+``intake`` (a telemetry batch folded in, vectorized), ``guard`` (never worse than what it
+replaces), ``config`` (``ControlConfig``), ``records`` (events, decisions, per-version state),
 ``service`` / ``client`` / ``protocol`` (the ZeroMQ endpoint executors talk to),
 and :mod:`mccl.experiments.demo` (the live closed loop behind ``mccl demo``).
 

@@ -153,17 +153,22 @@ def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
     transfers = schedule.transfers
     sender = transfers.sender.astype(np.int64)
     receiver = transfers.receiver.astype(np.int64)
-    lengths = transfers.route_lengths
+    route_offsets = transfers.route_offsets
+    hops = int(route_offsets[-1])
     intra = (rank_host[sender] >= 0) & (rank_host[sender] == rank_host[receiver])
     overlay = np.where(intra, n * n + sender, sender * n + receiver)
-    hop_overlay = np.repeat(overlay, lengths)
-    hop_transfer = np.repeat(np.arange(len(transfers)), lengths)
+    # the transfer of every hop: a running count of the route starts (cheaper than np.repeat of an arange)
+    hop_transfer = np.cumsum(np.bincount(route_offsets[1:-1], minlength=hops + 1)[:hops])
     links = transfers.route_links.astype(np.int64)
-    outside = intra[hop_transfer] & (link_host[links] != rank_host[sender][hop_transfer])
-    leaves_host = np.bincount(hop_transfer[outside], minlength=len(transfers)) > 0  # same host, through the NIC
+    intra_hops = np.flatnonzero(intra[hop_transfer])
+    owner = hop_transfer[intra_hops]
+    outside = link_host[links[intra_hops]] != rank_host[sender[owner]]
+    leaves_host = np.zeros(len(transfers), dtype=bool)  # same host, through the NIC
+    leaves_host[owner[outside]] = True
     keep = ~leaves_host[hop_transfer]
     n_links = len(topology.links)
-    keys = np.unique(hop_overlay[keep] * n_links + links[keep])
+    keys = np.sort(overlay[hop_transfer[keep]] * n_links + links[keep])
+    keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys  # unique: a sort beats np.unique's hash
     owners, covered = keys // n_links, keys % n_links
     offsets = np.zeros(n * n + n + 1, dtype=np.int64)
     np.cumsum(np.bincount(owners, minlength=n * n + n), out=offsets[1:])
@@ -179,7 +184,8 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
                              np.repeat(np.arange(overlays), np.diff(second.offsets))])
     both = np.concatenate([first.links, second.links]).astype(np.int64)
     width = int(both.max()) + 1 if len(both) else 1
-    keys = np.unique(owners * width + both)  # sorted by overlay, then link: each overlay's union, in CSR
+    keys = np.sort(owners * width + both)  # sorted by overlay, then link: each overlay's union, in CSR
+    keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys  # a sort beats np.unique's hash
     offsets = np.zeros(overlays + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys // width, minlength=overlays), out=offsets[1:])
     links = keys % width

@@ -47,53 +47,83 @@ class OverlayEWMA:
         self.reset()
 
     def reset(self) -> None:
+        """Forget everything. The state is one flat array per quantity over the n·n + n overlay links
+        (inter pair (i, j) at ``i·n + j``, rank i's injection at ``n·n + i``, as
+        :class:`mccl.control.drift.OverlayMap` numbers them); ``inter`` / ``intra`` and the other
+        per-kind names are views into it, so a batch folds in with one vectorized pass."""
         n = self.n_ranks
-        self.inter = np.full((n, n), np.nan)
-        self.intra = np.full(n, np.nan)
-        self.inter_count = np.zeros((n, n), dtype=np.int64)
-        self.intra_count = np.zeros(n, dtype=np.int64)
-        self.inter_reference = np.full((n, n), np.nan)
-        self.intra_reference = np.full(n, np.nan)
-        self.inter_seq = np.zeros((n, n), dtype=np.int64)  # seq of the collective last sampled, per overlay link
-        self.intra_seq = np.zeros(n, dtype=np.int64)
+        size = n * n + n
+        self.value = np.full(size, np.nan)
+        self.count = np.zeros(size, dtype=np.int64)
+        self.reference = np.full(size, np.nan)
+        self.last_seq = np.zeros(size, dtype=np.int64)  # seq of the collective last sampled, per overlay link
+        self.inter, self.intra = self.value[:n * n].reshape(n, n), self.value[n * n:]
+        self.inter_count, self.intra_count = self.count[:n * n].reshape(n, n), self.count[n * n:]
+        self.inter_reference, self.intra_reference = self.reference[:n * n].reshape(n, n), self.reference[n * n:]
+        self.inter_seq, self.intra_seq = self.last_seq[:n * n].reshape(n, n), self.last_seq[n * n:]
         self.ignored = 0
+
+    def overlay_index(self, kind: str, rank: int, peer: int) -> int:
+        """The flat overlay-link index of a sample, or -1 if its kind, rank or peer is not valid."""
+        n = self.n_ranks
+        if not 0 <= rank < n:
+            return -1
+        if kind == INTER:
+            return rank * n + peer if 0 <= peer < n and peer != rank else -1
+        return n * n + rank if kind == INTRA else -1
 
     def update(self, kind: str, rank: int, peer: int, gbps: float, seq: int = 0) -> None:
         """Fold one sample in; samples with a bad rank, peer or rate are counted in ``ignored``.
         ``seq``: the collective it measured (kept per overlay link, for :meth:`fresh`)."""
-        n = self.n_ranks
-        if not (0 <= rank < n) or not np.isfinite(gbps) or gbps <= 0:
+        index = self.overlay_index(kind, rank, peer)
+        if index < 0 or not np.isfinite(gbps) or gbps <= 0:
             self.ignored += 1
             return
+        old = self.value[index]
+        self.value[index] = gbps if np.isnan(old) else self.alpha * gbps + (1 - self.alpha) * old
+        self.count[index] += 1
+        self.last_seq[index] = seq
+        if self.count[index] == self.warmup:
+            self.reference[index] = self.value[index]
+
+    def update_arrays(self, overlay: np.ndarray, gbps: np.ndarray, seq: np.ndarray) -> int:
+        """Fold a batch in, vectorized: ``overlay`` the flat index of each sample (-1: not valid),
+        its rate and seq, in arrival order. The same result as :meth:`update` per sample, in order:
+        samples of distinct overlay links commute, so the batch is folded in rounds, round k taking
+        every overlay link's k-th sample (one round per collective the batch spans). Returns how many
+        were taken; the others are counted in ``ignored``."""
+        overlay = np.asarray(overlay, dtype=np.int64)
+        gbps = np.asarray(gbps, dtype=float)
+        seq = np.asarray(seq, dtype=np.int64)
+        valid = (overlay >= 0) & (overlay < len(self.value)) & np.isfinite(gbps) & (gbps > 0)
+        self.ignored += int(len(overlay) - np.count_nonzero(valid))
+        overlay, gbps, seq = overlay[valid], gbps[valid], seq[valid]
+        if len(overlay) == 0:
+            return 0
+        order = np.argsort(overlay, kind="stable")
+        ordered = overlay[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        occurrence = np.empty(len(overlay), dtype=np.int64)  # k: how many earlier samples of the same link
+        occurrence[order] = np.arange(len(overlay)) - np.repeat(starts, np.diff(np.r_[starts, len(overlay)]))
         a = self.alpha
-        if kind == INTER:
-            if not (0 <= peer < n) or peer == rank:
-                self.ignored += 1
-                return
-            old = self.inter[rank, peer]
-            self.inter[rank, peer] = gbps if np.isnan(old) else a * gbps + (1 - a) * old
-            self.inter_count[rank, peer] += 1
-            self.inter_seq[rank, peer] = seq
-            if self.inter_count[rank, peer] == self.warmup:
-                self.inter_reference[rank, peer] = self.inter[rank, peer]
-        elif kind == INTRA:
-            old = self.intra[rank]
-            self.intra[rank] = gbps if np.isnan(old) else a * gbps + (1 - a) * old
-            self.intra_count[rank] += 1
-            self.intra_seq[rank] = seq
-            if self.intra_count[rank] == self.warmup:
-                self.intra_reference[rank] = self.intra[rank]
-        else:
-            self.ignored += 1
+        for k in range(int(occurrence.max()) + 1):
+            pick = np.flatnonzero(occurrence == k)
+            index, x = overlay[pick], gbps[pick]
+            old = self.value[index]
+            self.value[index] = np.where(np.isnan(old), x, a * x + (1 - a) * old)
+            self.count[index] += 1
+            self.last_seq[index] = seq[pick]
+            learned = index[self.count[index] == self.warmup]
+            self.reference[learned] = self.value[learned]
+        return len(overlay)
 
     def update_many(self, samples: Iterable[Sample]) -> int:
         """Fold samples in arrival order (EWMA is order-dependent); returns how many were taken."""
-        before = self.ignored
-        count = 0
-        for sample in samples:
-            self.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
-            count += 1
-        return count - (self.ignored - before)
+        rows = [(self.overlay_index(s.kind, s.rank, s.peer), s.gbps, s.seq) for s in samples]
+        if not rows:
+            return 0
+        overlay, gbps, seq = zip(*rows, strict=True)
+        return self.update_arrays(np.array(overlay), np.array(gbps, dtype=float), np.array(seq))
 
     def factors(self) -> tuple[np.ndarray, np.ndarray]:
         """``(inter, intra)``: current value / reference per overlay link; NaN where not yet learned."""
@@ -110,10 +140,9 @@ class OverlayEWMA:
 
         Why: right after a reset (a new schedule version), a decision on the few links already
         learned would compare a partial picture; the manager waits until this is 0."""
-        return int(np.count_nonzero((self.inter_count > 0) & (self.inter_count < self.warmup))
-                   + np.count_nonzero((self.intra_count > 0) & (self.intra_count < self.warmup)))
+        return int(np.count_nonzero((self.count > 0) & (self.count < self.warmup)))
 
     @property
     def learned(self) -> int:
         """How many overlay links have a reference."""
-        return int(np.count_nonzero(~np.isnan(self.inter_reference)) + np.count_nonzero(~np.isnan(self.intra_reference)))
+        return int(np.count_nonzero(~np.isnan(self.reference)))

@@ -34,7 +34,7 @@ from mccl.errors import ControllerError, SynthesisError
 from mccl.schedule import Collective, Schedule, gbps_to_gbs, link_load
 from mccl.topology import Topology
 
-__all__ = ["Predictor", "BASELINE_METHOD", "GuardDecision", "Guard", "SizeMeter", "alpha_beta_seconds", "choose",
+__all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "GuardDecision", "Guard", "SizeMeter", "alpha_beta_seconds", "choose",
            "size_from_bytes"]
 
 Predictor = Callable[[Schedule, Topology, float], float]
@@ -64,14 +64,53 @@ def alpha_beta_seconds(schedule: Schedule, topology: Topology, size_bytes: float
     if np.any(capacity[used] <= 0):
         raise ControllerError("a schedule crosses a link of zero capacity")
     bandwidth = float(np.max(load[used] * (size_bytes / schedule.n_ranks) / capacity[used], initial=0.0))
+    return bandwidth + _latency_s(schedule, topology, step_overhead_us)
+
+
+class AlphaBeta:
+    """:func:`alpha_beta_seconds` as a :data:`Predictor` that keeps, for the last few schedules it saw,
+    the parts that do not depend on capacities: the link loads and the summed per-step route latency
+    (latencies do not change when capacities are measured). Why: the guard predicts the active schedule
+    and the baseline again at every decision, and at 512 GPUs each ``link_load`` is ~70 ms CPU.
+    Keyed by the schedule object, held strongly while cached (at most ``keep``), so an id is never reused."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._cache: dict[int, tuple[Schedule, np.ndarray, dict[bytes, float]]] = {}
+
+    def __call__(self, schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+        if not size_bytes > 0:
+            raise ControllerError(f"a predicted collective needs a positive size, got {size_bytes} bytes")
+        entry = self._cache.pop(id(schedule), None)
+        if entry is None or entry[0] is not schedule or len(entry[1]) != len(topology.links):
+            entry = (schedule, link_load(schedule, len(topology.links)), {})
+        self._cache[id(schedule)] = entry  # most recent last
+        while len(self._cache) > self.keep:
+            del self._cache[next(iter(self._cache))]
+        _, load, latency_by_fabric = entry
+        capacity = gbps_to_gbs(topology.capacities_gbps) * 1e9
+        used = load > 0
+        if np.any(capacity[used] <= 0):
+            raise ControllerError("a schedule crosses a link of zero capacity")
+        bandwidth = float(np.max(load[used] * (size_bytes / schedule.n_ranks) / capacity[used], initial=0.0))
+        key = topology.latencies_us.tobytes()
+        if key not in latency_by_fabric:
+            latency_by_fabric.clear()
+            latency_by_fabric[key] = _latency_s(schedule, topology)
+        return bandwidth + latency_by_fabric[key]
+
+
+def _latency_s(schedule: Schedule, topology: Topology, step_overhead_us: float = 0.0) -> float:
+    """Σ over steps of the largest route latency among the step's transfers (and the overhead), in s."""
     transfers = schedule.transfers
     if len(transfers) == 0:
-        return bandwidth
+        return 0.0
     hop = topology.latencies_us[transfers.route_links]
     route = np.add.reduceat(hop, transfers.route_offsets[:-1])
+    route[np.diff(transfers.route_offsets) == 0] = 0.0  # reduceat gives the next hop for an empty route
     per_step = np.zeros(transfers.n_steps)
     np.maximum.at(per_step, transfers.step, route)
-    return bandwidth + float((per_step.sum() + step_overhead_us * transfers.n_steps) * 1e-6)
+    return float((per_step.sum() + step_overhead_us * transfers.n_steps) * 1e-6)
 
 
 def size_from_bytes(schedule: Schedule, bytes_moved: float) -> float:
@@ -132,6 +171,25 @@ class SizeMeter:
         if seq == seq_open:
             self._open[tag] = (seq_open, total + nbytes)
 
+    def add_many(self, tag: str, seqs: np.ndarray, nbytes: np.ndarray) -> None:
+        """:meth:`add` for a batch of one tag in arrival order, vectorized: the open seq is the running
+        maximum, a sample counts iff its seq equals it, and each open seq's bytes are summed."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        if len(seqs) == 0:
+            return
+        seq_open, total = self._open.get(tag, (int(seqs[0]), 0.0))
+        running = np.maximum.accumulate(np.concatenate([[seq_open], seqs]))[1:]
+        counted = np.where(seqs == running, np.asarray(nbytes, dtype=float), 0.0)
+        values, first = np.unique(running, return_index=True)  # running never decreases: sorted groups
+        sums = np.add.reduceat(counted, first)
+        if values[0] == seq_open:
+            sums[0] += total
+        else:
+            self._last[tag] = total
+        if len(values) > 1:
+            self._last[tag] = float(sums[-2])
+        self._open[tag] = (int(values[-1]), float(sums[-1]))
+
     def bytes_of(self, collective: Collective) -> float | None:
         """Bytes moved by the last complete collective of this kind (tagged), else of any (untagged)."""
         return self._last.get(collective.value, self._last.get(""))
@@ -148,7 +206,7 @@ class Guard:
         if not (0.0 <= tolerance < 1.0):
             raise ControllerError(f"the guard's tolerance must be in [0, 1), got {tolerance}")
         self.nominal = nominal
-        self.predict: Predictor = predict or alpha_beta_seconds
+        self.predict: Predictor = predict or AlphaBeta()
         self.tolerance = float(tolerance)
         self.default_size_bytes = float(default_size_bytes)
         self._synthesize = synthesize

@@ -1,5 +1,10 @@
 """The Schedule Manager (mccl-paper §3.1–§3.2): which collectives to re-optimize, and when.
 
+Split by concern: this module holds the decisions (register, check, re-optimize, issue);
+telemetry batches are folded in by :mod:`.intake`, settings live in :mod:`.config`, records
+(events, bounded by ``ControlConfig.max_events``; per-version state, whose schedule text is
+encoded on the first fetch) in :mod:`.records`, the never-worse comparison in :mod:`.guard`.
+
 It holds the active schedule of every (communicator, collective) with its version,
 folds telemetry into per-overlay-link EWMAs (:mod:`.ewma`), runs the drift test of
 Algorithm 1 (:mod:`.drift`) on the measured topology, and for a flagged schedule
@@ -55,12 +60,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import numpy as np
 
+from mccl.control.config import ControlConfig
 from mccl.control.drift import (
     CutProfile,
     drift_test,
@@ -71,78 +76,17 @@ from mccl.control.drift import (
 )
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
-from mccl.control.records import Decision, Event, _Active, _Communicator
-from mccl.errors import ControllerError, InvalidOptions, MCCLError, SynthesisError, SynthesisUnavailable
-from mccl.schedule import Collective, Schedule, bottleneck_cut, dumps_schedule, validate
+from mccl.control.intake import Batch, fold
+from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
+from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
+from mccl.schedule import Collective, Schedule, bottleneck_cut, validate
 from mccl.synth import SynthesisResult, optimize
-from mccl.synth.registry import method_for
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
 __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
 
 log = logging.getLogger("mccl.control")
-_KIND_BY_NAME = {kind.value: kind for kind in Collective}  # a sample's collective tag, without Enum() per sample
-
-
-@dataclass(frozen=True, kw_only=True)
-class ControlConfig:
-    """``alpha``: EWMA smoothing factor (§3.2; paper prototype 0.012 at one sample per chunk
-    on GPUs — here a sample is a whole saturated window, so larger values fit). ``gamma``: the
-    drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
-    fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
-    ``methods``: the synthesizer per collective (default: :func:`mccl.synth.optimize`'s choice);
-    ``alpha_level``: a second, faster EWMA of the same samples that the synthesizer's
-    measured topology is taken from (None: the detection EWMA itself). Why: a slow ``alpha``
-    filters microbursts but has moved only about Γ when it flags a deep change, so a schedule
-    made from a slow estimate would be made for a partial depth; with ``alpha_level`` it is made
-    for the current level. ``synth_options``: that method's options object per collective (e.g.
-    ``{Collective.ALLTOALL: AllToAllOptions(chunks=4)}``): each collective gets only its own.
-    ``guard``: compare every re-synthesized schedule with the active one and the NCCL-style
-    baseline before a swap and keep the fastest (:mod:`.guard`); ``guard_tolerance``: how much
-    faster (relative) the active one or the baseline must be predicted to win over the candidate;
-    ``guard_size_bytes``: the collective size S compared at when neither the registration nor
-    telemetry gives one."""
-
-    alpha: float = 0.3
-    gamma: float = 0.2
-    alpha_level: float | None = None
-    warmup: int = 3
-    settle_collectives: int = 3
-    methods: Mapping[Collective, str] = field(default_factory=lambda: MappingProxyType({}))
-    synth_options: Mapping[Collective, object] = field(default_factory=lambda: MappingProxyType({}))
-    guard: bool = True
-    guard_tolerance: float = 0.01
-    guard_size_bytes: float = float(2**30)
-
-    def __post_init__(self) -> None:
-        # Non-finite or out-of-range values are refused where they are written: gamma = nan or inf
-        # would silently switch the drift test off (every comparison with it is False).
-        for name, low, high in (("alpha", 0.0, 1.0), ("gamma", 0.0, float("inf"))):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or not low < value <= high:
-                raise ControllerError(f"{name} must be a finite number in ({low:g}, {high:g}], got {value!r}")
-        if self.alpha_level is not None and (isinstance(self.alpha_level, bool) or not isinstance(
-                self.alpha_level, int | float) or not 0.0 < self.alpha_level <= 1.0):
-            raise ControllerError(f"alpha_level must be None or a number in (0, 1], got {self.alpha_level!r}")
-        for name, low in (("warmup", 1), ("settle_collectives", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ControllerError(f"{name} must be an integer >= {low}, got {value!r}")
-        for name in ("methods", "synth_options"):
-            given = getattr(self, name)
-            object.__setattr__(self, name, MappingProxyType({Collective(key): value for key, value in given.items()}))
-        for kind, options in self.synth_options.items():
-            # A wrong options class fails here, where it is written, not at the first re-synthesis.
-            # A method nothing registers is left to re-synthesis, which reports it as "unavailable".
-            try:
-                method = method_for(kind, self.methods.get(kind))
-            except SynthesisUnavailable:
-                continue
-            if options is not None and not isinstance(options, method.options):
-                raise InvalidOptions(method.name, None, f"expected {method.options.__name__} for {kind.value}, "
-                                                         f"got {type(options).__name__}")
 
 
 class ScheduleManager:
@@ -166,7 +110,7 @@ class ScheduleManager:
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
         self._unavailable: set[tuple[str, Collective]] = set()
-        self.events: list[Event] = []
+        self.events = EventLog(self.config.max_events)
         self.samples_taken = 0
         self.samples_ignored = 0
 
@@ -179,9 +123,8 @@ class ScheduleManager:
                   on: Topology, text: str | None = None) -> _Active:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
-        text = dumps_schedule(schedule) if text is None else text
-        return _Active(schedule, result, version, text, profile(schedule, len(on.links)),
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives)
+        return _Active(schedule, result, version, profile(schedule, len(on.links)),
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text)
 
     def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
                  size_bytes: float | None = None, text: str | None = None) -> int:
@@ -199,6 +142,11 @@ class ScheduleManager:
             raise ControllerError(f"register: size_bytes must be a positive number of bytes, got {size_bytes}")
         validate(schedule, self.topology)
         version = int(schedule.meta.version)
+        if self.config.guard:  # the NCCL-style baseline is built now, at start-up, not in the first decision
+            try:
+                self.guard.baseline(communicator, schedule.collective, schedule.ranks)
+            except MCCLError as error:
+                log.warning("mccl controller: no NCCL-style baseline for %s (%s)", communicator, error)
         with self._lock:
             comm = self._comms.get(communicator)
             if comm is None:
@@ -222,11 +170,12 @@ class ScheduleManager:
             return version
 
     def latest(self, communicator: str, collective: Collective | str) -> tuple[int, str] | None:
-        """(version, schedule file text) of the active schedule, or None."""
+        """(version, schedule file text) of the active schedule, or None. The text is encoded on the
+        first fetch of a version (:class:`~mccl.control.records._Active`), outside the manager's lock."""
         with self._lock:
             comm = self._comms.get(communicator)
             active = comm.active.get(Collective(collective)) if comm else None
-            return (active.version, active.text) if active else None
+        return (active.version, active.text) if active else None
 
     def active_result(self, communicator: str, collective: Collective | str) -> SynthesisResult | None:
         """The synthesis result behind the active schedule (with its warm state), or None when the
@@ -243,36 +192,39 @@ class ScheduleManager:
 
     # ---- telemetry --------------------------------------------------------------------
     def ingest(self, samples: Iterable[Sample]) -> int:
-        """Fold samples into the EWMAs of their communicators; returns how many were used."""
+        """Fold samples into the EWMAs of their communicators; returns how many were used.
+        Vectorized per communicator (:mod:`.intake`): the same state as folding them one by one."""
+        batch = samples if isinstance(samples, list) else list(samples)
+        if not batch:
+            return 0
+        first = batch[0].communicator
+        groups = {first: batch} if all(s.communicator == first for s in batch) else {}
+        if not groups:
+            for sample in batch:
+                groups.setdefault(sample.communicator, []).append(sample)
         taken = ignored = 0
         with self._lock:
-            for sample in samples:
-                comm = self._comms.get(sample.communicator)
-                if comm is None or not self._current(comm, sample):
-                    ignored += 1
+            for name, group in groups.items():
+                comm = self._comms.get(name)
+                if comm is None:
+                    ignored += len(group)
                     continue
-                comm.last_seq = max(comm.last_seq, sample.seq)
-                comm.meter.add(sample.collective, sample.seq, sample.bytes)
-                before = comm.ewma.ignored
-                comm.ewma.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
-                if comm.level is not None:
-                    comm.level.update(sample.kind, sample.rank, sample.peer, sample.gbps, sample.seq)
-                if comm.ewma.ignored == before:
-                    taken += 1
-                else:
-                    ignored += 1
+                try:
+                    parts = [Batch.of(group)]
+                except (TypeError, ValueError, OverflowError):  # a malformed field: fold the good ones
+                    parts = []
+                    for sample in group:
+                        try:
+                            parts.append(Batch.of([sample]))
+                        except (TypeError, ValueError, OverflowError):
+                            ignored += 1
+                for part in parts:
+                    used, unused = fold(comm, part)
+                    taken += used
+                    ignored += unused
             self.samples_taken += taken
             self.samples_ignored += ignored
         return taken
-
-    @staticmethod
-    def _current(comm: _Communicator, sample: Sample) -> bool:
-        """Whether ``sample`` measured the active version (module docstring, "References per version")."""
-        if sample.collective and sample.version >= 0:
-            kind = _KIND_BY_NAME.get(sample.collective)
-            active = comm.active.get(kind) if kind is not None else None
-            return active is not None and sample.version == active.version and sample.seq > comm.startup_through
-        return sample.seq > comm.ignore_through
 
     def _relearn(self, comm: _Communicator, base: np.ndarray) -> None:
         """A new version takes over: forget the references, remember what fabric they will stand for."""
@@ -305,11 +257,11 @@ class ScheduleManager:
 
     def step(self) -> list[Event]:
         """Check every schedule; re-synthesize the flagged ones (synchronously); the events of this step."""
-        first = len(self.events)
+        first = self.events.total
         for decision in self.check():
             if decision.result.flagged:
                 self.reoptimize(decision)
-        return self.events[first:]
+        return self.events.since(first)
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,10 +14,10 @@ import numpy as np
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import SizeMeter
-from mccl.schedule import Collective, Schedule
+from mccl.schedule import Collective, Schedule, dumps_schedule
 from mccl.synth import SynthesisResult
 
-__all__ = ["Event", "Decision"]
+__all__ = ["Event", "EventLog", "Decision"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,35 @@ class Event:
     text: str = ""
 
 
+class EventLog:
+    """The manager's most recent events, at most ``limit`` (a service runs for weeks; an unbounded list
+    grew by every flag, synthesis and issue). Reads like a list of the kept events (``len``, iteration,
+    indexing and slicing); ``total`` counts every event ever appended, and :meth:`since` gives the ones
+    appended after a given total (those still kept)."""
+
+    def __init__(self, limit: int) -> None:
+        self._kept: deque[Event] = deque(maxlen=limit)
+        self.total = 0
+
+    def append(self, event: Event) -> None:
+        self._kept.append(event)
+        self.total += 1
+
+    def since(self, total: int) -> list[Event]:
+        """Events appended after ``total`` events had been (the oldest may have been dropped)."""
+        count = min(self.total - total, len(self._kept))
+        return list(self._kept)[len(self._kept) - count:] if count > 0 else []
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._kept)
+
+    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+        return list(self._kept)[index]
+
+
 @dataclass(frozen=True)
 class Decision:
     """The drift test of one active schedule under the current measurements."""
@@ -50,10 +82,23 @@ class _Active:
     schedule: Schedule
     result: SynthesisResult | None  # what the controller synthesized it with (warm state); None when registered
     version: int
-    text: str
     cut: CutProfile
     busy: bool = False
     judge_after_seq: int = 0
+    _text: str | None = None
+    _text_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def text(self) -> str:
+        """The schedule file the ranks fetch, encoded once, on the first fetch. Why not at issue: the
+        JSON text of a 512-GPU schedule (1.7–2.1 M transfers) takes 2–3 s CPU, more than the decision
+        and the synthesis together; encoding it when a rank first asks keeps it off the decision path
+        (and off the manager's lock: the caller holds only this schedule's), and a version superseded
+        before any rank fetched it is never encoded."""
+        with self._text_lock:
+            if self._text is None:
+                self._text = dumps_schedule(self.schedule)
+            return self._text
 
 
 @dataclass

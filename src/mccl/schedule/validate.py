@@ -239,9 +239,24 @@ def _steps(schedule: Schedule) -> list[np.ndarray]:
     return np.split(order, bounds)
 
 
+_DENSE_HELD = 1 << 24  # ranks × chunks above which the replay keeps a sorted key set, not a matrix
+
+
+def _holds(held: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Which ``keys`` the sorted key set ``held`` contains."""
+    position = np.minimum(np.searchsorted(held, keys), max(len(held) - 1, 0))
+    return (held[position] == keys) if len(held) else np.zeros(len(keys), dtype=bool)
+
+
 def _replay_copies(schedule: Schedule) -> None:
-    """AllGather / AllToAll: a chunk is held or not; vectorized per step."""
+    """AllGather / AllToAll: a chunk is held or not; vectorized per step. The holdings are a ranks ×
+    chunks matrix, or, where that is large (a 512-GPU AllToAll has ~10⁶ chunks: a 0.5 GB matrix touched
+    at random, seconds), the sorted set of ``rank·chunks + chunk`` keys; the checks and the first
+    violation named are the same."""
     n, chunks, transfers = schedule.n_ranks, schedule.chunks, schedule.transfers
+    if n * len(chunks) > _DENSE_HELD:
+        _replay_copies_sparse(schedule)
+        return
     held = np.zeros((n, len(chunks)), dtype=bool)
     held[chunks.source, np.arange(len(chunks))] = True
     for group in _steps(schedule):
@@ -273,6 +288,58 @@ def _replay_copies(schedule: Schedule) -> None:
     if len(missing_chunk):
         rank, chunk = int(missing_rank[0]), int(missing_chunk[0])
         raise InvalidSchedule(f"{_rank_name(schedule, rank)} never receives {_chunk_name(schedule, chunk)}")
+
+
+def _replay_copies_sparse(schedule: Schedule) -> None:
+    """:func:`_replay_copies` with the holdings as a sorted set of ``chunk·ranks + rank`` keys
+    (chunk-major: synthesizers emit a step's transfers mostly in chunk order, so the lookups walk
+    the set nearly in order; each step's lookups are sorted first all the same)."""
+    n, chunks, transfers = schedule.n_ranks, schedule.chunks, schedule.transfers
+    count = len(chunks)
+    held = np.arange(count, dtype=np.int64) * n + chunks.source  # sorted: one key per chunk
+
+    def holds(keys: np.ndarray) -> np.ndarray:
+        order = np.argsort(keys, kind="stable")
+        found = np.empty(len(keys), dtype=bool)
+        found[order] = _holds(held, keys[order])
+        return found
+
+    for group in _steps(schedule):
+        chunk = transfers.chunk[group].astype(np.int64)
+        sender, receiver = transfers.sender[group].astype(np.int64), transfers.receiver[group].astype(np.int64)
+        missing = np.flatnonzero(~holds(chunk * n + sender))
+        if missing.size:
+            i = group[missing[0]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, int(transfers.sender[i]))} "
+                                  f"forwards {_chunk_name(schedule, int(transfers.chunk[i]))} before it holds it")
+        key = chunk * n + receiver
+        again = np.flatnonzero(holds(key))
+        if again.size:
+            i = group[again[0]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: {_rank_name(schedule, int(transfers.receiver[i]))} "
+                                  "already holds that chunk; it would be delivered twice")
+        rank_major = receiver * count + chunk  # the dense replay names the smallest (rank, chunk) first
+        order = np.argsort(rank_major, kind="stable")
+        twice = np.flatnonzero(rank_major[order][1:] == rank_major[order][:-1])
+        if twice.size:
+            i = group[order[twice[0]]]
+            raise InvalidSchedule(f"{_transfer_name(schedule, i)}: the same chunk reaches "
+                                  f"{_rank_name(schedule, int(transfers.receiver[i]))} twice in one step")
+        held = np.sort(np.concatenate([held, key]))
+    if schedule.collective is Collective.ALLGATHER:
+        if len(held) == n * count:  # no key twice (checked above), all below n·chunks: complete
+            return
+        have = np.zeros(n * count, dtype=bool)  # only to name the first gap, rank-major as the dense replay
+        have[(held % n) * count + held // n] = True
+        rank, chunk = divmod(int(np.flatnonzero(~have)[0]), count)
+    else:
+        owners = chunks.destination.astype(np.int64)
+        not_delivered = np.flatnonzero(~_holds(held, np.arange(count, dtype=np.int64) * n + owners))
+        if not not_delivered.size:
+            return
+        chunk = int(not_delivered[0])
+        rank = int(owners[chunk])
+    raise InvalidSchedule(f"{_rank_name(schedule, rank)} never receives {_chunk_name(schedule, chunk)}")
 
 
 def _replay_reductions(schedule: Schedule) -> None:
