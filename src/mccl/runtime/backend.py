@@ -111,6 +111,9 @@ class MCCLProcessGroup(dist.ProcessGroup):
         control = StoreControl(store, "mccl-control/", rank, size)
         self.communicator = Communicator(Transport(inner, backend=transport_name), name="mccl", control=control,
                                          check=os.environ.get("MCCL_CHECK", "1") != "0")
+        # sums bit-identical to gloo's where the ReduceScatter schedule allows (mccl.runtime.reduction_order);
+        # NCCL picks its own algorithm and order per call, so there is no order to match
+        self.communicator.reduction_order = "gloo" if transport_name == "gloo" else None
         self._delegate = {}
         for device, (backend, backend_type) in _delegates(store, rank, size, timeout).items():
             torch_private.register_backend(self, device, backend_type, backend)
@@ -233,7 +236,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
                                                               opts or dist.ReduceScatterOptions()))
         flat = torch.cat([i.reshape(-1) for i in inputs])
         work = comm.reduce_scatter_tensor(output, flat, _reduce_op(opts), async_op=_is_async(opts),
-                                          name="reduce_scatter")
+                                          name="reduce_scatter", per_block_buffers=True)
         return self._result(work, [output])
 
     # ---- AllReduce ------------------------------------------------------------------
