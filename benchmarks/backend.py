@@ -3,12 +3,14 @@
     .venv/bin/python benchmarks/backend.py calls            # per-call, 2 ranks, 4 KiB .. 16 MiB
     .venv/bin/python benchmarks/backend.py steps            # DDP and FSDP2 examples, 4 ranks, 20 steps
     .venv/bin/python benchmarks/backend.py calls --quick    # fewer sizes and repetitions
+    .venv/bin/python benchmarks/backend.py calls --ranks 4 --ops reduce_scatter_tensor --sizes 1048576,16777216
 
 ``calls``: in one set of processes, interleaved repetition by repetition (so that the
 load of other jobs hits every variant alike), ``dist.*`` on a gloo group, on an "mccl"
-group (schedules installed: ring AllGather / ReduceScatter, direct AllToAll; the
-pre-flight agreement on), and on an "mccl" group with ``MCCL_CHECK=0`` (agreement off:
-the difference is what the check costs per call). A repetition's wall time is the
+group (schedules installed: ring AllGather, direct ReduceScatter adding in gloo's order,
+direct AllToAll; the pre-flight agreement on), on an "mccl" group with ``MCCL_CHECK=0``
+(agreement off: the difference is what the check costs per call), and on an "mccl" group
+whose ReduceScatter is a ring adding in its own order ("ring RS": what gloo's order costs). A repetition's wall time is the
 slowest rank's; its CPU time (``time.process_time``, this process: the Python work
 and gloo's threads) rank 0's. Figures are medians; ratios mccl / gloo.
 
@@ -40,10 +42,18 @@ KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB, 64 * KIB, MIB, 16 * MIB]
 QUICK_SIZES = [4 * KIB, MIB]
 OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_to_all_single")
-VARIANTS = ("gloo", "mccl", "mccl_nocheck")
+VARIANTS = ("gloo", "mccl", "mccl_nocheck", "mccl_ring_rs")
 
 
-def _calls_rank(rank: int, n: int, sizes: list[int], reps: int) -> list[dict]:
+def _ring_reduce_scatter_setup(rank: int, size: int):
+    from mccl.synth.ring import naive_ring
+    from mccl.topology import single_switch
+
+    topology = single_switch(size, 100)
+    return topology, [naive_ring(topology, "allgather"), naive_ring(topology, "reducescatter")]
+
+
+def _calls_rank(rank: int, n: int, sizes: list[int], reps: int, ops: tuple[str, ...] = OPS) -> list[dict]:
     import torch
     import torch.distributed as dist
 
@@ -57,10 +67,13 @@ def _calls_rank(rank: int, n: int, sizes: list[int], reps: int) -> list[dict]:
     groups = {"gloo": dist.group.WORLD, "mccl": dist.new_group(list(range(n)), backend="mccl")}
     os.environ["MCCL_CHECK"] = "0"
     groups["mccl_nocheck"] = dist.new_group(list(range(n)), backend="mccl")
+    os.environ["MCCL_CHECK"] = "1"
+    mb.register(_ring_reduce_scatter_setup)
+    groups["mccl_ring_rs"] = dist.new_group(list(range(n)), backend="mccl")
     rows = []
     for size in sizes:
         elems = size // 4  # float32; S = the nccl-tests size: AG output, RS input, AR buffer, A2A send buffer
-        for op in OPS:
+        for op in ops:
             x = torch.ones(elems // n if op == "all_gather_into_tensor" else elems)
             out = torch.empty(elems // n if op == "reduce_scatter_tensor" else elems)
 
@@ -127,17 +140,19 @@ def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: in
 
 
 def _calls(args) -> None:
-    sizes = QUICK_SIZES if args.quick else SIZES
-    rows = run_ranks(_calls_rank, 2, sizes, 10 if args.quick else 30, timeout_s=1500)[0]
-    print(f"per call, 2 ranks, medians (wall: slowest rank; cpu: rank 0), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    sizes = [int(v) for v in args.sizes.split(",")] if args.sizes else QUICK_SIZES if args.quick else SIZES
+    ops = tuple(args.ops.split(",")) if args.ops else OPS
+    rows = run_ranks(_calls_rank, args.ranks, sizes, 10 if args.quick else 30, ops, timeout_s=2400)[0]
+    print(f"per call, {args.ranks} ranks, medians (wall: slowest rank; cpu: rank 0), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'op':24s} {'bytes':>9s} {'gloo us':>9s} {'mccl us':>9s} {'nochk us':>9s} {'mccl/gloo':>9s} "
-          f"{'check us':>9s} {'gloo cpu':>9s} {'mccl cpu':>9s}")
+          f"{'check us':>9s} {'gloo cpu':>9s} {'mccl cpu':>9s} {'ring-RS us':>10s} {'ring cpu':>9s}")
     for row in rows:
         row["ratio"] = row["mccl_us"] / row["gloo_us"]
         row["check_us"] = row["mccl_us"] - row["mccl_nocheck_us"]
         print(f"{row['op']:24s} {row['bytes']:9d} {row['gloo_us']:9.0f} {row['mccl_us']:9.0f} "
               f"{row['mccl_nocheck_us']:9.0f} {row['ratio']:9.2f} {row['check_us']:9.0f} "
-              f"{row['gloo_cpu_us']:9.0f} {row['mccl_cpu_us']:9.0f}")
+              f"{row['gloo_cpu_us']:9.0f} {row['mccl_cpu_us']:9.0f} {row['mccl_ring_rs_us']:10.0f} "
+              f"{row['mccl_ring_rs_cpu_us']:9.0f}")
     write_csv(ROOT / "benchmarks" / "results" / "backend_calls.csv", rows)
 
 
@@ -170,6 +185,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024, help="steps: the MLP's width (1024: 4 MiB all-gathers)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--ranks", type=int, default=2, help="calls: world size")
+    parser.add_argument("--ops", default="", help="calls: comma-separated subset of " + ",".join(OPS))
+    parser.add_argument("--sizes", default="", help="calls: comma-separated sizes in bytes")
     args = parser.parse_args()
     _calls(args) if args.what == "calls" else _steps(args)
 

@@ -10,7 +10,7 @@ over six decades, both signs) and require, bit for bit (``torch.equal``):
 * and, so that the data is known to expose the order, the same schedule adding in its own
   order (``reduction_order = None``) does differ from gloo.
 
-Run as a script, ``python tests/test_backend_order.py 2 3 4 5 6 7 8``, it measures all three at
+Run as a script, ``python tests/test_backend_order.py 2 3 4 5 6 7 8 [--large]``, it measures all three at
 those world sizes over more sizes (up to 1 MiB float64 blocks, where gloo cuts a chunk into
 more than 2 segments) and the four float dtypes: what the order was confirmed on.
 """
@@ -187,8 +187,9 @@ def test_gloo_order_stated_and_mccl_bit_identical_4_ranks():
 
 
 if __name__ == "__main__":  # the measurement at more world sizes, sizes and dtypes
-    for world_size in [int(arg) for arg in sys.argv[1:]] or [2, 3, 4, 5, 6, 7, 8]:
-        probe = list(range(1, 18)) + [64, 1000, 4097, 65541, 262147]
+    large = "--large" in sys.argv  # blocks up to 1 MiB of float64 (slow on a loaded machine)
+    for world_size in [int(arg) for arg in sys.argv[1:] if arg.isdigit()] or [2, 3, 4, 5, 6, 7, 8]:
+        probe = list(range(1, 18)) + [64, 1000, 4097] + ([65541, 262147] if large else [])
         found = run_ranks(_both, world_size, probe, DTYPES, timeout_s=1800)
         print(f"{world_size} ranks, {len(probe) * len(DTYPES)} (size, dtype) cases: gloo off the stated order "
               f"{sum(len(f[0]) for f in found)}, mccl off gloo {sum(len(f[1]) for f in found)}, "

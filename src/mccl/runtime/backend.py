@@ -32,7 +32,11 @@ Mismatched sizes or dtypes across ranks: :class:`~mccl.runtime.agreement.Collect
 on every rank before data moves (``MCCL_CHECK=0`` turns the check off).
 
 The NCCL branch (:func:`_transport_backend`, :func:`_delegates`) is the same two calls
-with ``ProcessGroupNCCL``; it is not exercised on these CPU-only machines.
+with ``ProcessGroupNCCL``, and the executor drives it with the stepwise driver through the
+same :class:`~mccl.runtime.transport.Transport` as gloo. **It has never been run**: these
+machines have no GPU, and no test exercises it. On NCCL the ReduceScatter adds in the
+schedule's order (``reduction_order`` None): NCCL picks its algorithm, and so its order, per
+call, so there is no fixed order to match.
 """
 
 from __future__ import annotations
@@ -79,7 +83,10 @@ def _reduce_op(opts: object) -> object:
 def _transport_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> tuple[object, str]:
     name = os.environ.get("MCCL_TRANSPORT") or ("nccl" if torch.cuda.is_available() else "gloo")
     prefix = dist.PrefixStore("mccl-transport/", store)
-    if name == "nccl":
+    if name == "nccl":  # not run on the CPU-only machines this was written on (module docstring)
+        if not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise MCCLError("MCCL_TRANSPORT=nccl needs CUDA and a torch built with NCCL; this process has "
+                            f"cuda available={torch.cuda.is_available()}, nccl built={dist.is_nccl_available()}")
         return dist.ProcessGroupNCCL(prefix, rank, size), name
     if name == "gloo":
         return dist.ProcessGroupGloo(prefix, rank, size, timeout), name
