@@ -64,6 +64,8 @@ class Buffers:
     # AllToAll: this rank's own block in the input and the output, (tensor index, start, length);
     # the executor copies it across (or lets gloo's alltoallv do so, see drivers.exchange)
     self_segments: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    # where a reducing receive of (partial-sum view, peer) lands; None: a temporary of its own
+    landing: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 def even_blocks(total: int, n: int) -> np.ndarray:
@@ -232,7 +234,8 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
 
     return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64),
                    lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish,
-                   _reducer(op) if folded is None else folded.collect, work)
+                   _reducer(op) if folded is None else folded.collect, work,
+                   landing=None if folded is None else folded.landing)
 
 
 def exact_order(plan: RankPlan, order: ReductionOrder | None) -> bool:
@@ -244,8 +247,9 @@ class _FoldInOrder:
     """The reducer of a ReduceScatter that adds in a given order: every contribution to this rank's
     block is kept as it arrives (``collect``, the drivers' reducer), and ``fold_into`` adds them in
     the order's sequence, range by range (the same arithmetic as gloo: one binary operation per
-    contribution, left to right). Costs one copy of each incoming contribution into the stack and
-    one of the first operand per range (memory only: the bytes on the wire are the schedule's); the additions are the same number as on the schedule's path."""
+    contribution, left to right). The point-to-point drivers receive straight into the stack
+    (``landing``); the cost is one copy of the first operand per range (memory only: the bytes on
+    the wire are the schedule's); the additions are the same number as on the schedule's path."""
 
     def __init__(self, work: torch.Tensor, rank: int, n: int, per_rank: int, order: ReductionOrder,
                  combine: Combine) -> None:
@@ -255,11 +259,18 @@ class _FoldInOrder:
         self.combine = combine
         self.stack = work.new_empty((n, per_rank))  # row ``rank`` unused: this rank's own is in ``work``
 
-    def collect(self, acc: torch.Tensor, incoming: torch.Tensor, peer: int) -> None:
+    def landing(self, acc: torch.Tensor, peer: int) -> torch.Tensor:
+        """Where ``peer``'s contribution to ``acc`` (a view of this rank's block) is received: its row
+        of the stack, so that the point-to-point drivers need no copy."""
         offset = acc.storage_offset() - self.work.storage_offset() - self.block_start
         if offset < 0 or offset + acc.numel() > self.per_rank:
             raise MCCLError("a contribution arrived for a block this rank does not own (the schedule relays sums)")
-        self.stack[peer, offset:offset + incoming.numel()].copy_(incoming)
+        return self.stack[peer, offset:offset + acc.numel()]
+
+    def collect(self, acc: torch.Tensor, incoming: torch.Tensor, peer: int) -> None:
+        target = self.landing(acc, peer)
+        if target.data_ptr() != incoming.data_ptr():  # received elsewhere (the exchange driver's staging)
+            target.copy_(incoming)
 
     def fold_into(self, out: torch.Tensor) -> None:
         start = self.block_start
