@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/backend.py calls            # per-call, 2 ranks, 4 KiB .. 16 MiB
     .venv/bin/python benchmarks/backend.py steps            # DDP and FSDP2 examples, 4 ranks, 20 steps
+    .venv/bin/python benchmarks/backend.py steps --models fsdp2 --ring-rs   # ring ReduceScatter instead
     .venv/bin/python benchmarks/backend.py calls --quick    # fewer sizes and repetitions
     .venv/bin/python benchmarks/backend.py calls --ranks 4 --ops reduce_scatter_tensor --sizes 1048576,16777216
 
@@ -110,7 +111,7 @@ def _calls_rank(rank: int, n: int, sizes: list[int], reps: int, ops: tuple[str, 
     return rows
 
 
-def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: int) -> dict:
+def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: int, ring_rs: bool = False) -> dict:
     import torch.distributed as dist
 
     import mccl.runtime.backend as mb
@@ -121,7 +122,7 @@ def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: in
     from mccl_setup import ring_setup
 
     warnings.filterwarnings("ignore")
-    mb.register(ring_setup)
+    mb.register(_ring_reduce_scatter_setup if ring_rs else ring_setup)
     build = train_ddp.build if kind == "ddp" else train_fsdp2.build
     mccl_group = dist.new_group(list(range(n)), backend="mccl")
     runs = {"gloo": build(dist.group.WORLD, width, layers), "mccl": build(mccl_group, width, layers)}
@@ -158,8 +159,8 @@ def _calls(args) -> None:
 
 def _steps(args) -> None:
     rows = []
-    for kind, width in (("ddp", args.width), ("fsdp2", args.width)):
-        results = run_ranks(_steps_rank, 4, kind, width, args.layers, args.steps, timeout_s=1500)
+    for kind, width in ((kind, args.width) for kind in args.models.split(",")):
+        results = run_ranks(_steps_rank, 4, kind, width, args.layers, args.steps, args.ring_rs, timeout_s=1500)
         for name in ("gloo", "mccl"):
             # a step's time is the slowest rank's
             walls = [max(r["times"][name][i][0] for r in results) for i in range(args.steps)]
@@ -172,7 +173,7 @@ def _steps(args) -> None:
     for row in rows:
         print(f"{row['model']:6s} width {row['width']:5d} {row['backend']:5s} {row['step_ms']:8.1f} ms "
               f"(cpu rank 0 {row['cpu_ms']:7.1f} ms) same losses {row['same_losses']} scheduled calls {row['scheduled']}")
-    for kind in ("ddp", "fsdp2"):
+    for kind in args.models.split(","):
         gloo, mccl = (next(r for r in rows if r["model"] == kind and r["backend"] == b) for b in ("gloo", "mccl"))
         print(f"{kind}: gloo / mccl step time = {gloo['step_ms'] / mccl['step_ms']:.2f}x (>= 1.0: mccl as fast)")
     write_csv(ROOT / "benchmarks" / "results" / "backend_steps.csv", rows)
@@ -186,6 +187,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ranks", type=int, default=2, help="calls: world size")
+    parser.add_argument("--models", default="ddp,fsdp2", help="steps: ddp, fsdp2 or both")
+    parser.add_argument("--ring-rs", action="store_true",
+                        help="steps: a ring ReduceScatter adding in its own order (not gloo's), for comparison")
     parser.add_argument("--ops", default="", help="calls: comma-separated subset of " + ",".join(OPS))
     parser.add_argument("--sizes", default="", help="calls: comma-separated sizes in bytes")
     args = parser.parse_args()
