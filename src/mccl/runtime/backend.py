@@ -32,12 +32,15 @@ Mismatched sizes or dtypes across ranks: :class:`~mccl.runtime.agreement.Collect
 on every rank before data moves (``MCCL_CHECK=0`` turns the check off).
 
 The NCCL branch (:func:`_transport_backend`, :func:`_delegates`) is the same two calls
-with ``ProcessGroupNCCL``; it is not exercised on these CPU-only machines.
+with ``ProcessGroupNCCL``, and the executor drives it with the stepwise driver through the
+same :class:`~mccl.runtime.transport.Transport` as gloo. **It has never been run**: these
+machines have no GPU, and no test exercises it. On NCCL the ReduceScatter adds in the
+schedule's order (``reduction_order`` None): NCCL picks its algorithm, and so its order, per
+call, so there is no fixed order to match.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -60,8 +63,6 @@ BACKEND = "mccl"
 Setup = Callable[[int, int], tuple[Topology, Sequence[Schedule]]]
 """``setup(rank, size) -> (topology, schedules)``: what a new "mccl" group installs (every rank alike)."""
 
-_setup: Setup | None = None
-
 
 def _done(result: list[torch.Tensor]) -> object:
     future: torch.futures.Future = torch.futures.Future()
@@ -82,7 +83,10 @@ def _reduce_op(opts: object) -> object:
 def _transport_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> tuple[object, str]:
     name = os.environ.get("MCCL_TRANSPORT") or ("nccl" if torch.cuda.is_available() else "gloo")
     prefix = dist.PrefixStore("mccl-transport/", store)
-    if name == "nccl":
+    if name == "nccl":  # not run on the CPU-only machines this was written on (module docstring)
+        if not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise MCCLError("MCCL_TRANSPORT=nccl needs CUDA and a torch built with NCCL; this process has "
+                            f"cuda available={torch.cuda.is_available()}, nccl built={dist.is_nccl_available()}")
         return dist.ProcessGroupNCCL(prefix, rank, size), name
     if name == "gloo":
         return dist.ProcessGroupGloo(prefix, rank, size, timeout), name
@@ -104,22 +108,28 @@ class MCCLProcessGroup(dist.ProcessGroup):
     """A ProcessGroup whose AllGather / ReduceScatter / AllReduce / AllToAll run through an mccl
     :class:`Communicator` and whose other operations run on the delegate backend (module docstring)."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, *, group_name: str | None = None,
+                 setup: Setup | None = None) -> None:
         super().__init__(rank, size)
         inner, transport_name = _transport_backend(store, rank, size, timeout)
         self._transport_device = "cuda" if transport_name == "nccl" else "cpu"
         control = StoreControl(store, "mccl-control/", rank, size)
+        # named after the group from the start (torch hands the creator the name), so telemetry and
+        # errors attached before the first collective carry the name the communicator keeps
+        name = f"mccl:{group_name}" if group_name else "mccl"
         transport = Transport(inner, backend=transport_name, store=dist.PrefixStore("mccl-liveness/", store))
-        self.communicator = Communicator(transport, name="mccl", control=control,
+        self.communicator = Communicator(transport, name=name, control=control,
                                          check=os.environ.get("MCCL_CHECK", "1") != "0")
+        # sums bit-identical to gloo's where the ReduceScatter schedule allows (mccl.runtime.reduction_order);
+        # NCCL picks its own algorithm and order per call, so there is no order to match
+        self.communicator.reduction_order = "gloo" if transport_name == "gloo" else None
         self._delegate = {}
         for device, (backend, backend_type) in _delegates(store, rank, size, timeout).items():
             torch_private.register_backend(self, device, backend_type, backend)
             self._delegate[device] = backend
-        self._named = False
         self._coalesced: list[object] | None = None
-        if _setup is not None:
-            topology, schedules = _setup(rank, size)
+        if setup is not None:
+            topology, schedules = setup(rank, size)
             self.communicator.configure(topology=topology, schedules=schedules)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -128,10 +138,6 @@ class MCCLProcessGroup(dist.ProcessGroup):
     # ---- routing --------------------------------------------------------------------
     def _mccl(self, *tensors: torch.Tensor) -> Communicator | None:
         """The communicator when every tensor lives where its transport does; else None (delegate)."""
-        if not self._named:  # torch names the group after creating it; telemetry and errors use the name
-            self._named = True
-            with contextlib.suppress(RuntimeError):  # a group torch did not name
-                self.communicator.name = f"mccl:{self.group_name}"
         if all(tensor.device.type == self._transport_device for tensor in tensors):
             return self.communicator
         return None
@@ -234,7 +240,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
                                                               opts or dist.ReduceScatterOptions()))
         flat = torch.cat([i.reshape(-1) for i in inputs])
         work = comm.reduce_scatter_tensor(output, flat, _reduce_op(opts), async_op=_is_async(opts),
-                                          name="reduce_scatter")
+                                          name="reduce_scatter", per_block_buffers=True)
         return self._result(work, [output])
 
     # ---- AllReduce ------------------------------------------------------------------
@@ -339,8 +345,17 @@ class MCCLProcessGroup(dist.ProcessGroup):
         return self._all(works, [])
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> MCCLProcessGroup:
-    return MCCLProcessGroup(store, rank, size, timeout)
+class _Creator:
+    """What torch calls to build an "mccl" group (registered with torch's extended backend API, which
+    hands over the group's name). It holds the ``setup`` every new group installs: the registration
+    lives in torch's table of backends, not in a global of this module."""
+
+    def __init__(self, setup: Setup | None) -> None:
+        self.setup = setup
+
+    def __call__(self, options: object, _backend_options: object = None) -> MCCLProcessGroup:
+        return MCCLProcessGroup(options.store, options.group_rank, options.group_size, options.timeout,
+                                group_name=options.group_id, setup=self.setup)
 
 
 def register(setup: Setup | None = None) -> None:
@@ -348,11 +363,13 @@ def register(setup: Setup | None = None) -> None:
     only replace ``setup``). ``setup(rank, size) -> (topology, schedules)`` runs in every new "mccl"
     group, on every rank, and installs those schedules; without it a group runs every collective on
     its transport until ``communicator(group).configure(...)`` installs some."""
-    global _setup
-    _setup = setup
-    if BACKEND in dist.Backend.backend_list:  # register_backend adds the name here (public, unlike _plugins)
+    creator = torch_private.backend_creator(BACKEND)
+    if isinstance(creator, _Creator):
+        creator.setup = setup
         return
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    if creator is not None:
+        raise MCCLError(f"a backend named {BACKEND!r} is already registered with torch.distributed, not mccl's")
+    dist.Backend.register_backend(BACKEND, _Creator(setup), extended_api=True, devices=["cpu", "cuda"])
 
 
 def communicator(group: dist.ProcessGroup | None = None) -> Communicator:

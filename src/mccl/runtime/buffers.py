@@ -19,19 +19,26 @@ import torch.distributed as dist
 
 from mccl.errors import MCCLError
 from mccl.runtime.plan import Layout, RankPlan
+from mccl.runtime.reduction_order import ReductionOrder
 
-__all__ = ["Buffers", "Reducer", "REDUCERS", "all_gather_buffers", "all_to_all_buffers", "reduce_scatter_buffers",
+__all__ = ["Buffers", "Reducer", "REDUCERS", "exact_order", "all_gather_buffers", "all_to_all_buffers", "reduce_scatter_buffers",
            "all_reduce_buffers", "even_blocks"]
 
-Reducer = Callable[[torch.Tensor, torch.Tensor], None]
+Combine = Callable[[torch.Tensor, torch.Tensor], None]
+Reducer = Callable[[torch.Tensor, torch.Tensor, int], None]
+"""``reducer(partial_sum_view, incoming, peer)``: what a driver calls for every reducing receive, in the
+plan's canonical order (``peer``: who sent ``incoming``)."""
 
-REDUCERS: dict[object, Reducer] = {
+COMBINE: dict[object, Combine] = {
     dist.ReduceOp.SUM: lambda acc, incoming: acc.add_(incoming),
     dist.ReduceOp.PRODUCT: lambda acc, incoming: acc.mul_(incoming),
     dist.ReduceOp.MIN: lambda acc, incoming: torch.minimum(acc, incoming, out=acc),
     dist.ReduceOp.MAX: lambda acc, incoming: torch.maximum(acc, incoming, out=acc),
     dist.ReduceOp.AVG: lambda acc, incoming: acc.add_(incoming),  # a sum, divided by n when copied out
 }
+
+REDUCERS: dict[object, Reducer] = {op: (lambda acc, incoming, _peer, combine=combine: combine(acc, incoming))
+                                   for op, combine in COMBINE.items()}
 
 
 @dataclass
@@ -57,6 +64,8 @@ class Buffers:
     # AllToAll: this rank's own block in the input and the output, (tensor index, start, length);
     # the executor copies it across (or lets gloo's alltoallv do so, see drivers.exchange)
     self_segments: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    # where a reducing receive of (partial-sum view, peer) lands; None: a temporary of its own
+    landing: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 def even_blocks(total: int, n: int) -> np.ndarray:
@@ -202,21 +211,76 @@ def _splits(splits: Sequence[int] | None, rows: int, n: int, name: str) -> np.nd
     return values
 
 
-def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor, op: object) -> Buffers:
+def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor, op: object,
+                           order: ReductionOrder | None = None) -> Buffers:
+    """``order``: add the contributions in this order (gloo's, :mod:`mccl.runtime.reduction_order`)
+    rather than as they arrive along the schedule; honoured when the schedule delivers every
+    contribution unsummed (:attr:`RankPlan.raw_contributions`), else the schedule's order stands
+    (:func:`exact_order` says which)."""
     n, rank = plan.n_ranks, plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
     per_rank = _check_gathered("reduce_scatter", whole=(inp, "input"), part=(out, "output"), n=n)
     work = inp.clone()
-
     average = op == dist.ReduceOp.AVG
+    folded = _FoldInOrder(work, rank, n, per_rank, order, _combine(op)) if exact_order(plan, order) else None
 
     def finish() -> None:
-        out.copy_(work[rank * per_rank:(rank + 1) * per_rank])
+        if folded is not None:
+            folded.fold_into(out)
+        else:
+            out.copy_(work[rank * per_rank:(rank + 1) * per_rank])
         if average:  # the sum of the n contributions, divided once at the end as gloo's AVG does
             out.div_(n)
 
     return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64),
-                   lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish, _reducer(op), work)
+                   lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish,
+                   _reducer(op) if folded is None else folded.collect, work,
+                   landing=None if folded is None else folded.landing)
+
+
+def exact_order(plan: RankPlan, order: ReductionOrder | None) -> bool:
+    """Whether a ReduceScatter of ``plan`` adds in ``order``: asked for, and the schedule allows it."""
+    return order is not None and plan.raw_contributions
+
+
+class _FoldInOrder:
+    """The reducer of a ReduceScatter that adds in a given order: every contribution to this rank's
+    block is kept as it arrives (``collect``, the drivers' reducer), and ``fold_into`` adds them in
+    the order's sequence, range by range (the same arithmetic as gloo: one binary operation per
+    contribution, left to right). The point-to-point drivers receive straight into the stack
+    (``landing``); the cost is one copy of the first operand per range (memory only: the bytes on
+    the wire are the schedule's); the additions are the same number as on the schedule's path."""
+
+    def __init__(self, work: torch.Tensor, rank: int, n: int, per_rank: int, order: ReductionOrder,
+                 combine: Combine) -> None:
+        self.work, self.rank, self.n, self.per_rank = work, rank, n, per_rank
+        self.block_start = rank * per_rank
+        self.ranges = order.ranges(self.block_start, self.block_start + per_rank, n, work.element_size())
+        self.combine = combine
+        self.stack = work.new_empty((n, per_rank))  # row ``rank`` unused: this rank's own is in ``work``
+
+    def landing(self, acc: torch.Tensor, peer: int) -> torch.Tensor:
+        """Where ``peer``'s contribution to ``acc`` (a view of this rank's block) is received: its row
+        of the stack, so that the point-to-point drivers need no copy."""
+        offset = acc.storage_offset() - self.work.storage_offset() - self.block_start
+        if offset < 0 or offset + acc.numel() > self.per_rank:
+            raise MCCLError("a contribution arrived for a block this rank does not own (the schedule relays sums)")
+        return self.stack[peer, offset:offset + acc.numel()]
+
+    def collect(self, acc: torch.Tensor, incoming: torch.Tensor, peer: int) -> None:
+        target = self.landing(acc, peer)
+        if target.data_ptr() != incoming.data_ptr():  # received elsewhere (the exchange driver's staging)
+            target.copy_(incoming)
+
+    def fold_into(self, out: torch.Tensor) -> None:
+        start = self.block_start
+        own = self.work[start:start + self.per_rank]
+        for lo, hi, ranks in self.ranges:
+            rows = [own if contributor == self.rank else self.stack[contributor] for contributor in ranks]
+            target = out[lo - start:hi - start]
+            target.copy_(rows[0][lo - start:hi - start])
+            for row in rows[1:]:
+                self.combine(target, row[lo - start:hi - start])
 
 
 def all_reduce_buffers(plan: RankPlan, tensor: torch.Tensor, op: object) -> Buffers:
@@ -230,7 +294,12 @@ def all_reduce_buffers(plan: RankPlan, tensor: torch.Tensor, op: object) -> Buff
 
 
 def _reducer(op: object) -> Reducer:
-    reducer = REDUCERS.get(op)
-    if reducer is None:
+    _combine(op)
+    return REDUCERS[op]
+
+
+def _combine(op: object) -> Combine:
+    combine = COMBINE.get(op)
+    if combine is None:
         raise MCCLError(f"reduction {op} is not supported by the mccl executor (SUM, AVG, PRODUCT, MIN, MAX are)")
-    return reducer
+    return combine

@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from mccl.runtime import executor
 from mccl.runtime.agreement import Signature, agree
+from mccl.runtime.reduction_order import ReductionOrder, gloo_segments
+from mccl.runtime.transport import wait
 from mccl.schedule import Collective
 
 __all__ = ["Collectives", "reduction_type", "writable"]
@@ -59,11 +61,18 @@ def _split_elements(splits: Sequence[int] | None, tensor: torch.Tensor, n: int) 
 
 
 class Collectives:
-    """Mixin: ``then`` (every collective): runs after the result is in place, in the call's turn (the
+    """Mixin: the collectives of a communicator (needs ``_submit``, ``_execute``, ``_split_matrix``,
+    ``transport``, ``size``, ``rank``, ``check`` and ``name`` from the class it is mixed into).
+
+    ``then`` (every collective): runs after the result is in place, in the call's turn (the
     backend copies a list-form call's result out with it).
 
-    Mixin: the collectives of a communicator (needs ``_submit``, ``_execute``, ``_split_matrix``,
-    ``transport``, ``size``, ``rank``, ``check`` and ``name`` from the class it is mixed into)."""
+    ``reduction_order``: ``"gloo"`` adds a ReduceScatter's contributions in the order gloo's
+    allreduce does (:mod:`mccl.runtime.reduction_order`), so sums are bit-identical to gloo's where
+    the installed schedule delivers them unsummed; None: in the schedule's own order. The torch
+    backend sets it for a gloo transport."""
+
+    reduction_order: str | None = None
 
     def _agree(self, signature: Signature, op: str, seq: int) -> None:
         if self.check:
@@ -71,23 +80,40 @@ class Collectives:
             agree(signature, self.size, self.transport.native_all_gather, device,
                   f"{op} #{seq} on communicator {self.name!r}")
 
-    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False,
-                               op: str = "all_gather_into_tensor", then: Callable[[], None] | None = None):
+    def _collective(self, kind: Collective, op: str, output: torch.Tensor, input: torch.Tensor,
+                    signature: Callable[[torch.Tensor, torch.Tensor], Signature],
+                    native: Callable[[torch.Tensor, torch.Tensor], None],
+                    scheduled: Callable[[object, torch.Tensor, torch.Tensor, int], None],
+                    then: Callable[[], None] | None, async_op: bool,
+                    runs_schedule: Callable[[torch.Tensor], bool] = lambda _source: True):
+        """The one body every collective runs in its turn: inputs made contiguous, the agreement,
+        then ``scheduled(installed, target, source, seq)`` when a schedule of ``kind`` is installed
+        and ``runs_schedule(source)``, else ``native(target, source)``; the result copied back into a
+        non-contiguous output, ``then``. Returns the schedule version that ran, or None (delegated)."""
         def body(seq: int, installed) -> int | None:
             source = input.contiguous()
             target, finish = writable(output)
-            self._agree(Signature("all_gather", source.dtype, source.numel(), target.numel()), op, seq)
-            if installed is None:
-                self.transport.native_all_gather(target, source)
+            self._agree(signature(source, target), op, seq)
+            if installed is None or not runs_schedule(source):
+                native(target, source)
                 version = None
             else:
-                self._execute(installed, executor.all_gather_buffers(installed.plan, target, source), seq)
+                scheduled(installed, target, source, seq)
                 version = installed.version
             finish()
             if then is not None:
                 then()
             return version
-        return self._submit(Collective.ALLGATHER, op, body, [output], async_op)
+        return self._submit(kind, op, body, [output], async_op)
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False,
+                               op: str = "all_gather_into_tensor", then: Callable[[], None] | None = None):
+        def scheduled(installed, target: torch.Tensor, source: torch.Tensor, seq: int) -> None:
+            self._execute(installed, executor.all_gather_buffers(installed.plan, target, source), seq)
+
+        return self._collective(Collective.ALLGATHER, op, output, input,
+                                lambda s, t: Signature("all_gather", s.dtype, s.numel(), t.numel()),
+                                self.transport.native_all_gather, scheduled, then, async_op)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: Sequence[int] | None = None,
@@ -96,89 +122,84 @@ class Collectives:
         out_splits = list(output_split_sizes or [])
         in_splits = list(input_split_sizes or [])
 
-        def body(seq: int, installed) -> int | None:
-            source = input.contiguous()
-            target, finish = writable(output)
-            self._agree(Signature("all_to_all", source.dtype, source.numel(), target.numel(),
-                                  input_splits=_split_elements(in_splits, source, self.size),
-                                  output_splits=_split_elements(out_splits, target, self.size)), op, seq)
-            if installed is None:
-                self.transport.native_all_to_all(target, source, out_splits, in_splits)
-                version = None
-            else:
-                buffers = executor.all_to_all_buffers(installed.plan, target, source, out_splits or None,
-                                                      in_splits or None, self._split_matrix, installed.layouts)
-                self._execute(installed, buffers, seq)
-                version = installed.version
-            finish()
-            if then is not None:
-                then()
-            return version
-        return self._submit(Collective.ALLTOALL, op, body, [output], async_op)
+        def signature(source: torch.Tensor, target: torch.Tensor) -> Signature:
+            return Signature("all_to_all", source.dtype, source.numel(), target.numel(),
+                             input_splits=_split_elements(in_splits, source, self.size),
+                             output_splits=_split_elements(out_splits, target, self.size))
+
+        def scheduled(installed, target: torch.Tensor, source: torch.Tensor, seq: int) -> None:
+            self._execute(installed, executor.all_to_all_buffers(installed.plan, target, source, out_splits or None,
+                                                                 in_splits or None, self._split_matrix,
+                                                                 installed.layouts), seq)
+
+        return self._collective(Collective.ALLTOALL, op, output, input, signature,
+                                lambda t, s: self.transport.native_all_to_all(t, s, out_splits, in_splits),
+                                scheduled, then, async_op)
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = dist.ReduceOp.SUM, *,
                               async_op: bool = False, name: str = "reduce_scatter_tensor",
-                              then: Callable[[], None] | None = None):
+                              then: Callable[[], None] | None = None, per_block_buffers: bool = False):
+        """``per_block_buffers``: the input is list-form ``reduce_scatter``'s tensors concatenated, which
+        gloo reduces one by one (it matters to the order of the additions, not to the result's meaning)."""
         reduction = reduction_type(op)
 
-        def body(seq: int, installed) -> int | None:
-            source = input.contiguous()
-            target, finish = writable(output)
-            self._agree(Signature("reduce_scatter", source.dtype, source.numel(), target.numel(),
-                                  int(reduction)), name, seq)
-            if installed is None or reduction not in executor.REDUCERS or (
-                    reduction == dist.ReduceOp.AVG and not source.is_floating_point()):
-                self.transport.native_reduce_scatter(target, source, op)
-                version = None
-            else:
-                buffers = executor.reduce_scatter_buffers(installed.plan, target, source, reduction)
-                self._execute(installed, buffers, seq)
-                version = installed.version
-            finish()
-            if then is not None:
-                then()
-            return version
-        return self._submit(Collective.REDUCESCATTER, name, body, [output], async_op)
+        def scheduled(installed, target: torch.Tensor, source: torch.Tensor, seq: int) -> None:
+            order = None
+            if self.reduction_order == "gloo":
+                order = ReductionOrder(source.numel(), target.numel() if per_block_buffers else None)
+            self._execute(installed, executor.reduce_scatter_buffers(installed.plan, target, source, reduction,
+                                                                     order), seq)
+
+        return self._collective(
+            Collective.REDUCESCATTER, name, output, input,
+            lambda s, t: Signature("reduce_scatter", s.dtype, s.numel(), t.numel(), int(reduction)),
+            lambda t, s: self.transport.native_reduce_scatter(t, s, op), scheduled, then, async_op,
+            lambda source: reduction in executor.REDUCERS and (
+                reduction != dist.ReduceOp.AVG or source.is_floating_point()))
 
     def all_reduce(self, tensor: torch.Tensor, op: object = dist.ReduceOp.SUM, *, async_op: bool = False,
                    name: str = "all_reduce", then: Callable[[], None] | None = None):
         """ReduceScatter with torch's own collective (the reduction stays on the vendor path),
-        then AllGather through mccl (mccl-paper §3); a reduction torch's ReduceScatter lacks on
-        this transport (bitwise ones) runs torch's AllReduce."""
+        then AllGather through mccl (mccl-paper §3). torch's AllReduce runs instead for a reduction
+        torch's ReduceScatter lacks on this transport (bitwise ones), and, with the gloo order, where
+        padding the tensor to ``n`` equal blocks would change how gloo cuts it into segments (then
+        gloo's ReduceScatter of the padded tensor would add in another order than its AllReduce)."""
         reduction = reduction_type(op)
 
-        def body(seq: int, installed) -> int | None:
-            work, finish = writable(tensor)
-            flat = work.reshape(-1)
-            self._agree(Signature("all_reduce", flat.dtype, flat.numel(), flat.numel(), int(reduction)), name, seq)
-            if reduction not in executor.REDUCERS:
-                options = dist.AllreduceOptions()
-                options.reduceOp = op
-                self.transport.group.allreduce([work], options).wait()
-                finish()
-                if then is not None:
-                    then()
-                return None
+        def native(target: torch.Tensor, _source: torch.Tensor) -> None:
+            options = dist.AllreduceOptions()
+            options.reduceOp = op
+            wait(self.transport.group.allreduce([target], options), None)
+
+        def scheduled(installed, target: torch.Tensor, _source: torch.Tensor, seq: int) -> None:
+            flat = target.reshape(-1)
             if flat.is_complex():
                 flat = torch.view_as_real(flat).reshape(-1)
             n = self.size
             per_rank = -(-flat.numel() // n)
-            source = torch.zeros(per_rank * n, dtype=flat.dtype, device=flat.device)
-            source[:flat.numel()].copy_(flat)
-            target = flat if per_rank * n == flat.numel() else torch.empty_like(source)
-            mine = target[self.rank * per_rank:(self.rank + 1) * per_rank]
-            self.transport.native_reduce_scatter(mine, source, op)
-            if installed is None:
-                self.transport.native_all_gather(target, mine.clone())
-            else:
-                self._execute(installed, executor.all_gather_buffers(installed.plan, target, mine), seq)
-            if target is not flat:
-                flat.copy_(target[:flat.numel()])
-            finish()
-            if then is not None:
-                then()
-            return None if installed is None else installed.version
-        return self._submit(Collective.ALLGATHER, name, body, [tensor], async_op)
+            padded = torch.zeros(per_rank * n, dtype=flat.dtype, device=flat.device)
+            padded[:flat.numel()].copy_(flat)
+            gathered = flat if per_rank * n == flat.numel() else torch.empty_like(padded)
+            mine = gathered[self.rank * per_rank:(self.rank + 1) * per_rank]
+            self.transport.native_reduce_scatter(mine, padded, op)
+            self._execute(installed, executor.all_gather_buffers(installed.plan, gathered, mine), seq)
+            if gathered is not flat:
+                flat.copy_(gathered[:flat.numel()])
+
+        def runs_schedule(source: torch.Tensor) -> bool:
+            if reduction not in executor.REDUCERS:
+                return False
+            if self.reduction_order != "gloo" or source.numel() % self.size == 0:
+                return True
+            elements = source.numel() * (2 if source.is_complex() else 1)
+            padded = -(-elements // self.size) * self.size
+            size = source.element_size() // (2 if source.is_complex() else 1)
+            return gloo_segments(elements, self.size, size) == gloo_segments(padded, self.size, size)
+
+        return self._collective(
+            Collective.ALLGATHER, name, tensor, tensor,
+            lambda s, _t: Signature("all_reduce", s.dtype, s.numel(), s.numel(), int(reduction)),
+            native, scheduled, then, async_op, runs_schedule)
 
     def barrier(self, *, async_op: bool = False):
         def body(seq: int, installed) -> None:

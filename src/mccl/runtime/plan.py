@@ -85,6 +85,9 @@ class RankPlan:
     n_steps: int
     slices: int = 1  # every chunk moves as this many slices (:func:`slice_plan`)
     origin: tuple[int, ...] = ()  # sliced plan: the unsliced operation each one is a slice of
+    # a reducing schedule in which no rank forwards a partial sum: every reducing transfer carries its
+    # sender's own contribution, so the receiver may add them in any order (mccl.runtime.reduction_order)
+    raw_contributions: bool = False
 
     @property
     def n_blocks(self) -> int:
@@ -182,7 +185,23 @@ def build_plan(schedule: Schedule, rank: int) -> RankPlan:
     return RankPlan(kind, n, rank, schedule.meta.version, schedule.block_of_chunks(), chunks.fraction.copy(),
                     chunks.source.copy(), chunks.destination.copy(), tuple(ops),
                     tuple(tuple(step_groups[s]) for s in sorted(step_groups)), tuple(relayed), relays_anywhere,
-                    schedule.transfers.n_steps)
+                    schedule.transfers.n_steps, raw_contributions=_raw_contributions(schedule))
+
+
+def _raw_contributions(schedule: Schedule) -> bool:
+    """A ReduceScatter whose every transfer leaves a rank that has not received that chunk before (so
+    it carries that rank's own contribution, unsummed). The same answer on every rank: it reads the
+    whole schedule."""
+    if schedule.collective is not Collective.REDUCESCATTER:
+        return False
+    transfers = schedule.transfers
+    first_received: dict[tuple[int, int], int] = {}
+    for receiver, chunk, step in zip(transfers.receiver.tolist(), transfers.chunk.tolist(), transfers.step.tolist(),
+                                     strict=True):
+        key = (receiver, chunk)
+        first_received[key] = min(step, first_received.get(key, step))
+    return all(first_received.get((sender, chunk), step) >= step for sender, chunk, step in
+               zip(transfers.sender.tolist(), transfers.chunk.tolist(), transfers.step.tolist(), strict=True))
 
 
 def slice_plan(plan: RankPlan, slices: int) -> RankPlan:
@@ -227,7 +246,7 @@ def slice_plan(plan: RankPlan, slices: int) -> RankPlan:
     return RankPlan(plan.collective, plan.n_ranks, plan.rank, plan.version, plan.chunk_block, plan.fraction,
                     plan.chunk_source, plan.chunk_destination, tuple(ops),
                     tuple(tuple(groups[s]) for s in sorted(groups)), plan.relayed_chunks, plan.has_relays,
-                    plan.n_steps + slices - 1, slices, tuple(o for _, o, _ in keys))
+                    plan.n_steps + slices - 1, slices, tuple(o for _, o, _ in keys), plan.raw_contributions)
 
 
 def slice_spans(plan: RankPlan, spans: list[tuple[int, int, int] | None]) -> list[tuple[int, int, int] | None]:

@@ -34,6 +34,10 @@ public torch only. When torch grows a public equivalent, replace the wrapper's b
   operation the Python group does not override gets "No backend type associated with
   device type cpu", and ``group.group_name`` (read by ``DeviceMesh`` and the functional
   collectives) "ProcessGroup name not set": torch keeps a group's name on its backends.
+* :func:`backend_creator` — ``torch.distributed.Backend._plugins``: the creator registered for a
+  backend name. ``register_backend`` refuses a name twice and torch has no public getter; the
+  "mccl" backend keeps its per-process ``setup`` on its creator, found here, rather than in a
+  module global.
 * :data:`PROCESS_GROUP_ALIASES` / :func:`add_private_aliases` — the private method
   names under which torch's C++ ``ProcessGroup`` trampoline (and older Python callers,
   e.g. ``torch.distributed.nn.functional``'s ``_reduce_scatter_base``) reach a Python
@@ -47,7 +51,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
 
-__all__ = ["AllgatherOptions", "PROCESS_GROUP_ALIASES", "add_private_aliases", "all_gather_base", "backend_name",
+__all__ = ["AllgatherOptions", "PROCESS_GROUP_ALIASES", "add_private_aliases", "all_gather_base", "backend_creator",
+           "backend_name",
            "default_store", "end_coalescing", "reduce_scatter_base", "register_backend", "start_coalescing",
            "work_from_future"]
 
@@ -97,6 +102,12 @@ def backend_name(group: object) -> str | None:
     """``group``'s backend name from its private getter, or None where it has none."""
     getter = getattr(group, "_get_backend_name", None)
     return None if getter is None else str(getter())
+
+
+def backend_creator(name: str) -> object | None:
+    """The creator function registered for backend ``name``, or None (see module docstring)."""
+    plugin = dist.Backend._plugins.get(name.upper())
+    return None if plugin is None else plugin.creator_fn
 
 
 def add_private_aliases(cls: type) -> type:

@@ -23,7 +23,7 @@ from mccl.topology import Topology
 from mccl.topology.routebatch import crc32_of_concatenation, crc32_parts
 from mccl.topology.routing import router_for
 
-__all__ = ["direct_alltoall"]
+__all__ = ["direct_alltoall", "direct_reducescatter"]
 
 
 def _relays(topology: Topology, ranks: Sequence[str], source: np.ndarray, destination: np.ndarray) -> np.ndarray:
@@ -114,4 +114,38 @@ def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, c
     schedule = Schedule(Collective.ALLTOALL, chosen, chunk_table, transfers,
                         ScheduleMeta("alltoall.direct", topology=topology.name,
                                      inputs=(("chunks", str(chunks)), ("pxn", str(pxn).lower()))))
+    return describe_on(schedule, topology)
+
+
+def direct_reducescatter(topology: Topology, ranks: Sequence[str] | None = None, *, chunks: int = 1) -> Schedule:
+    """Every rank sends its contribution to block ``b`` straight to rank ``b``, all in one step.
+
+    The same bytes per rank as a ring (``n − 1`` blocks out, ``n − 1`` in), no relay and no
+    partial sum in flight: the owner receives every contribution unsummed, so it can add them in
+    any order it must (the torch backend adds them in gloo's, :mod:`mccl.runtime.reduction_order`).
+    On a fabric without full bisection a ring or a tree loads the links less."""
+    chosen = check_ranks(topology, ranks)
+    if chunks < 1:
+        raise SynthesisError(f"chunks must be >= 1, got {chunks}")
+    n = len(chosen)
+    router = router_for(topology)
+    chunk_col, sender, receiver, offsets, links = [], [], [], [0], []
+    for distance in range(1, n):  # every rank's first send goes to its neighbour, none all to one rank
+        for source in range(n):
+            owner = (source + distance) % n
+            route = route_or_infeasible(router, chosen[source], chosen[owner], f"rs:{source}>{owner}",
+                                        f"direct ReduceScatter (rank {source} -> rank {owner})")
+            for piece in range(chunks):
+                chunk_col.append(owner * chunks + piece)
+                sender.append(source)
+                receiver.append(owner)
+                links.extend(route)
+                offsets.append(len(links))
+    count = len(chunk_col)
+    transfers = Transfers(np.array(chunk_col), np.array(sender), np.array(receiver), np.zeros(count),
+                          np.ones(count), np.array(offsets), np.array(links))
+    owners = np.repeat(np.arange(n, dtype=np.int32), chunks)
+    chunk_table = Chunks(np.full(n * chunks, -1, dtype=np.int32), owners, np.full(n * chunks, 1.0 / chunks))
+    schedule = Schedule(Collective.REDUCESCATTER, chosen, chunk_table, transfers,
+                        ScheduleMeta("reducescatter.direct", topology=topology.name, inputs=(("chunks", str(chunks)),)))
     return describe_on(schedule, topology)

@@ -78,6 +78,8 @@ def call_views(program: PointToPoint, tensors: list[torch.Tensor],
     """One call's operation views and reduce temporaries; AllToAll's own block copied across first."""
     copy_own_block(buffers, tensors)
     views = [None if span is None else tensors[span[0]][span[1]:span[1] + span[2]] for span in program.spans]
+    if buffers.landing is not None:  # the reduction keeps every contribution (an order to add them in)
+        return views, {index: buffers.landing(views[index], program.ops[index].peer) for index in program.reducing}
     return views, {index: torch.empty_like(views[index]) for index in program.reducing}
 
 

@@ -193,7 +193,7 @@ class _EagerRun:
             progress = False
             for index in list(pending):
                 if all(done[d] and applied[d] for d in ops[index].apply_deps):
-                    self.reducer(self.views[index], self.temps[index])
+                    self.reducer(self.views[index], self.temps[index], ops[index].peer)
                     applied[index] = True
                     pending.remove(index)
                     self._release(index)

@@ -123,7 +123,7 @@ def _unpack(out: torch.Tensor, recvs: tuple[int, ...], ops: tuple[Op, ...], span
         length = spans[i][2]
         incoming = out[position:position + length]
         if ops[i].op is TransferOp.REDUCE:
-            buffers.reducer(_view(tensors, spans[i]), incoming)
+            buffers.reducer(_view(tensors, spans[i]), incoming, ops[i].peer)
         else:
             _view(tensors, spans[i]).copy_(incoming)
         position += length

@@ -62,7 +62,7 @@ class StepwiseDriver:
             seq: int, meters: Meters | None) -> None:
         views, temps = call_views(program.p2p, tensors, buffers)
         base = tag_base(seq)
-        reducer = buffers.reducer
+        reducer, ops = buffers.reducer, program.p2p.ops
         for step in program.steps:
             if meters is not None:
                 for op in step.sends:
@@ -75,4 +75,4 @@ class StepwiseDriver:
                 for op in step.sends:
                     meters.completed(op.peer, views[op.index].numel() * views[op.index].element_size())
             for index in step.reducing:
-                reducer(views[index], temps[index])
+                reducer(views[index], temps[index], ops[index].peer)
