@@ -25,7 +25,6 @@ import torch.distributed as dist
 from mccl.runtime import executor
 from mccl.runtime.agreement import Signature, agree
 from mccl.runtime.reduction_order import ReductionOrder, gloo_segments
-from mccl.runtime.transport import wait
 from mccl.schedule import Collective
 
 __all__ = ["Collectives", "reduction_type", "writable"]
@@ -169,7 +168,7 @@ class Collectives:
         def native(target: torch.Tensor, _source: torch.Tensor) -> None:
             options = dist.AllreduceOptions()
             options.reduceOp = op
-            wait(self.transport.group.allreduce([target], options), None)
+            self.transport.wait(self.transport.group.allreduce([target], options), None)
 
         def scheduled(installed, target: torch.Tensor, _source: torch.Tensor, seq: int) -> None:
             flat = target.reshape(-1)
