@@ -120,6 +120,19 @@ class Transport:
         except RuntimeError as error:
             raise self._peer_lost(error, op.peer) from error
 
+    def post_group(self, ops: Sequence[P2P]) -> list[object]:
+        """Issue ``ops`` together: one NCCL group (coalesced: one Work), or one by one, receives first,
+        on gloo (one Work per operation, receives' first)."""
+        ordered = [op for op in ops if not op.is_send] + [op for op in ops if op.is_send]
+        if self.backend != "nccl" or not ordered:
+            return [self.post(op) for op in ordered]
+        self.check_peers()
+        device = ordered[0].tensor.device
+        torch_private.start_coalescing(self.group, device)
+        for op in ordered:
+            self.post(op)
+        return [torch_private.end_coalescing(self.group, device)]
+
     def check_peers(self) -> None:
         """Raise :class:`PeerLost` naming the first rank lost, if the watcher knows of one."""
         if self.liveness is not None and self.liveness.lost.is_set():
