@@ -11,7 +11,7 @@ from mccl.schedule import Collective
 
 @pytest.fixture(scope="module")
 def fig2_report():
-    return fig2_degradation()
+    return fig2_degradation(percents=(0, 50, 88))  # the states the tests read (-75 % costs as much, adds nothing)
 
 
 @pytest.mark.slow  # fig2: 4 fabric states synthesized and simulated
@@ -43,7 +43,7 @@ def test_fig2_reoptimized_schedules_recover_most_of_the_bound(fig2_report):
     healthy = {row.schedule: row.algbw_gbs for row in fig2_report.rows
                if row.scenario == "healthy" and row.collective is Collective.ALLGATHER}
     assert healthy["mccl tree packing (Orig)"] >= healthy["NCCL ring (Orig)"]  # the healthy-fabric gap is closed
-    whole_chunks = fig2_degradation(slices=1)
+    whole_chunks = fig2_degradation(slices=1, percents=(88,))
     unpipelined = next(row for row in whole_chunks.rows
                        if row.scenario == "gpu0 NIC -88%" and row.schedule == "mccl tree packing (re-opt.)")
     assert unpipelined.algbw_gbs < reopt[Collective.ALLGATHER].algbw_gbs
