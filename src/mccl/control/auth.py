@@ -28,6 +28,7 @@ dropped by libzmq before any of its bytes reach the service, and counted.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import stat
@@ -35,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from mccl.errors import ControllerError
 
-__all__ = ["SECRET_ENV", "SECRET_FILE_ENV", "JobSecret", "new_secret", "secret_from_env", "read_secret_file",
+__all__ = ["SECRET_ENV", "SECRET_FILE_ENV", "JobSecret", "CurveServer", "new_secret", "secret_from_env", "read_secret_file",
            "write_secret_file", "is_loopback"]
 
 SECRET_ENV = "MCCL_CONTROL_SECRET"
@@ -161,3 +163,48 @@ def is_loopback(endpoint: str) -> bool:
         return False
     host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class CurveServer:
+    """The server half of CURVE on one socket, as the controller and the provider service run it: a
+    ZAP authenticator thread that lets in whom ``credentials`` accepts (an object with
+    ``callback(domain, key) -> bool``), and a monitor of failed handshakes. libzmq drops a connection
+    that fails the handshake before any of its bytes reach the socket's reader, so the monitor is the
+    only place such an attempt can be counted."""
+
+    def __init__(self, context: zmq.Context, socket: zmq.Socket, secret: JobSecret, credentials: object, *,
+                 log_name: str) -> None:
+        self.socket = socket
+        self.monitor: zmq.Socket | None = None
+        self.authenticator = ThreadAuthenticator(context, log=logging.getLogger(log_name))
+        self.authenticator.start()
+        try:
+            self.authenticator.configure_curve_callback("*", credentials)
+            secret.make_server(socket)
+            self.monitor = socket.get_monitor_socket(HANDSHAKE_FAILED)
+        except BaseException:
+            self.close()
+            raise
+
+    def failed_handshakes(self) -> int:
+        """How many handshakes failed since the last call (drains the monitor; never blocks)."""
+        failed = 0
+        while self.monitor is not None:
+            try:
+                self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            failed += 1
+        return failed
+
+    def close(self) -> None:
+        """Stop monitoring and authenticating (the socket itself is its owner's to close)."""
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+        self.authenticator.stop()

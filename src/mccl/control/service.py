@@ -55,9 +55,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
-from mccl.control.auth import JobSecret, as_secret, is_loopback, new_secret, secret_from_env
+from mccl.control.auth import CurveServer, JobSecret, as_secret, is_loopback, new_secret, secret_from_env
 from mccl.control.manager import ScheduleManager
 from mccl.control.messages import Limits, Requests, looks_heavy
 from mccl.control.protocol import MAX_MESSAGE_BYTES, encode
@@ -67,8 +66,6 @@ __all__ = ["ControllerService"]
 
 log = logging.getLogger("mccl.control")
 
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _RESULT_WAIT_MS = 5.0  # how often the service thread looks for replies of the heavy-message thread
 
 
@@ -109,18 +106,14 @@ class ControllerService:
         else:
             self.secret = None
         self._context = zmq.Context()
-        self._authenticator: ThreadAuthenticator | None = None
+        self._curve: CurveServer | None = None
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + 4096)  # JSON envelope of a maximal schedule
-        self._monitor: zmq.Socket | None = None
         try:
             if self.secret is not None:
-                self._authenticator = ThreadAuthenticator(self._context, log=logging.getLogger("mccl.control.zap"))
-                self._authenticator.start()
-                self._authenticator.configure_curve_callback("*", _OneKey(self.secret.client_keys[0]))
-                self.secret.make_server(self._socket)
-                self._monitor = self._socket.get_monitor_socket(_HANDSHAKE_FAILED)
+                self._curve = CurveServer(self._context, self._socket, self.secret, _OneKey(self.secret.client_keys[0]),
+                                          log_name="mccl.control.zap")
             self._socket.bind(bind)
         except zmq.ZMQError as error:
             self._close()
@@ -162,19 +155,16 @@ class ControllerService:
         return {} if self.secret is None else {SECRET_ENV: self.secret.hex}
 
     def _close(self) -> None:
-        if self._monitor is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
+        if self._curve is not None:
+            self._curve.close()
         self._socket.close(linger=0)
-        if self._authenticator is not None:
-            self._authenticator.stop()
         self._context.term()
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
+        if self._curve is not None:
+            poller.register(self._curve.monitor, zmq.POLLIN)
         next_check = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -182,7 +172,7 @@ class ControllerService:
                 if self._pending:
                     timeout_ms = min(timeout_ms, _RESULT_WAIT_MS)
                 ready = dict(poller.poll(timeout_ms))
-                if self._monitor is not None and self._monitor in ready:
+                if self._curve is not None and self._curve.monitor in ready:
                     self._count_handshakes()
                 if self._socket in ready:
                     self._drain()
@@ -216,14 +206,10 @@ class ControllerService:
                     self._reply(identity, reply)
 
     def _count_handshakes(self) -> None:
-        while True:
-            try:
-                self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.stats["auth_failures"] += 1
-            if self.stats["auth_failures"] == 1:
-                log.warning("mccl controller: a peer failed the authentication handshake; further ones are counted")
+        failed = self._curve.failed_handshakes()
+        if failed and self.stats["auth_failures"] == 0:
+            log.warning("mccl controller: a peer failed the authentication handshake; further ones are counted")
+        self.stats["auth_failures"] += failed
 
     def _run_step(self) -> None:
         try:

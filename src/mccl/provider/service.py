@@ -34,9 +34,8 @@ from typing import Any
 
 import torch.distributed as dist
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
-from mccl.control.auth import JobSecret
+from mccl.control.auth import CurveServer, JobSecret
 from mccl.provider.errors import BadRequest, ProviderError, QuotaExceeded
 from mccl.provider.jobs import JobSpec, StrategyFactory
 from mccl.provider.keys import tenant_credential
@@ -49,8 +48,6 @@ __all__ = ["ServiceConfig", "ProviderService", "ANONYMOUS"]
 log = logging.getLogger("mccl.provider")
 
 ANONYMOUS = "anonymous"
-_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,18 +113,13 @@ class ProviderService:
         self.run_dir = tempfile.mkdtemp(prefix="mccl-provider-")  # 0700: the ipc endpoints live here
         self.context = zmq.Context()
         self._keys = _TenantKeys()
-        self._authenticator: ThreadAuthenticator | None = None
+        self._curve: CurveServer | None = None
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._monitor: zmq.Socket | None = None
         try:
             if secret is not None:
-                self._authenticator = ThreadAuthenticator(self.context, log=logging.getLogger("mccl.provider.zap"))
-                self._authenticator.start()
-                self._authenticator.configure_curve_callback("*", self._keys)
-                secret.make_server(self.socket)
-                self._monitor = self.socket.get_monitor_socket(_HANDSHAKE_FAILED)
+                self._curve = CurveServer(self.context, self.socket, secret, self._keys, log_name="mccl.provider.zap")
             elif bind is not None:
                 raise ProviderError("an unauthenticated service binds only its private ipc endpoint (bind=None)")
             self.socket.bind(bind or f"ipc://{self.run_dir}/service.sock")
@@ -184,15 +176,15 @@ class ProviderService:
 
     def seal_session(self, session_id: int) -> None:
         """The session's tenant has connected: its endpoint authenticates nobody else from now on."""
-        if self._authenticator is not None:
+        if self._curve is not None:
             self._keys.by_domain[f"session-{session_id}"] = {}
 
     def session_ended(self, session: Session) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
-        if self._authenticator is not None:
+        if self._curve is not None:
             self._keys.by_domain.pop(f"session-{session.session_id}", None)
-            self._authenticator.credentials_providers.pop(f"session-{session.session_id}", None)
+            self._curve.authenticator.credentials_providers.pop(f"session-{session.session_id}", None)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> ProviderService:
@@ -208,12 +200,12 @@ class ProviderService:
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
+        if self._curve is not None:
+            poller.register(self._curve.monitor, zmq.POLLIN)
         try:
             while not self.stopping:
                 ready = dict(poller.poll(100))
-                if self._monitor is not None and self._monitor in ready:
+                if self._curve is not None and self._curve.monitor in ready:
                     self._count_handshakes()
                 if self.socket in ready:
                     self._drain()
@@ -224,24 +216,17 @@ class ProviderService:
             self._close()
 
     def _close(self) -> None:
-        if self._monitor is not None:
-            self.socket.disable_monitor()
-            self._monitor.close(linger=0)
+        if self._curve is not None:
+            self._curve.close()
         self.socket.close(linger=0)
-        if self._authenticator is not None:
-            self._authenticator.stop()
         self.context.term()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _count_handshakes(self) -> None:
-        while True:
-            try:
-                self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.count("auth_failures")
-            if self.stats["auth_failures"] == 1:
-                log.warning("mccl provider: a peer failed the authentication handshake; further ones are counted")
+        failed = self._curve.failed_handshakes()
+        if failed and self.stats.get("auth_failures", 0) == 0:
+            log.warning("mccl provider: a peer failed the authentication handshake; further ones are counted")
+        self.count("auth_failures", failed)
 
     def _drain(self) -> None:
         while not self.stopping:
@@ -293,10 +278,10 @@ class ProviderService:
                                     "the most one tenant may")
             session_id = self._next_session
             self._next_session += 1
-        if self._authenticator is not None:  # the session's socket takes this tenant's key only
+        if self._curve is not None:  # the session's socket takes this tenant's key only
             domain = f"session-{session_id}"
             self._keys.by_domain[domain] = {self.user_id(tenant).encode(): tenant}
-            self._authenticator.configure_curve_callback(domain, self._keys)
+            self._curve.authenticator.configure_curve_callback(domain, self._keys)
         session = Session(self, session_id, tenant)
         with self._lock:
             self._sessions[session_id] = session
