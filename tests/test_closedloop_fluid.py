@@ -28,11 +28,16 @@ def test_path_rates_keep_time_and_bytes_and_localize_a_fault():
     fractions = schedule.chunks.fraction[schedule.transfers.chunk]
     assert before.bytes.sum() == pytest.approx(fractions.sum() * SIZE / 16)  # every byte in some window
     keys = {tuple(key) for key in before.keys.tolist()}
-    assert (0, -1) in keys and (0, 8) in keys and (0, 1) not in keys  # runtime keys: same host -> -1
+    assert (0, 1) in keys and (0, 8) in keys and (0, -1) not in keys  # per-peer intra: the pair's own key
+    assert before.same_host.tolist() == [rank // 8 == peer // 8 for rank, peer in before.keys.tolist()]
+    aggregate = path_rates(schedule, healthy, SIZE, hosts, intra_per_peer=False)
+    keys = {tuple(key) for key in aggregate.keys.tolist()}
+    assert (0, -1) in keys and (0, 8) in keys and (0, 1) not in keys  # the older aggregate: same host -> -1
+    assert aggregate.bytes.sum() == pytest.approx(before.bytes.sum())
     after = path_rates(schedule, fail2(healthy), SIZE, hosts)
     rate_before = before.bytes / before.busy_s
     ratio = (after.bytes / after.busy_s) / rate_before
-    through_nic0 = np.array([(rank == 0 or peer == 0) and peer != -1 for rank, peer in before.keys.tolist()])
+    through_nic0 = np.array([(rank == 0 or peer == 0) and rank // 8 != peer // 8 for rank, peer in before.keys.tolist()])
     assert np.allclose(ratio[through_nic0], 50 / 400)  # the NIC is those pairs' most loaded link
     assert np.allclose(ratio[~through_nic0], 1.0)  # nobody else slows in the model
     assert after.time_s > 7 * before.time_s

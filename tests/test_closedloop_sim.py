@@ -59,11 +59,14 @@ def test_check_catches_lost_and_wrong_version() -> None:
         LoopResult(loop.runs[:-1] + (late,), (), (), 0, loop.launched, loop.interval_s).check()
 
 
-def test_virtual_executors_emit_runtime_keys() -> None:
-    """Inter samples per rank pair across hosts, one intra sample per rank for its whole host."""
+@pytest.mark.parametrize("per_peer", [True, False])
+def test_virtual_executors_emit_runtime_keys(per_peer: bool) -> None:
+    """Inter samples per rank pair across hosts; intra samples per same-host pair (the path rank -> peer),
+    or, with the older aggregate, one per rank for its whole host (peer -1)."""
     fabric = rail_optimized(1, 2, 2)
     schedule = optimize(fabric, "alltoall").schedule
-    executors = VirtualExecutors("j", "comm", schedule, fabric, TelemetryModel(noise_sigma=0.0))
+    executors = VirtualExecutors("j", "comm", schedule, fabric,
+                                 TelemetryModel(noise_sigma=0.0, intra_per_peer=per_peer))
     g = schedule.ranks
     paths = (PathSample("j", g[0], g[1], (1,), 1e6, 1e-3), PathSample("j", g[0], g[1], (2,), 1e6, 5e-4),
              PathSample("j", g[0], g[2], (3,), 2e6, 2e-3), PathSample("other", g[0], g[2], (3,), 9e9, 1.0))
@@ -73,6 +76,8 @@ def test_virtual_executors_emit_runtime_keys() -> None:
     same_host = fabric.node(g[0]).host == fabric.node(g[1]).host
     assert same_host and fabric.node(g[0]).host != fabric.node(g[2]).host
     by_kind = {(s.kind, s.peer): s for s in samples}
-    assert by_kind[(INTRA, -1)].bytes == 2_000_000 and by_kind[(INTRA, -1)].seconds == pytest.approx(1e-3)
+    intra = by_kind[(INTRA, 1 if per_peer else -1)]
+    assert intra.rank == 0 and intra.bytes == 2_000_000 and intra.seconds == pytest.approx(1e-3)
+    assert len(samples) == 2
     assert by_kind[(INTER, 2)].bytes == 2_000_000 and by_kind[(INTER, 2)].seq == 1
     assert {(s.collective, s.version) for s in samples} == {("alltoall", 2)}  # compared with v2's references

@@ -75,3 +75,21 @@ def test_a_batch_folds_exactly_as_samples_one_by_one():
     for name in ("value", "count", "reference", "last_seq"):
         np.testing.assert_array_equal(getattr(batch, name), getattr(one, name))
     assert batch.count.max() > 3  # some links were folded in several rounds
+
+
+def test_per_peer_intra_samples_take_the_pair_slot():
+    """An intra sample with peer >= 0 is the path rank -> peer on one host: the pair's slot, as an inter
+    sample's; peer -1 stays the rank's aggregate injection; the vectorized intake maps them alike."""
+    from mccl.control.intake import Batch
+
+    ewma = OverlayEWMA(4, 0.5, warmup=1)
+    assert ewma.overlay_index("intra", 1, 2) == 1 * 4 + 2 == ewma.overlay_index("inter", 1, 2)
+    assert ewma.overlay_index("intra", 1, -1) == 4 * 4 + 1
+    assert ewma.overlay_index("intra", 1, 1) == -1 and ewma.overlay_index("intra", 1, 4) == -1
+    ewma.update("intra", 1, 2, 6.0)
+    assert ewma.inter[1, 2] == 6.0 and np.all(np.isnan(ewma.intra))
+    rng = np.random.default_rng(5)
+    samples = [Sample(str(rng.choice(["inter", "intra", "bogus"])), "c", int(rng.integers(-1, 5)),
+                      int(rng.integers(-2, 5)), 1000, 1e-6, 0.0, 1) for _ in range(300)]
+    expected = [ewma.overlay_index(s.kind, s.rank, s.peer) for s in samples]
+    assert Batch.of(samples).overlay(4).tolist() == expected

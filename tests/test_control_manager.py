@@ -7,7 +7,7 @@ import pytest
 
 from mccl.control import ControlConfig, Sample, ScheduleManager
 from mccl.errors import ControllerError, InvalidOptions
-from mccl.schedule import dumps_schedule, link_load, steady_state_algbw, validate
+from mccl.schedule import dumps_schedule, link_load, schedule_binary_text, steady_state_algbw, validate
 from mccl.synth import AllToAllOptions, optimize
 from mccl.synth.direct import direct_alltoall
 from mccl.topology import fail2, rail_optimized
@@ -291,4 +291,9 @@ def test_ingest_matches_sample_by_sample_and_the_event_log_is_bounded(hpn_schedu
     assert len(manager.events) == 2 and manager.events.total == 3 and manager.events[-1].communicator == "third"
     assert manager.events.since(1) == list(manager.events)  # the oldest of those two was dropped
     version, text = manager.latest("job", "allgather")
-    assert version == 1 and text == dumps_schedule(schedule)  # encoded on this first fetch
+    assert version == 1 and text == schedule_binary_text(schedule)  # encoded on this first fetch, binary by default
+    readable = ScheduleManager(topology, ControlConfig(schedule_format="json"))
+    readable.register("job", schedule)
+    assert readable.latest("job", "allgather") == (1, dumps_schedule(schedule))
+    with pytest.raises(ControllerError, match="schedule_format"):
+        ControlConfig(schedule_format="xml")

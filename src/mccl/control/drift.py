@@ -23,12 +23,18 @@ Measured topology (which capacities the synthesizer sees). Measurements are per
 overlay link (§3.3): a rank pair across hosts, or a rank's injection into its host
 fabric. Mapping onto physical links, the choice made here:
 
-* an inter-host pair i → j covers **every link on every route** its transfers took
+* a rank pair i → j — across hosts (an ``inter`` sample) or on one host (a per-peer
+  ``intra`` sample, ``peer`` ≥ 0) — covers **every link on every route** its transfers took
   (in the active schedule and the earlier versions its measurements came from,
-  :func:`merge_maps`); a rank's intra-host injection rate covers the links of
-  its intra-host routes that stay inside the host (its port into the host switch
-  and the switch's ports to its peers; a same-host route through the NIC is left
-  to the inter-host evidence);
+  :func:`merge_maps`); a rank's aggregate intra-host injection rate (``intra`` with
+  ``peer`` = -1) covers the links of its intra-host routes that stay inside the host (its
+  port into the host switch and the switch's ports to its peers; a same-host route through
+  the NIC is left to the inter-host evidence). Why per-peer intra samples matter: with the
+  aggregate, a GPU's own NVLink egress had one piece of evidence, its injection into the
+  whole host, which falls whenever the peers' ingress links do; a uniform slowdown of
+  every ingress link then lowered injections unevenly (0.63–0.81×, flow simulator) and the
+  untouched egress links took the blame. Per pair, the egress link i → switch is exonerated
+  by the best of i's pairs and each ingress link by the best pair into it;
 * a path's throughput is bounded by every link on its route (``r_o ≤ C_a`` for
   ``a ∈ o``), so each measured path is a lower bound on each link it covers, and
   the tightest estimate of a link is the best path through it:
@@ -133,7 +139,8 @@ def drift_test(cut: CutProfile, capacities_gbps: np.ndarray, gamma: float) -> Dr
 class OverlayMap:
     """Physical links bounded by each overlay link of a schedule, in CSR form (see module docstring).
 
-    Inter pair (i, j) is overlay ``i * n + j``; rank i's intra injection is overlay ``n * n + i``."""
+    The path of rank pair (i, j) — across hosts, or on one host for per-peer intra samples — is overlay
+    ``i * n + j``; rank i's aggregate intra injection is overlay ``n * n + i``."""
 
     n_ranks: int
     offsets: np.ndarray
@@ -156,7 +163,7 @@ def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
     route_offsets = transfers.route_offsets
     hops = int(route_offsets[-1])
     intra = (rank_host[sender] >= 0) & (rank_host[sender] == rank_host[receiver])
-    overlay = np.where(intra, n * n + sender, sender * n + receiver)
+    pair = sender * n + receiver  # the path's own slot: every link of every route (inter, per-peer intra)
     # the transfer of every hop: a running count of the route starts (cheaper than np.repeat of an arange)
     hop_transfer = np.cumsum(np.bincount(route_offsets[1:-1], minlength=hops + 1)[:hops])
     links = transfers.route_links.astype(np.int64)
@@ -165,9 +172,10 @@ def overlay_map(schedule: Schedule, topology: Topology) -> OverlayMap:
     outside = link_host[links[intra_hops]] != rank_host[sender[owner]]
     leaves_host = np.zeros(len(transfers), dtype=bool)  # same host, through the NIC
     leaves_host[owner[outside]] = True
-    keep = ~leaves_host[hop_transfer]
+    injection_hops = intra_hops[~leaves_host[owner]]  # the rank's aggregate injection: routes inside the host
     n_links = len(topology.links)
-    keys = np.sort(overlay[hop_transfer[keep]] * n_links + links[keep])
+    keys = np.sort(np.concatenate([pair[hop_transfer] * n_links + links,
+                                   (n * n + sender[hop_transfer[injection_hops]]) * n_links + links[injection_hops]]))
     keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys  # unique: a sort beats np.unique's hash
     owners, covered = keys // n_links, keys % n_links
     offsets = np.zeros(n * n + n + 1, dtype=np.int64)

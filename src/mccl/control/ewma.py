@@ -7,8 +7,14 @@ degradations move ``M`` far enough to trigger re-synthesis. A small α filters
 longer bursts at the cost of slower detection (the paper's prototype: α = 0.012).
 
 Overlay links of one communicator with n ranks (§3.3): ``inter[i, j]`` — the
-point-to-point throughput of rank pair i → j across hosts; ``intra[i]`` — rank i's
-cumulative injection rate into its host fabric. All rates in Gbit/s.
+point-to-point throughput of the path rank i → rank j (sender → receiver, whichever end
+measured it): an ``"inter"`` sample of a pair across hosts, or a per-peer ``"intra"``
+sample (``peer`` ≥ 0) of a pair on one host; ``intra[i]`` — rank i's cumulative injection
+rate into its host fabric (an ``"intra"`` sample with ``peer`` = -1, the aggregate the
+runtime emitted before per-peer samples). All rates in Gbit/s. Why per-peer intra samples
+share the pair slots: a same-host pair and a cross-host pair are both one path, and the
+measured topology (:func:`mccl.control.drift.overlay_map`) maps each slot onto the links of
+that pair's routes.
 
 Each overlay link also learns a *reference*: its smoothed value once it has seen
 ``warmup`` samples (at start-up, on the healthy fabric — the paper's initial
@@ -68,7 +74,7 @@ class OverlayEWMA:
         n = self.n_ranks
         if not 0 <= rank < n:
             return -1
-        if kind == INTER:
+        if kind == INTER or (kind == INTRA and peer != -1):  # one path rank -> peer
             return rank * n + peer if 0 <= peer < n and peer != rank else -1
         return n * n + rank if kind == INTRA else -1
 

@@ -54,9 +54,12 @@ class Batch:
     def overlay(self, n: int) -> np.ndarray:
         """Flat overlay-link index per sample (:class:`~mccl.control.ewma.OverlayEWMA`), -1 where invalid."""
         rank_ok = (self.rank >= 0) & (self.rank < n)
-        inter = (self.kind == 0) & rank_ok & (self.peer >= 0) & (self.peer < n) & (self.peer != self.rank)
-        intra = (self.kind == 1) & rank_ok
-        return np.where(inter, self.rank * n + self.peer, np.where(intra, n * n + self.rank, -1))
+        pair_ok = rank_ok & (self.peer >= 0) & (self.peer < n) & (self.peer != self.rank)
+        # a path rank -> peer: an inter sample, or a per-peer intra one (peer >= 0); the rank's aggregate
+        # injection: an intra sample with peer -1 (ewma module docstring)
+        pair = ((self.kind == 0) | ((self.kind == 1) & (self.peer != -1))) & pair_ok
+        injection = (self.kind == 1) & (self.peer == -1) & rank_ok
+        return np.where(pair, self.rank * n + self.peer, np.where(injection, n * n + self.rank, -1))
 
     def gbps(self) -> np.ndarray:
         """:attr:`Sample.gbps`, vectorized (inf where the window has no duration)."""

@@ -124,7 +124,8 @@ class ScheduleManager:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
         return _Active(schedule, result, version, profile(schedule, len(on.links)),
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text)
+                       judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text,
+                       schedule_format=self.config.schedule_format)
 
     def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
                  size_bytes: float | None = None, text: str | None = None) -> int:

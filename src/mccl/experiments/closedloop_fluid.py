@@ -53,9 +53,10 @@ class PathRates:
     """One collective under the model: its time, and per overlay link (rank, peer or -1) bytes and busy s."""
 
     time_s: float
-    keys: np.ndarray  # (k, 2): rank, peer (-1: the rank's injection into its host)
+    keys: np.ndarray  # (k, 2): rank, peer (-1: the rank's aggregate injection into its host)
     bytes: np.ndarray
     busy_s: np.ndarray
+    same_host: np.ndarray  # (k,) bool: the overlay link is inside one host (an "intra" sample)
 
 
 class PathModel:
@@ -65,7 +66,7 @@ class PathModel:
     same schedule for tens of collectives, at 1024 GPUs ~2 M transfers each."""
 
     def __init__(self, schedule: Schedule, size_bytes: float, host_of_rank: Sequence[str | None],
-                 topology: Topology) -> None:
+                 topology: Topology, *, intra_per_peer: bool = True) -> None:
         n = schedule.n_ranks
         block = size_bytes / n
         self.n_links = len(topology.links)
@@ -78,7 +79,7 @@ class PathModel:
         codes = {name: code for code, name in enumerate(sorted({h for h in host_of_rank if h is not None}))}
         host = np.array([codes.get(h, -1) if h is not None else -1 for h in host_of_rank], dtype=np.int64)
         same = (host[sender] >= 0) & (host[sender] == host[receiver])
-        peer = np.where(same, -1, receiver)
+        peer = np.where(same, -1, receiver) if not intra_per_peer else receiver
         key = sender * (n + 1) + (peer + 1)
         self.order = np.argsort(key, kind="stable")
         ordered = key[self.order]
@@ -87,6 +88,8 @@ class PathModel:
         weight = schedule.chunks.fraction[transfers.chunk] * block
         self.sent = np.add.reduceat(weight[self.order], self.group_starts) if len(key) else np.zeros(0)
         self.keys = np.stack([unique // (n + 1), unique % (n + 1) - 1], axis=1)
+        self.same_host = (self.keys[:, 1] < 0) | (host[self.keys[:, 0]] >= 0) & (
+            host[self.keys[:, 0]] == host[np.maximum(self.keys[:, 1], 0)])
         self.latency_s = float(transfers.step_max_route_cost(topology.latencies_us).sum() * 1e-6)
 
     def rates(self, capacities_gbps: np.ndarray) -> PathRates:
@@ -95,19 +98,22 @@ class PathModel:
         with np.errstate(divide="ignore", invalid="ignore"):
             tau = np.where(self.load > 0, self.load / capacity, 0.0)
         if not len(self.order):
-            return PathRates(float(tau.max(initial=0.0)) + self.latency_s, self.keys, self.sent, np.zeros(0))
+            return PathRates(float(tau.max(initial=0.0)) + self.latency_s, self.keys, self.sent, np.zeros(0),
+                             self.same_host)
         busy = np.maximum.reduceat(tau[self.route_links], self.route_starts)
         longest = np.maximum.reduceat(busy[self.order], self.group_starts)
-        return PathRates(float(tau.max(initial=0.0)) + self.latency_s, self.keys, self.sent, longest)
+        return PathRates(float(tau.max(initial=0.0)) + self.latency_s, self.keys, self.sent, longest, self.same_host)
 
 
 def path_rates(schedule: Schedule, topology: Topology, size_bytes: float,
-               host_of_rank: Sequence[str | None]) -> PathRates:
+               host_of_rank: Sequence[str | None], *, intra_per_peer: bool = True) -> PathRates:
     """The per-path rate model of the module docstring; vectorized over transfers. The collective's
-    time is :func:`mccl.sim.analytic.evaluate`'s α-β time."""
+    time is :func:`mccl.sim.analytic.evaluate`'s α-β time. ``intra_per_peer``: same-host pairs keyed
+    per pair (True) or per sender (peer -1, the aggregate injection)."""
     if not size_bytes > 0:
         raise MCCLError(f"size must be positive, got {size_bytes} bytes")
-    return PathModel(schedule, size_bytes, host_of_rank, topology).rates(topology.capacities_gbps)
+    return PathModel(schedule, size_bytes, host_of_rank, topology, intra_per_peer=intra_per_peer).rates(
+        topology.capacities_gbps)
 
 
 def _capacities_at(nominal: np.ndarray, changes: Sequence[CapacityChange], time_s: float) -> np.ndarray:
@@ -162,7 +168,7 @@ def run_fluid_loop(
             current, version = new, int(new.meta.version)
             swaps.append(Swap(ready, issued, version, f"{new.meta.synthesizer} v{version}"))
         if model_of is None or model_of[0] is not current:
-            model_of = (current, PathModel(current, size_bytes, hosts, topology))
+            model_of = (current, PathModel(current, size_bytes, hosts, topology, intra_per_peer=model.intra_per_peer))
         rates = model_of[1].rates(_capacities_at(nominal, changes, now))
         end = now + rates.time_s
         label = current.meta.synthesizer + (f" v{version}" if version != schedule.meta.version else "")
@@ -176,9 +182,10 @@ def run_fluid_loop(
         if model.burst_probability > 0:
             seconds *= np.where(rng.random(len(seconds)) < model.burst_probability, model.burst_slowdown, 1.0)
         seq = iteration + 1
-        batch = [Sample(INTRA if peer == -1 else INTER, job, int(rank), int(peer), int(nbytes), float(busy), end, seq,
+        batch = [Sample(INTRA if same else INTER, job, int(rank), int(peer), int(nbytes), float(busy), end, seq,
                         current.collective.value, version)
-                 for (rank, peer), nbytes, busy in zip(rates.keys, rates.bytes, seconds, strict=True)
+                 for (rank, peer), nbytes, busy, same in zip(rates.keys, rates.bytes, seconds, rates.same_host,
+                                                             strict=True)
                  if nbytes > 0 and busy > 0]
         samples_out += len(batch)
         manager.ingest(batch)

@@ -11,8 +11,10 @@ path achieved *while sending*, :class:`~mccl.sim.closedloop.PathSample`). That i
 runtime's passive meters measure (:mod:`mccl.runtime.telemetry`: a window is open only
 while sends to the peer are in flight, and its rate is bytes / window). The executors
 fold those readings into one measurement window per overlay link per collective, with the
-runtime's keys: ``"inter"`` per rank pair across hosts, ``"intra"`` per rank for all its
-same-host peers together (the rank's injection rate), and emit one
+runtime's keys: ``"inter"`` per rank pair across hosts, ``"intra"`` per rank pair on one host
+(``peer`` ≥ 0: the path rank → peer, the contract of :class:`~mccl.telemetry.Sample`; or, with
+``TelemetryModel(intra_per_peer=False)``, the runtime's older aggregate, one ``"intra"`` per
+rank for all its same-host peers together, ``peer`` -1), and emit one
 :class:`~mccl.telemetry.Sample` each when the collective completes, tagged with its
 sequence number and with the collective and schedule version it ran (so the manager
 compares it with that version's references). Paths used concurrently inside one hook interval count their common
@@ -60,12 +62,15 @@ class TelemetryModel:
     """What the virtual executors add to the simulator's exact rates. ``noise_sigma``: σ of the
     log-normal factor on every window's duration (0.05 ≈ 5 % jitter); ``burst_probability``:
     chance that a window is hit by a telemetry microburst, which multiplies its duration by
-    ``burst_slowdown``; ``seed``: the random stream (runs are reproducible)."""
+    ``burst_slowdown``; ``seed``: the random stream (runs are reproducible); ``intra_per_peer``: one
+    ``"intra"`` sample per same-host pair (True) or one per rank for its whole host (False, the
+    aggregate injection; why per pair: :mod:`mccl.control.drift`, "Measured topology")."""
 
     noise_sigma: float = 0.05
     burst_probability: float = 0.0
     burst_slowdown: float = 3.0
     seed: int = 0
+    intra_per_peer: bool = True
 
     def __post_init__(self) -> None:
         if not (self.noise_sigma >= 0 and 0 <= self.burst_probability <= 1 and self.burst_slowdown >= 1):
@@ -90,9 +95,11 @@ class VirtualExecutors:
         self._bytes: dict[tuple[int, int], float] = {}  # (rank, peer or -1) -> bytes in the open window
         self._busy: dict[tuple[int, int], float] = {}  # -> seconds the overlay link was sending
 
+    def _same_host(self, rank: int, peer: int) -> bool:
+        return self.host[rank] is not None and self.host[rank] == self.host[peer]
+
     def _key(self, rank: int, peer: int) -> tuple[int, int]:
-        same = self.host[rank] is not None and self.host[rank] == self.host[peer]
-        return (rank, -1) if same else (rank, peer)
+        return (rank, -1) if not self.model.intra_per_peer and self._same_host(rank, peer) else (rank, peer)
 
     def observe(self, view: ControlView) -> list[Sample]:
         """Fold this interval's path readings in; return the samples of collectives that completed."""
@@ -125,8 +132,9 @@ class VirtualExecutors:
                 seconds *= float(self.rng.lognormal(0.0, self.model.noise_sigma))
             if self.model.burst_probability > 0 and self.rng.random() < self.model.burst_probability:
                 seconds *= self.model.burst_slowdown
-            samples.append(Sample(INTRA if peer == -1 else INTER, self.communicator, rank, peer, int(size), seconds,
-                                  now, self.seq, self.collective, version))
+            kind = INTRA if peer == -1 or self._same_host(rank, peer) else INTER
+            samples.append(Sample(kind, self.communicator, rank, peer, int(size), seconds, now, self.seq,
+                                  self.collective, version))
         self._bytes.clear()
         self._busy.clear()
         self.emitted += len(samples)

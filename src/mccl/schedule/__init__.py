@@ -8,6 +8,7 @@ from mccl.schedule.accounting import (
     link_slack,
     steady_state_algbw,
 )
+from mccl.schedule.binary import dumps_schedule_binary, loads_schedule_binary, schedule_binary_text
 from mccl.schedule.ir import (
     Chunks,
     Collective,
@@ -37,11 +38,14 @@ __all__ = [
     "chunks_per_link",
     "dump_schedule",
     "dumps_schedule",
+    "dumps_schedule_binary",
     "gbps_to_gbs",
     "link_load",
     "link_slack",
     "load_schedule",
     "loads_schedule",
+    "loads_schedule_binary",
+    "schedule_binary_text",
     "steady_state_algbw",
     "to_msccl_xml",
     "validate",

@@ -56,18 +56,45 @@ def _to_dict(schedule: Schedule, column: Any) -> dict[str, Any]:
         "ranks": list(schedule.ranks),
         "chunks": {key: column("chunks", key, getattr(schedule.chunks, key)) for key in _CHUNK_COLUMNS},
         "transfers": {key: column("transfers", key, getattr(schedule.transfers, key)) for key in _TRANSFER_COLUMNS},
-        "meta": {
-            "synthesizer": meta.synthesizer,
-            "version": meta.version,
-            "topology": meta.topology,
-            "inputs": [list(pair) for pair in meta.inputs],
-            "throughput_bound_gbs": meta.throughput_bound_gbs,
-            "achieved_gbs": meta.achieved_gbs,
-            "bottleneck_cut": [[cut.link, cut.base_slack] for cut in meta.bottleneck_cut],
-            "chunks_per_link": [list(pair) for pair in meta.chunks_per_link],
-            "stats": [list(pair) for pair in meta.stats],
-        },
+        "meta": schedule_meta_to_dict(meta),
     }
+
+
+def schedule_meta_to_dict(meta: ScheduleMeta) -> dict[str, Any]:
+    """The ``meta`` object of a schedule file (JSON and binary, :mod:`.binary`)."""
+    return {
+        "synthesizer": meta.synthesizer,
+        "version": meta.version,
+        "topology": meta.topology,
+        "inputs": [list(pair) for pair in meta.inputs],
+        "throughput_bound_gbs": meta.throughput_bound_gbs,
+        "achieved_gbs": meta.achieved_gbs,
+        "bottleneck_cut": [[cut.link, cut.base_slack] for cut in meta.bottleneck_cut],
+        "chunks_per_link": [list(pair) for pair in meta.chunks_per_link],
+        "stats": [list(pair) for pair in meta.stats],
+    }
+
+
+def schedule_meta_from_dict(meta_data: Any, source: str) -> ScheduleMeta:
+    """A schedule file's ``meta`` object read back; ScheduleFileError if malformed."""
+    if not isinstance(meta_data, dict):
+        raise ScheduleFileError(f"{source}: meta: must be an object")
+    try:
+        return ScheduleMeta(
+            synthesizer=str(meta_data.get("synthesizer", "unknown")),
+            version=_version(meta_data.get("version", 0), source),
+            topology=str(meta_data.get("topology", "")),
+            inputs=tuple((str(key), str(value)) for key, value in meta_data.get("inputs", [])),
+            throughput_bound_gbs=_optional_rate(meta_data, "throughput_bound_gbs", source),
+            achieved_gbs=_optional_rate(meta_data, "achieved_gbs", source),
+            bottleneck_cut=tuple(CutLink(int(link), float(slack)) for link, slack in meta_data.get("bottleneck_cut", [])),
+            chunks_per_link=tuple((int(link), int(count)) for link, count in meta_data.get("chunks_per_link", [])),
+            stats=tuple((str(name), float(value)) for name, value in meta_data.get("stats", [])),
+        )
+    except ScheduleFileError:
+        raise
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ScheduleFileError(f"{source}: malformed schedule metadata: {error}") from None
 
 
 def _field(data: dict[str, Any], key: str, where: str) -> Any:
@@ -141,17 +168,7 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
                    for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")]
         columns[3] = _compact_steps(columns[3])
         transfers = Transfers(*columns)
-        meta = ScheduleMeta(
-            synthesizer=str(meta_data.get("synthesizer", "unknown")),
-            version=_version(meta_data.get("version", 0), source),
-            topology=str(meta_data.get("topology", "")),
-            inputs=tuple((str(key), str(value)) for key, value in meta_data.get("inputs", [])),
-            throughput_bound_gbs=_optional_rate(meta_data, "throughput_bound_gbs", source),
-            achieved_gbs=_optional_rate(meta_data, "achieved_gbs", source),
-            bottleneck_cut=tuple(CutLink(int(link), float(slack)) for link, slack in meta_data.get("bottleneck_cut", [])),
-            chunks_per_link=tuple((int(link), int(count)) for link, count in meta_data.get("chunks_per_link", [])),
-            stats=tuple((str(name), float(value)) for name, value in meta_data.get("stats", [])),
-        )
+        meta = schedule_meta_from_dict(meta_data, source)
     except ScheduleFileError:
         raise
     except (TypeError, ValueError, OverflowError) as error:
@@ -184,6 +201,12 @@ def _no_constant(text: str) -> Any:
 
 
 def loads_schedule(text: str | bytes, source: str = "<schedule>") -> Schedule:
+    """A schedule file read back: JSON text, or the binary format (:mod:`.binary`) as bytes or in its
+    text form — recognized by their first bytes, so a reader needs no flag."""
+    from mccl.schedule.binary import decode_text, is_binary, loads_schedule_binary
+
+    if is_binary(text):
+        return loads_schedule_binary(decode_text(text, source) if isinstance(text, str) else text, source)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -221,8 +244,15 @@ def schedule_digest(schedule: Schedule) -> str:
     return digest.hexdigest()
 
 
-def dump_schedule(schedule: Schedule, path: str | Path) -> None:
-    write_atomic(path, dumps_schedule(schedule))
+def dump_schedule(schedule: Schedule, path: str | Path, *, binary: bool = False) -> None:
+    """Write a schedule file: JSON text, or with ``binary`` the binary format (:mod:`.binary`);
+    :func:`load_schedule` reads either."""
+    if binary:
+        from mccl.schedule.binary import dumps_schedule_binary
+
+        write_atomic(path, dumps_schedule_binary(schedule))
+    else:
+        write_atomic(path, dumps_schedule(schedule))
 
 
 def load_schedule(path: str | Path) -> Schedule:
