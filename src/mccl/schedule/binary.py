@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from mccl.errors import InvalidSchedule, ScheduleFileError
+from mccl.schedule.filemeta import compact_steps, schedule_meta_from_dict, schedule_meta_to_dict
 from mccl.schedule.ir import Chunks, Collective, Schedule, Transfers
-from mccl.schedule.serialize import _compact_steps, schedule_meta_from_dict, schedule_meta_to_dict
 
 __all__ = ["BINARY_FORMAT", "MAGIC", "TEXT_PREFIX", "dumps_schedule_binary", "loads_schedule_binary",
            "schedule_binary_text", "is_binary"]
@@ -182,7 +182,7 @@ def loads_schedule_binary(data: bytes | bytearray | memoryview, source: str = "<
     np.cumsum(lengths, out=route_offsets[1:])
     try:
         chunks = Chunks(arrays["source"], arrays["destination"], arrays["fraction"])
-        transfers = Transfers(arrays["chunk"], arrays["sender"], arrays["receiver"], _compact_steps(arrays["step"]),
+        transfers = Transfers(arrays["chunk"], arrays["sender"], arrays["receiver"], compact_steps(arrays["step"]),
                               arrays["op"], route_offsets, arrays["route_links"])
     except InvalidSchedule as error:
         raise ScheduleFileError(f"{source}: malformed schedule: {error}") from None

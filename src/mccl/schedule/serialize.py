@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from mccl.errors import ScheduleFileError
-from mccl.schedule.ir import Chunks, Collective, CutLink, Schedule, ScheduleMeta, Transfers
+from mccl.schedule.binary import decode_text, dumps_schedule_binary, is_binary, loads_schedule_binary
+from mccl.schedule.filemeta import compact_steps, schedule_meta_from_dict, schedule_meta_to_dict
+from mccl.schedule.ir import Chunks, Collective, Schedule, Transfers
 from mccl.topology.fileformat import write_atomic
 
 __all__ = ["FORMAT", "schedule_to_dict", "schedule_from_dict", "dumps_schedule", "loads_schedule",
@@ -60,43 +62,6 @@ def _to_dict(schedule: Schedule, column: Any) -> dict[str, Any]:
     }
 
 
-def schedule_meta_to_dict(meta: ScheduleMeta) -> dict[str, Any]:
-    """The ``meta`` object of a schedule file (JSON and binary, :mod:`.binary`)."""
-    return {
-        "synthesizer": meta.synthesizer,
-        "version": meta.version,
-        "topology": meta.topology,
-        "inputs": [list(pair) for pair in meta.inputs],
-        "throughput_bound_gbs": meta.throughput_bound_gbs,
-        "achieved_gbs": meta.achieved_gbs,
-        "bottleneck_cut": [[cut.link, cut.base_slack] for cut in meta.bottleneck_cut],
-        "chunks_per_link": [list(pair) for pair in meta.chunks_per_link],
-        "stats": [list(pair) for pair in meta.stats],
-    }
-
-
-def schedule_meta_from_dict(meta_data: Any, source: str) -> ScheduleMeta:
-    """A schedule file's ``meta`` object read back; ScheduleFileError if malformed."""
-    if not isinstance(meta_data, dict):
-        raise ScheduleFileError(f"{source}: meta: must be an object")
-    try:
-        return ScheduleMeta(
-            synthesizer=str(meta_data.get("synthesizer", "unknown")),
-            version=_version(meta_data.get("version", 0), source),
-            topology=str(meta_data.get("topology", "")),
-            inputs=tuple((str(key), str(value)) for key, value in meta_data.get("inputs", [])),
-            throughput_bound_gbs=_optional_rate(meta_data, "throughput_bound_gbs", source),
-            achieved_gbs=_optional_rate(meta_data, "achieved_gbs", source),
-            bottleneck_cut=tuple(CutLink(int(link), float(slack)) for link, slack in meta_data.get("bottleneck_cut", [])),
-            chunks_per_link=tuple((int(link), int(count)) for link, count in meta_data.get("chunks_per_link", [])),
-            stats=tuple((str(name), float(value)) for name, value in meta_data.get("stats", [])),
-        )
-    except ScheduleFileError:
-        raise
-    except (TypeError, ValueError, OverflowError) as error:
-        raise ScheduleFileError(f"{source}: malformed schedule metadata: {error}") from None
-
-
 def _field(data: dict[str, Any], key: str, where: str) -> Any:
     if not isinstance(data, dict) or key not in data:
         raise ScheduleFileError(f"{where}: missing field '{key}'")
@@ -122,29 +87,6 @@ def _kind_name(array: np.ndarray) -> str:
                                                                                               str(array.dtype))
 
 
-def _version(value: Any, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise ScheduleFileError(f"{source}: meta.version: must be an integer in 0..2**63-1, got {str(value)[:40]}")
-    return value
-
-
-def _optional_rate(meta: dict[str, Any], key: str, source: str) -> float | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < float("inf"):
-        raise ScheduleFileError(f"{source}: meta.{key}: must be a finite number or null, got {str(value)[:40]}")
-    return float(value)
-
-
-def _compact_steps(step: np.ndarray) -> np.ndarray:
-    """Steps renumbered 0, 1, 2, ... in the same order (a schedule's meaning is the order of its steps)."""
-    if step.size == 0 or step.min() < 0:
-        return step  # validate() names a negative step
-    used, compact = np.unique(step, return_inverse=True)
-    return step if used[-1] == len(used) - 1 else compact.reshape(step.shape)
-
-
 def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
     if not isinstance(data, dict):
         raise ScheduleFileError(f"{source}: a schedule file is a JSON object")
@@ -166,7 +108,7 @@ def schedule_from_dict(data: Any, source: str = "<schedule>") -> Schedule:
                           for key in ("source", "destination", "fraction")))
         columns = [_column(transfer_data, key, f"{source}: transfers")
                    for key in ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")]
-        columns[3] = _compact_steps(columns[3])
+        columns[3] = compact_steps(columns[3])
         transfers = Transfers(*columns)
         meta = schedule_meta_from_dict(meta_data, source)
     except ScheduleFileError:
@@ -203,8 +145,6 @@ def _no_constant(text: str) -> Any:
 def loads_schedule(text: str | bytes, source: str = "<schedule>") -> Schedule:
     """A schedule file read back: JSON text, or the binary format (:mod:`.binary`) as bytes or in its
     text form — recognized by their first bytes, so a reader needs no flag."""
-    from mccl.schedule.binary import decode_text, is_binary, loads_schedule_binary
-
     if is_binary(text):
         return loads_schedule_binary(decode_text(text, source) if isinstance(text, str) else text, source)
     if isinstance(text, bytes):
@@ -248,8 +188,6 @@ def dump_schedule(schedule: Schedule, path: str | Path, *, binary: bool = False)
     """Write a schedule file: JSON text, or with ``binary`` the binary format (:mod:`.binary`);
     :func:`load_schedule` reads either."""
     if binary:
-        from mccl.schedule.binary import dumps_schedule_binary
-
         write_atomic(path, dumps_schedule_binary(schedule))
     else:
         write_atomic(path, dumps_schedule(schedule))
