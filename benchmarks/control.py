@@ -48,6 +48,7 @@ from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
 from mccl.control.drift import drift_test, measured_capacities, overlay_map, profile
+from mccl.schedule import dumps_schedule, loads_schedule, schedule_binary_text
 from mccl.synth import optimize
 from mccl.synth.ring import nccl_ring
 from mccl.topology import Topology, fail2, rail_optimized
@@ -213,8 +214,8 @@ class FabricTelemetry:
     """The samples the runtime emits for one schedule on a fabric whose true capacities are ``truth``.
 
     Per collective: one ``inter`` sample per rank pair across hosts that the schedule's transfers use,
-    one ``intra`` sample per rank that injects into its host fabric (the overlay links of
-    :func:`mccl.control.drift.overlay_map`, as :mod:`mccl.runtime.telemetry` keys them). An overlay
+    one per-peer ``intra`` sample per same-host pair it uses (the contract of :class:`mccl.telemetry.Sample`;
+    the overlay links of :func:`mccl.control.drift.overlay_map`, the rank's aggregate left out). An overlay
     link delivers ``rate_gbps`` × the slowest ratio true/nominal capacity over the links its transfers
     cross (a path runs at its slowest link), times 1 + ``noise``·N(0, 1)."""
 
@@ -228,26 +229,27 @@ class FabricTelemetry:
         mapping = overlay_map(schedule, topology)
         n = mapping.n_ranks
         counts = np.diff(mapping.offsets)
-        self.overlays = np.flatnonzero(counts > 0)
+        self.overlays = np.flatnonzero(counts[:n * n] > 0)  # rank pairs; not the aggregate injections
         self.owner = np.repeat(np.arange(len(counts)), counts)  # overlay of every (overlay, link) entry
         self.entry_links = mapping.links
-        self.kinds = ["intra" if o >= n * n else "inter" for o in self.overlays.tolist()]
-        self.ranks = [o - n * n if o >= n * n else o // n for o in self.overlays.tolist()]
-        self.peers = [-1 if o >= n * n else o % n for o in self.overlays.tolist()]
+        self.host = np.array([topology.node(gpu).host or "" for gpu in schedule.ranks])
+        self.ranks = (self.overlays // n).tolist()
+        self.peers = (self.overlays % n).tolist()
+        self.kinds = np.where(self.host[self.overlays // n] == self.host[self.overlays % n], "intra", "inter").tolist()
         self.factors = np.ones(len(self.overlays))
 
     @classmethod
     def probe(cls, topology: Topology, schedule, communicator: str = "job") -> FabricTelemetry:
-        """The start-up probe (mccl-paper §3.1): every rank pair across hosts and every rank's injection,
-        so every overlay link a later version may use has its reference from the healthy fabric."""
+        """The start-up probe (mccl-paper §3.1): every rank pair, across hosts and on one host, so every
+        overlay link a later version may use has its reference from the healthy fabric."""
         telemetry = cls(topology, schedule, communicator)
-        hosts = np.array([topology.node(gpu).host or "" for gpu in schedule.ranks])
+        hosts = telemetry.host
         n = len(hosts)
-        i, j = np.nonzero(hosts[:, None] != hosts[None, :])
-        telemetry.overlays = np.concatenate([i * n + j, n * n + np.arange(n)])
-        telemetry.kinds = ["inter"] * len(i) + ["intra"] * n
-        telemetry.ranks = i.tolist() + list(range(n))
-        telemetry.peers = j.tolist() + [-1] * n
+        i, j = np.nonzero(~np.eye(n, dtype=bool))
+        telemetry.overlays = i * n + j
+        telemetry.kinds = np.where(hosts[i] == hosts[j], "intra", "inter").tolist()
+        telemetry.ranks = i.tolist()
+        telemetry.peers = j.tolist()
         telemetry.factors = np.ones(len(telemetry.overlays))
         return telemetry
 
@@ -493,6 +495,42 @@ def ingest_scale(gpus: int, rounds: int) -> list[dict]:
     return rows
 
 
+def serialize_cost(gpus: int, collectives: list[str], repeats: int, cache: Path | None) -> list[dict]:
+    """The schedule the ranks fetch, encoded and decoded: the JSON file against the binary one in its
+    text form (what the controller serves with ``schedule_format="binary"``), same schedule, same run;
+    CPU seconds, medians of ``repeats``."""
+    topology = fabric(gpus)
+    rows = []
+    for collective in collectives:
+        schedule = _healthy_result(topology, collective, gpus, cache).schedule
+        row: dict = {"gpus": gpus, "collective": collective, "transfers": len(schedule.transfers),
+                     "route_hops": len(schedule.transfers.route_links), "repeats": repeats}
+        for name, encode in (("json", dumps_schedule), ("binary", schedule_binary_text)):
+            encodes, decodes = [], []
+            for _ in range(repeats):
+                cpu = time.process_time()
+                text = encode(schedule)
+                encodes.append(time.process_time() - cpu)
+                cpu = time.process_time()
+                back = loads_schedule(text)
+                decodes.append(time.process_time() - cpu)
+            if back.transfers != schedule.transfers:
+                raise RuntimeError(f"{name} round trip changed the schedule")
+            row[f"{name}_bytes"] = len(text)
+            row[f"{name}_encode_cpu_s"] = statistics.median(encodes)
+            row[f"{name}_decode_cpu_s"] = statistics.median(decodes)
+            del text, back
+        row["encode_ratio"] = row["json_encode_cpu_s"] / row["binary_encode_cpu_s"]
+        row["decode_ratio"] = row["json_decode_cpu_s"] / row["binary_decode_cpu_s"]
+        rows.append(row)
+        print(f"{gpus} GPUs {collective}: {row['transfers']:,} transfers; JSON {row['json_bytes'] / 2**20:.1f} MiB, "
+              f"encode {row['json_encode_cpu_s']:.3f} s, decode {row['json_decode_cpu_s']:.3f} s; binary (text form) "
+              f"{row['binary_bytes'] / 2**20:.1f} MiB, encode {row['binary_encode_cpu_s']:.3f} s, decode "
+              f"{row['binary_decode_cpu_s']:.3f} s; encode {row['encode_ratio']:.1f}x, decode {row['decode_ratio']:.1f}x "
+              f"cheaper", flush=True)
+    return rows
+
+
 def write(name: str, rows: list[dict]) -> None:
     write_csv(RESULTS / f"control_{name}.csv", rows)
 
@@ -533,6 +571,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="--controller-cpu: keep the cold healthy "
                         "syntheses the chains start from in this folder (pickled; not part of the figures)")
     parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv")
+    parser.add_argument("--serialize", action="store_true",
+                        help="the schedule file the ranks fetch: JSON vs binary encode/decode CPU at --ingest-gpus "
+                             "(collectives from --collectives, the healthy syntheses from --cache)")
     parser.add_argument("--ingest-gpus", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5, help="collectives of telemetry for --ingest-scale")
     args = parser.parse_args()
@@ -541,7 +582,9 @@ def main() -> None:
     def ints(text: str) -> list[int]:
         return [int(item) for item in text.split(",") if item]
 
-    scale = args.manager_warm or args.controller_cpu or args.ingest_scale
+    scale = args.manager_warm or args.controller_cpu or args.ingest_scale or args.serialize
+    if args.serialize:
+        write("serialize", serialize_cost(args.ingest_gpus, args.collectives.split(","), args.repeats, args.cache))
     if args.manager_warm:
         write("manager_warm", manager_warm(ints(args.sizes), args.warm_repeats))
     if args.controller_cpu:
