@@ -83,8 +83,7 @@ def main() -> None:
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             outcome.loop.check()  # raises when a collective was lost, run twice or on the wrong version
             start, clear = outcome.phases
-            algbw = [outcome.algbw(a, b) for a, b in ((0, outcome.start_s), (outcome.start_s, outcome.end_s),
-                                                       (outcome.end_s, math.inf))]
+            algbw = outcome.algbw_windows()
             ok = outcome.swaps == EXPECTED_SWAPS[name]
             guard = "; ".join(f"{d.chosen} ({' '.join(f'{k[0]}={v * 1e3:.2f}ms' for k, v in d.predicted_s.items())})"
                               for d in outcome.guard) or "-"
@@ -107,10 +106,7 @@ def main() -> None:
                           f"{_ms(clear.first_new_s)} ms; algbw {' / '.join(f'{v:.1f}' for v in algbw)}; guard {guard}; "
                           f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
             write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}.csv", rows)
-            timeline = tuple((run.end_s, run.algbw_gbs, run.schedule) for run in outcome.loop.runs)
-            events = [(s.time_s, f"swap to v{s.version}") for s in outcome.loop.swaps]
-            events += [(outcome.start_s, f"{name} starts"), (outcome.end_s, f"{name} clears")]
-            events += [(e.time_s, f"flagged v{e.event.version}") for e in outcome.loop.events_of("flagged")]
+            timeline, events = outcome.timeline()
             report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}",
                                     f"closed loop ({args.evaluator}), {name}, {kind}, rail_optimized(1,{args.hosts},8): "
                                     "algbw per collective",

@@ -38,7 +38,7 @@ import numpy as np
 from mccl.control.guard import Predictor
 from mccl.control.manager import ControlConfig, ScheduleManager
 from mccl.errors import MCCLError
-from mccl.experiments.closedloop_sim import LoopEvent, LoopResult, Swap, TelemetryModel
+from mccl.experiments.closedloop_sim import LoopDriver, LoopResult, TelemetryModel
 from mccl.schedule import Schedule, gbps_to_gbs, link_load
 from mccl.sim.inputs import CapacityChange
 from mccl.sim.results import RunResult
@@ -155,18 +155,16 @@ def run_fluid_loop(
     nominal = topology.capacities_gbps
     current, version = schedule, int(schedule.meta.version)
     runs: list[RunResult] = []
-    swaps: list[Swap] = []
-    events: list[LoopEvent] = []
-    pending: list[tuple[float, float, Schedule]] = []
+    driver = LoopDriver(manager, job, schedule, synthesis_delay_s)
     samples_out = 0
     now, iteration = 0.0, 0
     model_of: tuple[Schedule, PathModel] | None = None  # the running schedule's model, built once
     while now < until_s:
-        if pending and now > pending[-1][0]:
-            ready, issued, new = pending.pop()
-            pending.clear()
-            current, version = new, int(new.meta.version)
-            swaps.append(Swap(ready, issued, version, f"{new.meta.synthesizer} v{version}"))
+        due = driver.due(now, strictly=True)
+        if due is not None:
+            ready, issued, current = due
+            version = int(current.meta.version)
+            driver.swapped(ready, issued, current)
         if model_of is None or model_of[0] is not current:
             model_of = (current, PathModel(current, size_bytes, hosts, topology, intra_per_peer=model.intra_per_peer))
         rates = model_of[1].rates(_capacities_at(nominal, changes, now))
@@ -188,20 +186,8 @@ def run_fluid_loop(
                                                              strict=True)
                  if nbytes > 0 and busy > 0]
         samples_out += len(batch)
-        manager.ingest(batch)
-        synthesis = 0.0
-        for event in manager.step():
-            events.append(LoopEvent(end, event))
-            if event.kind == "synthesized":
-                synthesis = event.value
-            if event.kind == "issued":
-                result = manager.active_result(job, schedule.collective)
-                if result is None or result.schedule.meta.version != event.version:
-                    raise MCCLError("the manager issued a version it does not hold")
-                guard = manager.guard.decisions[-1].seconds if manager.guard.decisions else 0.0
-                delay = synthesis + guard if synthesis_delay_s is None else synthesis_delay_s
-                pending.append((end + delay, end, result.schedule))
+        driver.observe(end, batch)
         now = end + gap_s
         iteration += 1
-    return LoopResult(tuple(runs), tuple(swaps), tuple(events), samples_out, iteration, math.nan,
+    return LoopResult(tuple(runs), tuple(driver.swaps), tuple(driver.events), samples_out, iteration, math.nan,
                       int(schedule.meta.version), {"gap_s": gap_s}, tuple(manager.guard.decisions))

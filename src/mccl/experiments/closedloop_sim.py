@@ -54,7 +54,8 @@ from mccl.sim.results import RunResult
 from mccl.telemetry import INTER, INTRA, Sample
 from mccl.topology import Topology
 
-__all__ = ["TelemetryModel", "VirtualExecutors", "LoopEvent", "Swap", "LoopResult", "run_loop", "run_version"]
+__all__ = ["TelemetryModel", "VirtualExecutors", "LoopDriver", "LoopEvent", "Swap", "LoopResult", "run_loop",
+           "run_version"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +140,58 @@ class VirtualExecutors:
         self._busy.clear()
         self.emitted += len(samples)
         return samples
+
+
+class LoopDriver:
+    """The part of a closed loop both evaluators share (the flow-level :func:`run_loop` and the rate
+    model's :func:`~mccl.experiments.closedloop_fluid.run_fluid_loop`): feed one batch of samples to
+    the real manager, record its events at simulated time, and turn each issued version into a
+    pending swap that becomes available after its synthesis (plus the guard's predictions) or a
+    fixed delay; :meth:`due` hands the newest pending version over once its time has come (older
+    pending ones are superseded), and the loop records the swap at the time it applies it."""
+
+    def __init__(self, manager: ScheduleManager, communicator: str, schedule: Schedule,
+                 synthesis_delay_s: float | None) -> None:
+        self.manager = manager
+        self.communicator = communicator
+        self.collective = schedule.collective
+        self.synthesis_delay_s = synthesis_delay_s
+        self.events: list[LoopEvent] = []
+        self.swaps: list[Swap] = []
+        self.pending: list[tuple[float, float, Schedule]] = []  # (ready at, issued at, schedule)
+
+    def observe(self, time_s: float, samples: list[Sample]) -> None:
+        """Ingest ``samples`` at ``time_s``, run the manager's step, queue what it issued."""
+        if not samples:
+            return
+        self.manager.ingest(samples)
+        synthesis = 0.0
+        for event in self.manager.step():
+            self.events.append(LoopEvent(time_s, event))
+            if event.kind == "synthesized":
+                synthesis = event.value
+            if event.kind == "issued":
+                result = self.manager.active_result(self.communicator, self.collective)
+                if result is None or result.schedule.meta.version != event.version:
+                    raise MCCLError("the manager issued a version it does not hold")
+                guard = self.manager.guard.decisions[-1].seconds if self.manager.guard.decisions else 0.0
+                delay = synthesis + guard if self.synthesis_delay_s is None else self.synthesis_delay_s
+                self.pending.append((time_s + delay, time_s, result.schedule))
+
+    def due(self, time_s: float, *, strictly: bool = False) -> tuple[float, float, Schedule] | None:
+        """The newest pending version if it is available at ``time_s`` (``strictly``: after it), else None."""
+        if not self.pending:
+            return None
+        ready = self.pending[-1][0]
+        if (time_s > ready) if strictly else (time_s >= ready):
+            item = self.pending.pop()
+            self.pending.clear()
+            return item
+        return None
+
+    def swapped(self, time_s: float, issued_s: float, schedule: Schedule) -> None:
+        version = int(schedule.meta.version)
+        self.swaps.append(Swap(time_s, issued_s, version, f"{schedule.meta.synthesizer} v{version}"))
 
 
 @dataclass(frozen=True)
@@ -242,34 +295,15 @@ def run_loop(
     communicator = job
     manager.register(communicator, schedule, size_bytes=size_bytes)
     executors = VirtualExecutors(job, communicator, schedule, topology, model or TelemetryModel())
+    driver = LoopDriver(manager, communicator, schedule, synthesis_delay_s)
     op = schedule.collective.value
-    swaps: list[Swap] = []
-    events: list[LoopEvent] = []
-    pending: list[tuple[float, float, Schedule]] = []  # (ready at, issued at, schedule)
 
     def controller(view: ControlView) -> None:
-        if pending and view.time_s >= pending[-1][0]:
-            ready, issued, new = pending.pop()
-            pending.clear()
-            view.swap(job, op, new)
-            swaps.append(Swap(view.time_s, issued, int(new.meta.version), f"{new.meta.synthesizer} "
-                                                                          f"v{new.meta.version}"))
-        samples = executors.observe(view)
-        if not samples:
-            return
-        manager.ingest(samples)
-        synthesis = 0.0
-        for event in manager.step():
-            events.append(LoopEvent(view.time_s, event))
-            if event.kind == "synthesized":
-                synthesis = event.value
-            if event.kind == "issued":
-                result = manager.active_result(communicator, schedule.collective)
-                if result is None or result.schedule.meta.version != event.version:
-                    raise MCCLError("the manager issued a version it does not hold")
-                guard = manager.guard.decisions[-1].seconds if manager.guard.decisions else 0.0
-                delay = synthesis + guard if synthesis_delay_s is None else synthesis_delay_s
-                pending.append((view.time_s + delay, view.time_s, result.schedule))
+        due = driver.due(view.time_s)
+        if due is not None:
+            view.swap(job, op, due[2])
+            driver.swapped(view.time_s, due[1], due[2])
+        driver.observe(view.time_s, executors.observe(view))
 
     if collectives is None and not math.isfinite(until_s):
         raise MCCLError("run_loop needs collectives= or a finite until_s=")
@@ -281,7 +315,7 @@ def run_loop(
     launched = collectives if collectives is not None else len(runs)
     if collectives is None and runs and runs[-1].end_s + gap_s < until_s:  # a launch went missing
         launched += 1
-    return LoopResult(runs, tuple(swaps), tuple(events), executors.emitted, launched, interval_s,
+    return LoopResult(runs, tuple(driver.swaps), tuple(driver.events), executors.emitted, launched, interval_s,
                       int(schedule.meta.version), {"healthy_s": healthy_s, "gap_s": gap_s,
                                                    "sim_wall_s": result.stats.wall_s}, tuple(manager.guard.decisions))
 

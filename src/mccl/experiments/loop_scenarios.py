@@ -155,6 +155,25 @@ class LoopOutcome:
         """The manager's never-worse comparisons (which schedule won, predicted times)."""
         return self.loop.guard
 
+    def windows(self) -> tuple[tuple[str, float, float], ...]:
+        """("before" / "during" / "after" the change, start s, stop s): the timeline's three windows."""
+        return (("before", 0.0, self.start_s), ("during", self.start_s, self.end_s), ("after", self.end_s, math.inf))
+
+    def algbw_windows(self) -> tuple[float, float, float]:
+        """Median algbw before / during / after the change (:meth:`windows`)."""
+        before, during, after = (self.algbw(start, stop) for _, start, stop in self.windows())
+        return before, during, after
+
+    def timeline(self, label: str = "") -> tuple[tuple[tuple[float, float, str], ...], tuple[tuple[float, str], ...]]:
+        """(algbw per collective: end s, GB/s, schedule; events: swaps, the change's start and clear, flags),
+        what the timeline PNG draws; ``label`` prefixes each entry (several streams in one plot)."""
+        prefix = f"{label}: " if label else ""
+        points = tuple((run.end_s, run.algbw_gbs, f"{prefix}{run.schedule}") for run in self.loop.runs)
+        events = [(swap.time_s, f"{prefix}swap to v{swap.version}") for swap in self.loop.swaps]
+        events += [(self.start_s, f"{self.scenario} starts"), (self.end_s, f"{self.scenario} clears")]
+        events += [(e.time_s, f"{prefix}flagged v{e.event.version}") for e in self.loop.events_of("flagged")]
+        return points, tuple(events)
+
     def algbw(self, start: float, stop: float, version: int | None = None) -> float:
         """Median algbw of the collectives that ran during [start, stop) (on ``version`` if given)."""
         values = [run.algbw_gbs for run in self.loop.runs if run.start_s < stop and run.end_s > start
@@ -247,10 +266,7 @@ def loop_report(name: str = "fail2", *, hosts: int = 2, collectives: tuple[str, 
         loop, kind = outcome.loop, outcome.collective
         title = f"closed loop, {name}, rail_optimized(1,{hosts},8) ({outcome.n_gpus} GPUs)"
         size = loop.runs[0].size_bytes
-        windows = (("before", 0.0, outcome.start_s), ("during", outcome.start_s, outcome.end_s),
-                   ("after", outcome.end_s, math.inf))
-        for label, start, stop in windows:
-            value = outcome.algbw(start, stop)
+        for (label, _, _), value in zip(outcome.windows(), outcome.algbw_windows(), strict=True):
             rows.append(ScenarioRow(f"{label} the change", kind, loop.runs[0].schedule.split(" v")[0], title, size,
                                     value, value * (outcome.n_gpus - 1) / outcome.n_gpus, "median algbw"))
         for phase, what in zip(outcome.phases, ("change starts", "change clears"), strict=True):
@@ -260,9 +276,9 @@ def loop_report(name: str = "fail2", *, hosts: int = 2, collectives: tuple[str, 
         rows.append(ScenarioRow("whole run", kind, "controller", title, size, None, None,
                                 f"{outcome.swaps} swaps (expected {EXPECTED_SWAPS[name]}), {len(loop.runs)} "
                                 f"collectives, none lost or run twice"))
-        timeline += [(run.end_s, run.algbw_gbs, f"{kind.value}: {run.schedule}") for run in loop.runs]
-        events += [(swap.time_s, f"{kind.value} -> v{swap.version}") for swap in loop.swaps]
-        events += [(outcome.start_s, f"{name} starts"), (outcome.end_s, f"{name} clears")]
+        points, marks = outcome.timeline(kind.value)
+        timeline += points
+        events += marks
     return ScenarioReport(f"loop-{name}-{hosts * 8}", title, tuple(rows + skipped), tuple(timeline),
                           tuple(sorted(set(events))))
 
