@@ -272,3 +272,45 @@ def test_sparse_holdings_give_the_same_verdicts(four, monkeypatch):
     for check in (test_valid_schedules_pass, test_forwarding_before_holding, test_missing_delivery,
                   test_duplicate_delivery, test_alltoall_relay_and_missing_block):
         check(four)
+
+
+def test_one_pass_copy_check_agrees_with_the_replay():
+    """_copies_hold (the one-pass rules 5-6 validate() runs first) says True exactly when the step-by-step
+    replay passes, on valid schedules and on random damage to them (a transfer dropped, doubled, moved to
+    another step, sent by another rank)."""
+    from mccl.schedule.validate import _copies_hold, _replay_copies
+    from mccl.synth import optimize
+    from mccl.topology import rail_optimized
+
+    fabric = rail_optimized(1, 2, 4)
+    rng = np.random.default_rng(11)
+    verdicts = set()
+    for kind in ("allgather", "alltoall"):
+        schedule = optimize(fabric, kind).schedule
+        t = schedule.transfers
+        for trial in range(40):
+            rows = np.arange(len(t))
+            step, sender = t.step.copy(), t.sender.copy()
+            what = trial % 4
+            pick = int(rng.integers(len(t)))
+            if what == 0:
+                rows = np.delete(rows, pick)
+            elif what == 1:
+                rows = np.insert(rows, pick, pick)
+            elif what == 2:
+                step[pick] = max(0, step[pick] + int(rng.choice([-2, -1, 1, 2])))
+            else:
+                sender[pick] = int(rng.integers(schedule.n_ranks))
+            routes = [t.route(i) for i in rows]
+            offsets = np.concatenate([[0], np.cumsum([len(r) for r in routes])])
+            damaged = replace(schedule, transfers=Transfers(
+                t.chunk[rows], sender[rows], t.receiver[rows], step[rows], t.op[rows], offsets,
+                np.concatenate(routes)))
+            try:
+                _replay_copies(damaged)
+                passes = True
+            except InvalidSchedule:
+                passes = False
+            assert _copies_hold(damaged) == passes, (kind, trial)
+            verdicts.add(passes)
+    assert verdicts == {True, False}
