@@ -213,10 +213,27 @@ def _check_simple(schedule: Schedule, n_positions: int, link_src: np.ndarray, li
     distinct GPUs and every inner node a switch, so only a route of 3+ links can repeat (a switch)."""
     transfers = schedule.transfers
     lengths = transfers.route_lengths
-    long_routes = np.flatnonzero(lengths >= 3)
+    links = transfers.route_links.astype(np.int64)
+    starts_all = transfers.route_offsets[:-1].astype(np.int64)
+    # Short routes (the bulk: 3-6 links through ToR / aggregation) compare their inner nodes pairwise, by
+    # length class, without a sort; a repeated node among them is named by the general check below.
+    # (The ends are the sender's and receiver's GPUs, distinct, and the inner nodes switches: checked before.)
+    short_ok = True
+    for length in range(3, 7):
+        of_length = np.flatnonzero(lengths == length)
+        if not of_length.size:
+            continue
+        inner = link_dst[links[starts_all[of_length][:, None] + np.arange(length - 1)]]  # the switches
+        same = np.zeros(len(of_length), dtype=bool)
+        for a in range(length - 1):
+            for b in range(a + 1, length - 1):
+                same |= inner[:, a] == inner[:, b]
+        if same.any():
+            short_ok = False  # the general check below names the first route that repeats a node
+            break
+    long_routes = np.flatnonzero(lengths >= (7 if short_ok else 3))
     if not long_routes.size:
         return
-    links = transfers.route_links.astype(np.int64)
     sizes = lengths[long_routes].astype(np.int64)
     starts = transfers.route_offsets[:-1][long_routes].astype(np.int64)
     ends = np.cumsum(sizes)
