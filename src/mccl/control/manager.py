@@ -123,6 +123,8 @@ class ScheduleManager:
                   on: Topology, text: str | None = None) -> _Active:
         covered = overlay_map(schedule, on)
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
+        if self.config.guard:
+            self.guard.prepare(schedule)  # a cache hit for a candidate the guard just predicted
         return _Active(schedule, result, version, profile(schedule, len(on.links)),
                        judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text,
                        schedule_format=self.config.schedule_format)
