@@ -230,3 +230,29 @@ def test_base_scales_factors_and_a_clear_recovery_snaps_to_nominal():
     assert measured_capacities(mapping, partial, intra, nominal, base_gbps=base) == pytest.approx([75.0, 100.0, 200.0])
     with pytest.raises(ControllerError, match="base"):
         measured_capacities(mapping, same, intra, nominal, base_gbps=base[:2])
+
+
+def test_per_peer_intra_samples_blame_the_slow_ingress_not_the_senders(hpn):
+    """GPU 0's NVSwitch -> GPU port at half speed (Fail1-like). Per-peer intra samples: every same-host pair
+    into rank 0 reads 1/2, every other pair 1: the measured fabric lowers that port alone. With the older
+    aggregate reading healthy (one injection per rank: the slow peer mixed in with six healthy ones) the
+    port is exonerated and the fault not seen."""
+    from mccl.synth.direct import direct_alltoall
+
+    schedule = direct_alltoall(hpn)
+    n = schedule.n_ranks
+    mapping = overlay_map(schedule, hpn)
+    port = hpn.link_between("nvs0", "gpu0").id
+    pairs = np.ones((n, n))
+    for i in range(1, 8):
+        pairs[i, 0] = 0.5
+    measured = measured_capacities(mapping, pairs, np.full(n, np.nan), hpn.capacities_gbps)
+    lowered = set(np.flatnonzero(measured < hpn.capacities_gbps).tolist())
+    assert lowered == {port} and measured[port] == pytest.approx(hpn.capacities_gbps[port] / 2)
+    aggregate = np.full((n, n), np.nan)
+    for i in range(n):
+        for j in range(n):
+            if i // 8 != j // 8:
+                aggregate[i, j] = 1.0
+    blurred = measured_capacities(mapping, aggregate, np.ones(n), hpn.capacities_gbps)
+    assert blurred[port] == hpn.capacities_gbps[port]
