@@ -20,13 +20,16 @@ from mccl.schedule import (
 )
 from mccl.schedule.binary import MAGIC
 from mccl.synth import optimize
+from mccl.synth.ring import nccl_ring
 from mccl.topology import rail_optimized
 
 
 @pytest.fixture(scope="module")
 def schedules():
+    """A ring AllGather (many steps) and a synthesized AllToAll (metadata: cut, stats, fractions)."""
     fabric = rail_optimized(1, 2, 4)
-    return fabric, [optimize(fabric, kind).schedule.with_meta(version=7) for kind in ("allgather", "alltoall")]
+    return fabric, [nccl_ring(fabric, "allgather").with_meta(version=7),
+                    optimize(fabric, "alltoall").schedule.with_meta(version=7)]
 
 
 def _same(back, schedule) -> None:
