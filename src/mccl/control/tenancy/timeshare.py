@@ -14,7 +14,8 @@ consecutive busy intervals it estimates
   its start during which the job communicates;
 * the **guard band** — ``guard_s`` (the provider's margin: at least the time a borrower's
   send in flight takes to drain, since a gate holds sends but cannot recall one) plus the
-  spread (max − min) of the observed starts' deviation from a strict period, so a late
+  spread (max − min) of the observed starts' deviation from a strict period (from the
+  nearest grid point, so an iteration missing from the telemetry costs nothing), so a late
   start stays clear of the borrowers.
 
 The idle window is ``[busy + guard, period − guard)`` of every period, phase-locked to
@@ -53,7 +54,9 @@ def idle_windows(busy: Sequence[tuple[float, float]], *, guard_s: float = 1e-3, 
         return None
     spans = [end - start for start, end in intervals]
     origin = starts[-1]
-    drift = [start - (origin - (len(starts) - 1 - i) * period) for i, start in enumerate(starts)]
+    # each start's deviation from the nearest point of the periodic grid through the latest start (nearest,
+    # not the i-th: an iteration whose telemetry was lost must not read as a whole period of jitter)
+    drift = [(start - origin + period / 2) % period - period / 2 for start in starts]
     guard = guard_s + (max(drift) - min(drift))
     open_at, close_at = max(spans) + guard, period - guard
     if close_at - open_at < min_window_s:
