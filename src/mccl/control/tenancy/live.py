@@ -122,7 +122,8 @@ class TenancyManager(ScheduleManager):
         super().__init__(tenancy.topology, config or ControlConfig(guard=False))
         self.tenancy = tenancy
         self.tracker = BusyTracker(settle_s=settle_s)
-        self._plans_lock = threading.Lock()
+        self._plans_lock = threading.Lock()  # the windows served (the socket thread reads them)
+        self._tenancy_lock = threading.Lock()  # the tenancy controller (the check thread and operators change it)
         self._windows: dict[str, tuple[int, SendWindows | None]] = {}
         self.replans = 0
         self.busy_intervals = 0
@@ -171,12 +172,23 @@ class TenancyManager(ScheduleManager):
                 self.tenancy.observe_busy(job, start, end)
             self.busy_intervals += len(intervals)
         if fresh:
-            changed = self.tenancy.replan()
-            if changed:
-                self.replans += 1
-                published = self.publish(changed)
-                log.info("mccl tenancy: re-planned %s", ", ".join(f"{n} v{v}" for n, v in sorted(published.items())))
+            with self._tenancy_lock:
+                self._published(self.tenancy.replan())
         return events
+
+    def set_policy(self, policy: str) -> dict[str, int]:
+        """Switch every job to ``policy`` (an operator's or a benchmark's call, while jobs run); returns the
+        versions published for the plans that changed."""
+        with self._tenancy_lock:
+            return self._published(self.tenancy.set_policy(policy))
+
+    def _published(self, changed: dict[str, JobPlan]) -> dict[str, int]:
+        if not changed:
+            return {}
+        self.replans += 1
+        published = self.publish(changed)
+        log.info("mccl tenancy: re-planned %s", ", ".join(f"{n} v{v}" for n, v in sorted(published.items())))
+        return published
 
     def send_windows(self, communicator: str) -> tuple[int, SendWindows | None]:
         """(version, windows) of ``communicator``'s plan; ControllerError for a job not registered."""
