@@ -83,7 +83,7 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
     schedule = loads_schedule(texts[job])
     client = ControllerClient(endpoint, job, local, installed=[schedule], secret=secret)
     comm = init(groups[job], controller=client, sink=client, topology=_topology(), schedules=[schedule], name=job)
-    nbytes = spec.a_bytes if job == "a" else spec.b_bytes
+    nbytes = (spec.a_bytes if job == "a" else spec.b_bytes) or 4  # b_bytes 0: b idles (a alone, a reference)
     source = torch.full((nbytes // 4,), local + 1, dtype=torch.int32)
     output = torch.empty(2 * source.numel(), dtype=torch.int32)
     expected = torch.arange(1, 3, dtype=torch.int32).repeat_interleave(source.numel())
@@ -118,6 +118,9 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
             gate, feed = attach(comm, windows_fetcher(client))
             calls = 0
             while not store.check(["ts-live/a-done"]):
+                if not spec.b_bytes:
+                    time.sleep(0.05)
+                    continue
                 comm.all_gather_into_tensor(output, source)
                 exact &= bool(torch.equal(output, expected))
                 calls += 1
@@ -153,7 +156,7 @@ def run_ts_live(spec: TsLiveSpec = TsLiveSpec()) -> TsLiveResult:
     """The two jobs on 4 spawned gloo ranks and the controller service here (module docstring)."""
     tenancy = TenancyController(_topology(), spec.phases[0][0], time_shared=("b",), guard_s=spec.guard_s)
     for name, priority, size in (("a", 1, spec.a_bytes), ("b", 0, spec.b_bytes)):
-        tenancy.register(TenantJob(name, PLACEMENT[name], JobProfile(Collective.ALLGATHER, 2 * size), priority))
+        tenancy.register(TenantJob(name, PLACEMENT[name], JobProfile(Collective.ALLGATHER, 2 * max(size, 4)), priority))
     manager = TenancyManager(tenancy)
     service = ControllerService(manager, "tcp://127.0.0.1:*", check_interval_s=0.02).start()
     result = TsLiveResult()
