@@ -32,7 +32,7 @@ from mccl.experiments.mccs_ts_live import TsLiveSpec, a_times_by_phase, run_ts_l
 def b_rates(result, settle_s: float = 0.5) -> dict[str, float]:
     """``b``'s collectives per second under each policy (by the first send of each collective, rank 0)."""
     firsts: dict[int, float] = {}
-    for at, seq in result.b[0]["sends"]:
+    for at, _, seq in result.b[0]["sends"]:
         firsts.setdefault(seq, at)
     counts: dict[str, float] = {}
     spans: dict[str, float] = {}

@@ -60,6 +60,7 @@ class TsLiveResult:
     phases: list[tuple[str, float]] = field(default_factory=list)  # (policy, wall-clock start)
     replans: int = 0
     busy_intervals: int = 0
+    busy: list[tuple[float, float]] = field(default_factory=list)  # a's last busy intervals the controller kept
 
 
 def _topology():
@@ -88,13 +89,14 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
     output = torch.empty(2 * source.numel(), dtype=torch.int32)
     expected = torch.arange(1, 3, dtype=torch.int32).repeat_interleave(source.numel())
     exact = True
-    sends: list[tuple[float, int]] = []
+    sends: list[tuple[float, float, int]] = []
     post = comm.transport.post
 
-    def logged(op):  # the send log: when each send was posted (after any hold of the gate)
+    def logged(op):  # the send log: the send was posted between these two times (any hold of the gate inside)
+        entered = time.time()
         work = post(op)
         if op.is_send:
-            sends.append((time.time(), comm.seq))
+            sends.append((entered, time.time(), comm.seq))
         return work
 
     comm.transport.post = logged
@@ -125,7 +127,7 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
                 exact &= bool(torch.equal(output, expected))
                 calls += 1
             feed.stop()
-            windows = {seq: gate.windows_for(seq) for seq in sorted({seq for _, seq in sends})}
+            windows = {seq: gate.windows_for(seq) for seq in sorted({seq for _, _, seq in sends})}
             out.update(sends=sends, calls=calls, held=gate.held, held_sends=gate.held_sends, waited_s=gate.waited_s,
                        windows={seq: windows_field(w) for seq, w in windows.items()},
                        versions=sorted({v for _, _, v in comm.history if v is not None}))
@@ -137,17 +139,19 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
         client.close()
 
 
-def sends_outside(sends: list[tuple[float, int]], windows: dict[int, list | None], *,
-                  tolerance_s: float = 0.01) -> tuple[int, int]:
-    """(gated sends, those posted outside their collective's windows by more than ``tolerance_s``)."""
+def sends_outside(sends: list[tuple[float, float, int]], windows: dict[int, list | None]) -> tuple[int, int]:
+    """(gated sends, those posted outside their collective's windows): a send logged as posted between
+    ``entered`` and ``returned`` is outside when no instant of that interval was inside a window — then
+    it was certainly posted outside; robust to the logging thread being descheduled on a loaded machine,
+    where a fixed tolerance on one timestamp is not."""
     gated = outside = 0
     parsed: dict[int, SendWindows | None] = {seq: windows_of(field) for seq, field in windows.items()}
-    for at, seq in sends:
+    for entered, returned, seq in sends:
         gate = parsed.get(seq)
         if gate is None:
             continue
         gated += 1
-        if not (gate.is_open(at) or gate.is_open(at - tolerance_s)):
+        if not (gate.is_open(entered) or gate.next_open(entered) <= returned):
             outside += 1
     return gated, outside
 
@@ -183,6 +187,7 @@ def run_ts_live(spec: TsLiveSpec = TsLiveSpec()) -> TsLiveResult:
         result.a = [v for v in values if v["job"] == "a"]
         result.b = [v for v in values if v["job"] == "b"]
         result.replans, result.busy_intervals = manager.replans, manager.busy_intervals
+        result.busy = list(tenancy.busy.get("a", []))
         return result
     finally:
         service.stop()
