@@ -133,6 +133,9 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
                        versions=sorted({v for _, _, v in comm.history if v is not None}))
         out["exact"] = exact
         out["swaps"] = len(comm.swaps)
+        # every rank leaves together: rank 0 (of a) hosts the store b's ranks are still reading
+        store.set(f"ts-live/left/{rank}", b"1")
+        store.wait([f"ts-live/left/{r}" for r in range(world)])
         return out
     finally:
         comm.close()
