@@ -118,9 +118,11 @@ def test_pinning_rejects_a_broken_route_and_names_ports(fabric):
         pin_routes(ring, fabric, {("gpu0", "gpu4"): (0,)})
     with pytest.raises(InvalidSchedule, match="outside"):
         pin_routes(ring, fabric, {("gpu0", "gpu9"): (0,)})
-    assert route_port(3) == 49155
+    assert route_port(3) == 49152 + 3 * 64 and route_port(3, 5) == 49152 + 3 * 64 + 5
     with pytest.raises(InvalidSchedule):
         route_port(-1)
+    with pytest.raises(InvalidSchedule, match="a route has"):
+        route_port(0, 64)
 
 
 def test_a_degraded_spine_link_is_found_and_every_tenant_crossing_it_replanned(fabric):

@@ -46,6 +46,7 @@ from mccl.control.protocol import (
     text_field,
     versions_field,
 )
+from mccl.control.tenancy.live import windows_reply
 from mccl.errors import ControllerError
 from mccl.schedule import Collective, Schedule, dumps_schedule, loads_schedule
 
@@ -167,6 +168,8 @@ class Requests:
                 return self._answer_poll(message)
             if op == "register":
                 return self._register(message)
+            if op == "windows":  # a time-shared tenant's send windows (issue 16, mccl.control.tenancy.live)
+                return windows_reply(self.manager, message)
             if op == "status":
                 events = [dataclasses.asdict(event) for event in self.manager.events[-self.limits.max_status_events:]]
                 stats = {**self.stats, "samples_taken": self.manager.samples_taken,

@@ -15,6 +15,8 @@ sockets to it, one for telemetry (send only) and one for requests (see
   text, :func:`mccl.schedule.dumps_schedule`) when a newer version is active, else
   ``idle`` (``versions``).
 * ``register`` — ``communicator``, ``schedule`` (file text); reply ``ok`` (``version``).
+* ``windows`` — ``communicator``; reply ``windows`` (``version``, ``windows``): a time-shared tenant's
+  send windows (:mod:`mccl.control.tenancy.live`, issue 16).
 * ``status`` — reply ``status`` (``events``, ``stats``, ``calls``: {communicator: {rank:
   [[op, path, version, count], ...]}}, the latest call totals each rank reported).
 * ``stop`` — reply ``ok``; the service ends.

@@ -80,6 +80,7 @@ class Transport:
         self.rank = int(group.rank())
         self.size = int(group.size())
         self._pacers: dict[int, Pacer] = {}
+        self.before_send: Callable[[], None] | None = None  # a time-shared job's send gate (runtime.sendgate)
         self._waiting: list[int] = []  # the peer of every wait in progress (-1: a collective)
         self.liveness = (Liveness(store, self.rank, self.size, timeout_s=peer_timeout_s, waits_on=self._waits_on,
                                   on_loss=self._break)
@@ -111,6 +112,8 @@ class Transport:
         self.check_peers()
         try:
             if op.is_send:
+                if self.before_send is not None:
+                    self.before_send()
                 pacer = self._pacers.get(op.peer)
                 if pacer is not None:
                     return pacer.submit(lambda: self.group.send([op.tensor], op.peer, op.tag),

@@ -2,7 +2,8 @@
 
 Read first: ``controller`` (:class:`TenancyController`: jobs, plans, the gray-failure
 loop), ``assign`` (ECMP, FFA, PFA), ``timeshare`` (TS windows from telemetry),
-``pinning`` (a chosen path becomes the transfers' route), ``flows`` and ``jobs``.
+``pinning`` (a chosen path becomes the transfers' route), ``flows`` and ``jobs``; ``live``
+(the controller inside the controller service: TS windows to the ranks over its channel).
 """
 
 from mccl.control.tenancy.controller import PathRate, TenancyController

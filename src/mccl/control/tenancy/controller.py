@@ -31,8 +31,9 @@ To executors, a plan goes the way every schedule does (:meth:`TenancyController.
 registered with the :class:`~mccl.control.manager.ScheduleManager` under the job's name as
 communicator, at a version above any it holds, so ranks fetch it and switch by the runtime's
 (min version, max seq) agreement. A time-shared job's windows go to its ranks'
-:class:`mccl.runtime.sendgate.SendGate` (``update(windows, from_seq)``); carrying them over
-the controller channel is not built yet.
+:class:`mccl.runtime.sendgate.SendGate` over the controller channel: :mod:`.live` runs this
+controller inside the controller service (telemetry in, the ``windows`` message out, windows
+served under the plan version they came with).
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ source port (MCCS: the route id written into the RoCEv2 source port, the switch 
 ports to paths) would send each connection from the port of its route. Nothing is
 mutated; a ring keeps its compact form (one route per ring hop).
 
-Kernel-emulated fabric (:mod:`mccl.experiments.netemu`): its spine-leaf trunks collapse
-into one bridge, so there is no second path to pin to. Where a two-tier emulation exists
-(netemu.md §2d), the analogue is policy routing by source port in each leaf namespace —
-``ip rule add sport <port> table <spine>`` with one routing table per spine — and the
-executor binding each connection's source port to :func:`route_port` of its route index.
-Not built here.
+Kernel-emulated fabric: :mod:`mccl.experiments.netemu.routes` builds a routed two-tier
+spine-leaf whose leaves route by source port — ``ip rule ipproto tcp sport <range> lookup
+<spine's table>`` — and a flow sent from :func:`route_port` of its route takes that route
+(measured on the uplinks' byte counters). gloo's own connections choose no port, so they
+are not pinned (see that module).
 """
 
 from __future__ import annotations
@@ -27,16 +26,20 @@ from mccl.schedule import Schedule, Transfers
 from mccl.schedule.pattern import RingPattern, RingTransfers
 from mccl.topology import Topology
 
-__all__ = ["pin_routes", "route_port", "schedule_routes"]
+__all__ = ["pin_routes", "route_port", "schedule_routes", "ROUTE_PORT_BASE", "PORTS_PER_ROUTE"]
 
-ROUTE_PORT_BASE = 49152  # the first dynamic port: route id r is sent from port BASE + r
+ROUTE_PORT_BASE = 49152  # the first dynamic port: route r owns ports BASE + r·PORTS_PER_ROUTE + [0, PORTS_PER_ROUTE)
+PORTS_PER_ROUTE = 64  # connections that may take one route at once from one host (a switch rule matches the range)
 
 
-def route_port(route_index: int) -> int:
-    """The UDP source port that names route ``route_index`` of a flow's equal-cost group."""
-    if not 0 <= route_index < 16384:
+def route_port(route_index: int, flow: int = 0) -> int:
+    """The source port that names route ``route_index`` of a flow's equal-cost group: the ``flow``-th of the
+    route's range (several connections of a host may take one route; a range is one switch rule)."""
+    if not 0 <= flow < PORTS_PER_ROUTE:
+        raise InvalidSchedule(f"flow {flow} of a route: a route has {PORTS_PER_ROUTE} ports")
+    if not 0 <= route_index < 16384 // PORTS_PER_ROUTE:
         raise InvalidSchedule(f"route index {route_index} does not fit a dynamic UDP port")
-    return ROUTE_PORT_BASE + route_index
+    return ROUTE_PORT_BASE + route_index * PORTS_PER_ROUTE + flow
 
 
 def _checked(topology: Topology, pair: tuple[str, str], route: Sequence[int]) -> np.ndarray:
