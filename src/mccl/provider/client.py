@@ -153,6 +153,9 @@ class ProviderClient:
                                 "collectives use the session socket now") from None
         deadline = time.monotonic() + self.timeout_s
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poll.poll(left * 1e3):
+                raise ProviderError(f"the provider service did not answer {kind!r} within {self.timeout_s:g} s")
             frames = self._reader.read()
             if frames is None:
                 self._close_channel()
@@ -166,9 +169,6 @@ class ProviderClient:
                 if error is not None:
                     raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
                 return
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._poll.poll(left * 1e3):
-                raise ProviderError(f"the provider service did not answer {kind!r} within {self.timeout_s:g} s")
 
     def send_raw(self, frame: bytes, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """Send one arbitrary frame on the session; the decoded reply, or None when none came in time."""

@@ -1,7 +1,10 @@
 """One tenant process's session: a service thread with its own socket, allocations and jobs.
 
 The thread that reads a request is the thread that runs it, collectives included, so a collective
-costs one round trip and no hand-off. Sessions never share a thread, so a session blocked in a
+costs one round trip and no hand-off. Once the tenant opens the session's fast path
+(:mod:`.channel`), the same thread also waits on its pipe: a collective then costs a pipe round trip
+(~8 µs) instead of a ZeroMQ one (~70 µs), and a reference checked once is taken from a cache while
+its allocation lives (:meth:`Session._buffer`). Sessions never share a thread, so a session blocked in a
 collective (its job's peer host is slow, or gone until the job's timeout) delays nobody else; and
 nothing a session receives can raise out of its loop: every failure becomes an ``error`` reply
 and a count.
