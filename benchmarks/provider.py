@@ -232,9 +232,10 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
                     total = time.perf_counter_ns() - start
                     times.setdefault((variant, op, size), []).append(total / 1e9)
                     if variant == "provider":
-                        sent, received, parsed, checked, ran, replied, got = shim.trace[0]
+                        sent, woke, received, parsed, checked, ran, replied, got = shim.trace[0]
                         shim.trace = None
-                        for stage, ns in (("shim", total - (got - sent)), ("to_service", received - sent),
+                        for stage, ns in (("shim", total - (got - sent)), ("to_service", woke - sent),
+                                          ("read", received - woke),
                                           ("decode", parsed - received), ("checks", checked - parsed),
                                           ("collective", ran - checked), ("reply", replied - ran),
                                           ("to_tenant", got - replied)):
@@ -248,7 +249,7 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
     results.put((times, stages))
 
 
-STAGES = ("shim", "to_service", "decode", "checks", "collective", "reply", "to_tenant")
+STAGES = ("shim", "to_service", "read", "decode", "checks", "collective", "reply", "to_tenant")
 
 
 def _interleaved(sizes: list[int], quick: bool) -> tuple[dict, dict]:

@@ -66,7 +66,7 @@ def test_fast_path_and_socket_give_the_same_results_and_trace_their_stages(servi
         comm = fast.join("traced", [0])
         comm.all_reduce(fast.empty(4))
         (stamps,) = fast.trace
-        assert len(stamps) == 7 and list(stamps) == sorted(stamps)  # tenant sent .. service stages .. tenant got
+        assert len(stamps) == 8 and list(stamps) == sorted(stamps)  # tenant sent .. service stages .. tenant got
     finally:
         fast.close()
         slow.close()

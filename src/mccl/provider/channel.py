@@ -22,7 +22,8 @@ Frames (little-endian). Every frame is ``u32 length`` and that many bytes:
 * request: ``u64 id, u32 comm, u8 kind, u8 dtype, u8 reduce, u8 flags, u8 refs`` and 3 bytes of
   padding, then ``refs`` × ``(u64 allocation id, u64 offset, u64 length)``. Codes index
   :data:`~.protocol.KINDS`, :data:`~.protocol.DTYPES` and :data:`~.protocol.REDUCTIONS` in their
-  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps).
+  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread woke,
+  read the frame, decoded it, checked the references, ran the collective, wrote the reply).
 * reply: ``u64 id, u8 status`` (0 ok, 1 error), ``u8 stamps`` and 6 bytes of padding, then
   ``stamps`` × ``u64`` (``time.perf_counter_ns``, CLOCK_MONOTONIC: one clock for every process of
   the machine), then for an error the JSON ``{"error": class name, "message": ...}``.
@@ -116,6 +117,9 @@ class FrameReader:
             return []
         if not chunk:
             return None
+        if not self._buffer and len(chunk) > LENGTH.size and len(chunk) == LENGTH.size + LENGTH.unpack_from(chunk)[0] \
+                and len(chunk) <= LENGTH.size + self.max_frame:
+            return [chunk[LENGTH.size:]]  # the usual case: exactly one whole frame (a synchronous caller's)
         self._buffer += chunk
         return self._frames()
 
