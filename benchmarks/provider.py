@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/provider.py              # 2 hosts; 4 KiB .. 8 MiB; AllGather and AllReduce
     .venv/bin/python benchmarks/provider.py --quick      # fewer repetitions
-    .venv/bin/python benchmarks/provider.py --single-host --quick   # one host, the three variants interleaved
+    .venv/bin/python benchmarks/provider.py --single-host --quick   # one host, every variant interleaved, stages
+    .venv/bin/python benchmarks/provider.py --interleaved --quick   # 2 hosts, the three variants interleaved, stages
 
 MCCS §5 reports 50–80 µs added per collective (63 % lower algbw at 512 KB AllGather, 9.7 % at 8 MB);
 issue 16's bar is ≤ 100 µs added on this machine. Both sides run the same collective on the same
@@ -249,6 +250,111 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
     results.put((times, stages))
 
 
+def _pair_tenant(host: int, n: int, endpoint: str, secret_hex: str, port: int, sizes: list[int], quick: bool,
+                 results) -> None:
+    """Two hosts, interleaved: this tenant process is rank ``host`` of an in-process gloo job over the
+    tenants' own processes (check off and on) *and* of a job in the services; each repetition runs the three
+    after an in-process barrier, so all see the same load. The service's stages come back traced."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from mccl.control.auth import JobSecret
+    from mccl.provider.keys import tenant_credential
+    from mccl.provider.shim import Shim
+    from mccl.runtime.communicator import Communicator
+    from mccl.runtime.transport import Transport
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, n, host == 0, timedelta(seconds=300))
+    group = dist.ProcessGroupGloo(dist.PrefixStore("inproc/", store), host, n, timedelta(seconds=300))
+    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
+             for check in (False, True)}
+    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
+    remote = shim.join("pair", list(range(n)))
+    times: dict = {}
+    stages: dict = {}
+    for op in OPS:
+        for size in sizes:
+            mine, shared = _buffers(op, size, n, lambda count: torch.ones(count)), _buffers(op, size, n, shim.empty)
+            for tensor in shared:
+                tensor.fill_(1.0)
+            variants = {"inproc": ({"all_gather": local[False].all_gather_into_tensor,
+                                    "all_reduce": local[False].all_reduce}, mine),
+                        "inproc_check": ({"all_gather": local[True].all_gather_into_tensor,
+                                          "all_reduce": local[True].all_reduce}, mine),
+                        "provider": ({"all_gather": remote.all_gather_into_tensor, "all_reduce": remote.all_reduce},
+                                     shared)}
+            for calls, (output, input) in variants.values():
+                for _ in range(5):
+                    _run(calls, op, output, input)
+            for _ in range(_reps(size, quick)):
+                for variant, (calls, (output, input)) in variants.items():
+                    local[False].barrier()
+                    shim.trace = [] if variant == "provider" else None
+                    start = time.perf_counter_ns()
+                    _run(calls, op, output, input)
+                    total = time.perf_counter_ns() - start
+                    times.setdefault((variant, op, size), []).append(total / 1e9)
+                    if variant == "provider":
+                        sent, woke, received, parsed, checked, ran, replied, got = shim.trace[0]
+                        for stage, ns in (("shim", total - (got - sent)), ("to_service", woke - sent),
+                                          ("read", received - woke), ("decode", parsed - received),
+                                          ("checks", checked - parsed), ("collective", ran - checked),
+                                          ("reply", replied - ran), ("to_tenant", got - replied)):
+                            stages.setdefault((op, size, stage), []).append(ns / 1e3)
+                    shim.trace = None
+    shim.close()
+    for comm in local.values():
+        comm.close()
+    results.put((host, times, stages))
+
+
+def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
+    from mccl.control.auth import new_secret
+    from mccl.provider.launch import start_services
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()
+    secret = new_secret()
+    context = mp.get_context("spawn")
+    with start_services(n, secret, ["bench"], store_port=free_port()) as services:
+        results, port = context.Queue(), free_port()
+        tenants = [context.Process(target=_pair_tenant, args=(host, n, services.endpoints[host], secret.hex, port,
+                                                              sizes, quick, results)) for host in range(n)]
+        for tenant in tenants:
+            tenant.start()
+        found = {host: (times, stages) for host, times, stages in (results.get(timeout=1800) for _ in tenants)}
+        for tenant in tenants:
+            tenant.join(timeout=30)
+    per_rank = [found[host][0] for host in range(n)]
+    print(f"{n} hosts, interleaved (in-process gloo job of the tenants, the same job in the services); {started}; "
+          f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} (2 cores shared)")
+    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'vs +check':>10}   (µs, "
+          "medians of the slowest rank per repetition)")
+    rows = []
+    for op in OPS:
+        for size in sizes:
+            inproc, checked, provider = (statistics.median(_slowest(per_rank, (variant, op, size))) * 1e6
+                                         for variant in ("inproc", "inproc_check", "provider"))
+            row = {"op": op, "size_bytes": size, "inproc_us": inproc, "inproc_check_us": checked,
+                   "provider_us": provider, "added_vs_inproc_us": provider - inproc,
+                   "added_vs_inproc_check_us": provider - checked, "reps": len(per_rank[0][("provider", op, size)])}
+            row.update({f"host0_stage_{stage}_us": statistics.median(found[0][1][(op, size, stage)])
+                        for stage in STAGES})
+            rows.append(row)
+            print(f"{op:<11}{size:>9}{inproc:>8.0f}{checked:>8.0f}{provider:>10.0f}{provider - inproc:>7.0f}"
+                  f"{provider - checked:>10.0f}")
+    print("\nhost 0's fast-path stages, medians (µs; 'collective' includes the cross-host agreement): "
+          + ", ".join(STAGES))
+    for row in rows:
+        print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'host0_stage_{stage}_us']:>11.1f}"
+                                                                 for stage in STAGES))
+    write_csv(Path(__file__).parent / "results" / "provider_two_host.csv", rows)
+    return 0
+
+
 STAGES = ("shim", "to_service", "read", "decode", "checks", "collective", "reply", "to_tenant")
 
 
@@ -306,9 +412,14 @@ def main() -> int:
     parser.add_argument("--single-host", action="store_true",
                         help="only the one-host measurement: the tenant alternates in-process and provider calls "
                              "repetition by repetition (the added cost under the same load; see _interleaved_tenant)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="several hosts, the three variants interleaved repetition by repetition in the same "
+                             "tenant processes (see _pair_tenant); the stage breakdown of host 0")
     args = parser.parse_args()
     if args.single_host:
         return _print_single_host(SIZES, args.quick)
+    if args.interleaved:
+        return _print_pair(args.hosts, SIZES, args.quick)
     sizes = SIZES
     samples: dict = {}
     service_cpu, service_calls = 0.0, 0

@@ -4,6 +4,7 @@ service process per host), every collective and a DDP step through the services,
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 
 import pytest
@@ -20,6 +21,9 @@ def _rank(tenant: str, rank: int, endpoint: str, secret_hex: str, port: int, res
         import traceback
 
         results.put((tenant, rank, {"error": f"{error!r}\n{traceback.format_exc()}"}))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # the report is out: skip the interpreter's (and torch's) slow teardown
 
 
 def _checks(tenant: str, rank: int, endpoint: str, secret_hex: str, port: int) -> dict:
