@@ -57,6 +57,8 @@ def _checks(tenant: str, rank: int, endpoint: str, secret_hex: str, port: int) -
     both("all_reduce", lambda g: _out(lambda o: dist.all_reduce(o, group=g), x.clone()))
     both("all_reduce max int64", lambda g: _out(lambda o: dist.all_reduce(o, dist.ReduceOp.MAX, group=g),
                                                 ints.clone()))
+    both("all_reduce bitwise and (delegated to gloo)",
+         lambda g: _out(lambda o: dist.all_reduce(o, dist.ReduceOp.BAND, group=g), ints.clone()))
     both("all_to_all_single", lambda g: _out(lambda o: dist.all_to_all_single(o, x, group=g), torch.empty(6, 4)))
     both("broadcast from 1", lambda g: _out(lambda o: dist.broadcast(o, 1, group=g), x.clone()))
     dist.barrier(group=provider)
@@ -138,4 +140,4 @@ def test_two_tenants_torch_jobs_through_the_services_equal_gloo():
                    "all_to_all_single", "broadcast", "barrier"):
             assert served.get(op, 0) >= 1, (key, op, served)
         assert served["all_reduce"] >= 3 and served["broadcast"] >= 2  # DDP's gradients and its parameter broadcast
-        assert report["delegated"] == {}, (key, report["delegated"])
+        assert report["delegated"] == {"all_reduce": 1}, (key, report["delegated"])  # the bitwise one only

@@ -22,7 +22,7 @@ service's model). Through the service, on CPU tensors of the dtypes :data:`~.pro
 
 Tensors are copied into and out of the tenant's shared allocation (the shim's staging slots), or
 used in place when they live there already (``shim.empty``). Everything else (uneven AllToAll,
-reduce, gather, scatter, point-to-point, other dtypes or devices) runs on a gloo group among the
+bitwise reductions, reduce, gather, scatter, point-to-point, other dtypes or devices) runs on a gloo group among the
 tenant's own processes, registered as the group's c10d backend — as the "mccl" backend registers its
 delegate (:mod:`mccl.runtime.backend`), which also gives torch the group's name. :attr:`ProviderProcessGroup.served`
 and :attr:`~ProviderProcessGroup.delegated` count which path each operation took.
@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from mccl.errors import MCCLError
 from mccl.provider.keys import read_credential
+from mccl.provider.protocol import REDUCTIONS
 from mccl.provider.shim import _DTYPE_NAMES, ProviderCommunicator, Shim
 from mccl.runtime import torch_private
 from mccl.runtime.collectives import reduction_type
@@ -132,7 +133,7 @@ class ProviderProcessGroup(dist.ProcessGroup):
 
     # ---- ReduceScatter --------------------------------------------------------------
     def reduce_scatter_single(self, output, input, opts=None):
-        if not self._serves(output, input):
+        if not self._serves(output, input) or _reduce(opts) not in REDUCTIONS:
             return self._delegate("reduce_scatter_tensor", lambda b: torch_private.reduce_scatter_base(
                 b, output, input, opts or dist.ReduceScatterOptions()))
         return self._serve("reduce_scatter_tensor", lambda: self.comm.reduce_scatter_tensor(
@@ -142,7 +143,7 @@ class ProviderProcessGroup(dist.ProcessGroup):
         output = output_tensors[0] if len(output_tensors) == 1 else None
         inputs = input_tensors[0] if len(input_tensors) == 1 else []
         if (output is None or len(inputs) != self.size() or not self._serves(output, *inputs)
-                or any(i.numel() != output.numel() for i in inputs)):
+                or any(i.numel() != output.numel() for i in inputs) or _reduce(opts) not in REDUCTIONS):
             return self._delegate("reduce_scatter", lambda b: b.reduce_scatter(output_tensors, input_tensors,
                                                                                opts or dist.ReduceScatterOptions()))
         return self._serve("reduce_scatter", lambda: self.comm.reduce_scatter_tensor(
@@ -150,7 +151,7 @@ class ProviderProcessGroup(dist.ProcessGroup):
 
     # ---- AllReduce ------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        if not self._serves(*tensors):
+        if not self._serves(*tensors) or _reduce(opts) not in REDUCTIONS:
             options = opts if isinstance(opts, dist.AllreduceOptions) else dist.AllreduceOptions()
             if opts is not None and not isinstance(opts, dist.AllreduceOptions):
                 options.reduceOp = opts
