@@ -5,7 +5,9 @@ Read first: ``service`` (the per-host process: sockets, sessions, authentication
 (shared-memory buffers and the check of every (allocation id, offset, length) reference),
 ``jobs`` (a tenant job's gloo group and mccl communicator across the services; the per-job
 strategy seam for policies), ``shim`` (the tenant's side: mccl's collective API), ``protocol``
-(the messages), ``keys`` (each tenant its own CURVE key, from the provider's secret).
+(the messages), ``channel`` (the collectives' fast path: a pipe pair per session, binary frames),
+``backend`` (the tenant's torch.distributed backend ``"mccl_provider"``), ``keys`` (each tenant its
+own CURVE key, from the provider's secret).
 
 The service and the shim import torch and zmq; nothing else of mccl imports this package but the cli.
 """

@@ -14,12 +14,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import mmap
+import os
+import select
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
+from mccl.provider import channel
 from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
@@ -51,9 +56,15 @@ class ProviderClient:
     """See module docstring. ``credential``: the tenant's (:func:`~.keys.tenant_credential`), None for an
     unauthenticated in-process service."""
 
-    def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
+                 fast: bool = True) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
+        self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
+        self._reader: channel.FrameReader | None = None
+        self._poll: select.poll | None = None
+        self.trace: list[tuple[int, ...]] | None = None  # set to a list: each collective appends its stamps
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         main = self._connect(endpoint)
@@ -73,6 +84,8 @@ class ProviderClient:
         self.tenant: str = hello["tenant"]
         self._socket = self._connect(self.endpoint)
         self.allocations: dict[int, Allocation] = {}
+        if fast:
+            self.open_channel()
 
     def _connect(self, endpoint: str) -> zmq.Socket:
         socket = self._context.socket(zmq.DEALER)
@@ -98,9 +111,64 @@ class ProviderClient:
     def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         """One request on the session (``message`` without ``v``/``id``); the reply, or the error raised."""
         try:
-            return self._ask(self._socket, message, self.timeout_s if timeout_s is None else timeout_s)
+            with self._lock:
+                return self._ask(self._socket, message, self.timeout_s if timeout_s is None else timeout_s)
         except TimeoutError as error:  # the connection stays (the session lives as long as it does)
             raise ProviderError(str(error)) from None
+
+    # ---- the fast path -------------------------------------------------------------------------
+    def open_channel(self) -> None:
+        """Open the session's pipe pair (:mod:`.channel`): collectives go there from now on."""
+        reply = self.request({"op": "channel"})
+        request_fd = os.open(reply["request"], os.O_WRONLY | os.O_CLOEXEC)
+        reply_fd = os.open(reply["reply"], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        self.request({"op": "channel_attached"})
+        self._channel = (request_fd, reply_fd)
+        self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
+        self._poll = select.poll()
+        self._poll.register(reply_fd, select.POLLIN)
+
+    @property
+    def fast(self) -> bool:
+        """Whether collectives take the fast path (False: the session socket)."""
+        return self._channel is not None
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            for fd in self._channel:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._channel, self._reader, self._poll = None, None, None
+
+    def _ask_fast(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str) -> None:
+        request_id = next(self._ids)
+        tracing = self.trace is not None
+        sent = time.perf_counter_ns()
+        try:
+            os.write(self._channel[0], channel.encode_request(request_id, joined.comm, kind, dtype, reduce, refs,
+                                                              channel.TRACE if tracing else 0))
+        except BrokenPipeError:  # the service closed the channel: the socket still serves
+            self._close_channel()
+            raise ProviderError("the provider service closed this session's fast path; "
+                                "collectives use the session socket now") from None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._poll.poll(left * 1e3):
+                raise ProviderError(f"the provider service did not answer {kind!r} within {self.timeout_s:g} s")
+            frames = self._reader.read()
+            if frames is None:
+                self._close_channel()
+                raise ProviderError("the provider service closed this session's fast path")
+            for frame in frames:
+                reply_id, error, stamps = channel.decode_reply(frame)
+                if reply_id != request_id:
+                    continue  # (a reply to an earlier, timed-out request)
+                if tracing:
+                    self.trace.append((sent, *stamps, time.perf_counter_ns()))
+                if error is not None:
+                    raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
+                return
 
     def send_raw(self, frame: bytes, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """Send one arbitrary frame on the session; the decoded reply, or None when none came in time."""
@@ -130,14 +198,31 @@ class ProviderClient:
 
     def collective(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]],
                    reduce: str = "sum") -> None:
-        """Run ``kind`` on buffer references ``[allocation id, byte offset, byte length]`` (see :mod:`.protocol`)."""
+        """Run ``kind`` on buffer references ``[allocation id, byte offset, byte length]`` (see :mod:`.protocol`),
+        on the fast path when it is open (and the request fits its frame), else on the session socket."""
+        fits = (kind in channel.KIND_CODES and dtype in channel.DTYPE_CODES and reduce in channel.REDUCE_CODES
+                and len(refs) <= channel.MAX_REFS
+                and all(len(ref) == 3 and all(type(v) is int and 0 <= v < 2**64 for v in ref) for ref in refs))
+        self._collective(joined, kind, dtype, refs, reduce, fits)
+
+    def _collective(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str,
+                    fits: bool) -> None:
+        """:meth:`collective`, told whether the request fits a fast-path frame (the shim knows it does)."""
+        if fits and self._channel is not None:
+            with self._lock:
+                self._ask_fast(joined, kind, dtype, refs, reduce)
+            return
+        sent = time.perf_counter_ns()
         self.request({"op": "collective", "comm": joined.comm, "kind": kind, "dtype": dtype, "reduce": reduce,
                       "refs": [list(ref) for ref in refs]})
+        if self.trace is not None:
+            self.trace.append((sent, time.perf_counter_ns()))
 
     def close(self) -> None:
         """End the session (the service frees this process's allocations and leaves its jobs)."""
         with contextlib.suppress(ProviderError):  # the service is gone already: nothing left to end
             self.request({"op": "bye"}, timeout_s=5.0)
+        self._close_channel()
         self._socket.close(linger=0)
         self._context.term()
 

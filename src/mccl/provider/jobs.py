@@ -8,10 +8,12 @@ group) — and an mccl :class:`~mccl.runtime.Communicator` over it, as ``mccl.in
 (torch's own collectives until a schedule is installed; the mccl executor after). Every job has
 its own group, so a job whose peer vanished blocks (until its timeout) only its own collectives.
 
-The communicator always runs the pre-flight agreement (``check=True``, one small AllGather of the
-call's dtype and sizes per collective, :mod:`mccl.runtime.agreement`): the two ranks of a job are
-two processes of one tenant, and without it a rank that passes a longer buffer than its peer
-expects makes gloo abort the *receiving service* — which serves every other tenant of its host.
+The communicator of a job that spans several hosts always runs the pre-flight agreement
+(``check=True``, one small AllGather of the call's dtype and sizes per collective,
+:mod:`mccl.runtime.agreement`): the ranks of a job are processes of one tenant, and without it a
+rank that passes a longer buffer than its peer expects makes gloo abort the *receiving service* —
+which serves every other tenant of its host. A one-host job has no peer to disagree with, so it
+skips the agreement (its sizes are checked against each other by the session, ``_check_shapes``).
 
 Policies (:class:`JobStrategy`, the seam for the flow-to-path and send-gate policies of issue 16):
 the service calls ``strategy.between(job, kind, nbytes)`` on the job's thread right before each
@@ -102,7 +104,7 @@ class Job:
                             f"within {join_timeout_s:g} s ({str(error).splitlines()[0][:160]})") from None
         control = StoreControl(group_store, "control/", self.rank, self.size) if hot_swap else None
         self.communicator = Communicator(Transport(self.group, backend="gloo"), name=spec.key, control=control,
-                                         check=True)
+                                         check=self.size > 1)
         self.collectives = 0
         self.strategy = strategy(self) if strategy is not None else None
 

@@ -176,6 +176,10 @@ class Registry:
                                f"element size {itemsize}")
         return segment, ref
 
+    def live(self, segment: Segment) -> bool:
+        """Whether ``segment`` is still registered (not freed): a cached check of a reference holds while it is."""
+        return self._segments.get(segment.alloc_id) is segment
+
     def release(self, tenant: str, alloc_id: object) -> None:
         segment = self.owned(tenant, alloc_id)
         with self._lock:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mccl.provider import channel
 from mccl.provider.client import Allocation, Joined, ProviderClient
 from mccl.provider.errors import ProviderError
 
@@ -41,6 +42,7 @@ class Shim(ProviderClient):
         super().__init__(*args, **kwargs)
         self._bytes: dict[int, torch.Tensor] = {}  # allocation id -> uint8 tensor over all of it
         self._staging: dict[int, Allocation] = {}
+        self._refs: dict[tuple[int, int], list[int]] = {}  # (address, bytes) -> reference, while the memory lives
 
     def alloc(self, nbytes: int) -> Allocation:
         allocation = super().alloc(nbytes)
@@ -49,6 +51,7 @@ class Shim(ProviderClient):
 
     def free(self, allocation: Allocation) -> None:
         self._bytes.pop(allocation.alloc_id, None)
+        self._refs.clear()  # (a later allocation may be mapped at a freed one's addresses)
         super().free(allocation)
 
     def tensor(self, allocation: Allocation, shape: Sequence[int], dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
@@ -75,11 +78,17 @@ class Shim(ProviderClient):
         """[allocation id, offset, length] of a contiguous CPU tensor inside one of this client's allocations."""
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             return None
-        start, length = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        start, length = tensor.data_ptr(), tensor.nbytes
+        found = self._refs.get((start, length))
+        if found is not None:
+            return found
         for alloc_id, whole in self._bytes.items():
             base = whole.data_ptr()
             if base <= start and start + length <= base + whole.numel():
-                return [alloc_id, start - base, length]
+                if len(self._refs) >= 256:
+                    self._refs.clear()
+                found = self._refs[(start, length)] = [alloc_id, start - base, length]
+                return found
         return None
 
     def _staged(self, tensor: torch.Tensor, slot: int) -> torch.Tensor:
@@ -118,7 +127,7 @@ class ProviderCommunicator:
                     copy_out = staged
                 ref = self.shim.ref(staged)
             refs.append(ref)
-        self.shim.collective(self.joined, kind, dtype, refs, reduce)
+        self.shim._collective(self.joined, kind, dtype, refs, reduce, reduce in channel.REDUCE_CODES)
         if copy_out is not None:
             tensors[0].copy_(copy_out)
 

@@ -1,0 +1,127 @@
+"""The collective fast path (mccl.provider.channel): the same results and the same refusals as the session
+socket, garbage on it answered or the channel closed (the socket still serving), cached reference checks that
+never outlive an allocation, and the stage timestamps the benchmark reads."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from mccl.control.auth import new_secret  # noqa: E402
+from mccl.provider import channel  # noqa: E402
+from mccl.provider.client import ProviderClient  # noqa: E402
+from mccl.provider.errors import BadReference, BadRequest, ProviderError  # noqa: E402
+from mccl.provider.keys import tenant_credential  # noqa: E402
+from mccl.provider.service import ProviderService, ServiceConfig  # noqa: E402
+from mccl.provider.shim import Shim  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def service():
+    secret = new_secret()
+    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
+                              config=ServiceConfig(job_timeout_s=10)).start()
+    service.test_secret = secret
+    yield service
+    service.stop()
+
+
+def _client(service, tenant: str, cls=ProviderClient, **kwargs):
+    return cls(service.address, tenant_credential(service.test_secret, tenant), timeout_s=20, **kwargs)
+
+
+def _raw(client: ProviderClient, frame: bytes) -> tuple[int, dict | None, list[int]]:
+    """Write one frame on the client's fast path and read the one reply."""
+    os.write(client._channel[0], frame)
+    while True:
+        frames = client._reader.read()
+        assert frames is not None, "the service closed the channel"
+        if frames:
+            return channel.decode_reply(frames[0])
+        assert client._poll.poll(10_000), "no reply on the fast path"
+
+
+def test_fast_path_and_socket_give_the_same_results_and_trace_their_stages(service):
+    fast, slow = _client(service, "alice", Shim), _client(service, "alice", Shim, fast=False)
+    try:
+        assert fast.fast and not slow.fast
+        results = []
+        for shim, job in ((fast, "fast"), (slow, "slow")):
+            comm = shim.join(job, [0])
+            x = shim.empty(8)
+            x.copy_(torch.arange(8.0))
+            out = shim.empty(8)
+            comm.all_reduce(x, "max")
+            comm.all_gather_into_tensor(out, x)
+            staged = torch.zeros(8)  # outside shared memory: staged, on either path
+            comm.reduce_scatter_tensor(staged, out)
+            results.append(staged)
+        assert torch.equal(results[0], results[1]) and torch.equal(results[0], torch.arange(8.0))
+        fast.trace = []
+        comm = fast.join("traced", [0])
+        comm.all_reduce(fast.empty(4))
+        (stamps,) = fast.trace
+        assert len(stamps) == 8 and list(stamps) == sorted(stamps)  # tenant sent .. service stages .. tenant got
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_garbage_on_the_fast_path_is_refused_and_a_broken_framing_closes_only_the_channel(service):
+    alice, bob = _client(service, "alice"), _client(service, "bob")
+    try:
+        joined = bob.join("garbage", [0])
+        mine, theirs = bob.alloc(64), alice.alloc(64)
+        good = channel.encode_request(7, joined.comm, "all_reduce", "float32", "sum", [[mine.alloc_id, 0, 64]])
+        bad_kind = bytearray(good)
+        bad_kind[4 + 12] = 99  # the kind code
+        cases = [
+            (bytes(bad_kind), BadRequest, "codes out of range"),
+            (channel.encode_request(8, joined.comm, "all_reduce", "float32", "sum", [[theirs.alloc_id, 0, 64]]),
+             BadReference, "not an allocation of tenant 'bob'"),
+            (channel.encode_request(9, joined.comm, "all_reduce", "float32", "sum", [[mine.alloc_id, 32, 64]]),
+             BadReference, "outside allocation"),
+            (channel.encode_request(10, joined.comm, "all_reduce", "float32", "sum", [[2**64 - 1, 0, 4]]),
+             BadReference, "outside 0..2^63-1"),
+            (channel.encode_request(11, 999, "all_reduce", "float32", "sum", [[mine.alloc_id, 0, 4]]),
+             BadRequest, "no communicator"),
+            (struct.pack("<I", channel.REQUEST.size + 5) + good[4:4 + channel.REQUEST.size] + b"\0" * 5,
+             BadRequest, "bytes, not"),
+            (struct.pack("<I", 3) + b"abc", BadRequest, "at least"),
+        ]
+        for frame, error, words in cases:
+            _, reply, _ = _raw(bob, frame)
+            assert reply is not None and reply["error"] == error.__name__ and words in reply["message"], (words, reply)
+        assert _raw(bob, good) == (7, None, [])  # still serving
+        os.write(bob._channel[0], struct.pack("<I", 2**32 - 1))  # no framing left: the service closes the channel
+        with pytest.raises(ProviderError, match="closed this session's fast path"):
+            bob.collective(joined, "all_reduce", "float32", [[mine.alloc_id, 0, 64]])
+        assert not bob.fast
+        bob.collective(joined, "all_reduce", "float32", [[mine.alloc_id, 0, 64]])  # on the session socket
+    finally:
+        alice.close()
+        bob.close()
+
+
+def test_a_cached_reference_check_never_outlives_its_allocation(service):
+    owner, user = _client(service, "alice"), _client(service, "alice")  # two sessions of one tenant
+    try:
+        joined = user.join("cache", [0])
+        shared, own = owner.alloc(64), user.alloc(64)
+        for ref in ([shared.alloc_id, 0, 64], [own.alloc_id, 0, 64]):
+            user.collective(joined, "all_reduce", "float32", [ref])  # checked, then cached
+            user.collective(joined, "all_reduce", "float32", [ref])  # from the cache
+        owner.free(shared)  # freed by the other session: the user's cached check must not survive it
+        with pytest.raises(BadReference, match="not an allocation"):
+            user.collective(joined, "all_reduce", "float32", [[shared.alloc_id, 0, 64]])
+        user.free(own)
+        with pytest.raises(BadReference, match="not an allocation"):
+            user.collective(joined, "all_reduce", "float32", [[own.alloc_id, 0, 64]])
+    finally:
+        owner.close()
+        user.close()
