@@ -1,15 +1,25 @@
 """Passive telemetry of the executor (mccl-paper §5, adapted to point-to-point operations).
 
-What is measured: the bytes and time of the sends a rank actually performs, per
-peer. A measurement window is open only while the path is saturated — the "active
-channels ≥ threshold N" rule of §5.1, here: while at least N sends to that peer
-(inter-host) or to the rank's host (intra-host) are in flight — so start-up and tail
-transients do not bias the rate. The window opens when the N-th send is posted,
-counts the bytes of sends that complete while it is open, and closes (emitting one
-:class:`~mccl.telemetry.Sample`) when fewer than N remain in flight.
+What is measured: the bytes and arrival times of the **receives** a rank performs, per
+sending peer — a receive completes when its last byte has arrived, so the receiving end
+is where the wire's rate shows. (Timed at the send side the window opened when a send
+was posted, but a gloo send transmits only once the peer's receive-ready notice has
+arrived, and it "completes" when its bytes are in the socket buffer: the 2026-12-01 loop
+read 42–49 % of the shaped rate that way.) A sample therefore describes the path
+``peer → this rank`` and is reported as ``Sample(rank=sender, peer=receiver)``
+(:class:`mccl.telemetry.Sample`: the path's two ends, whichever one measured it).
 
-Intra-host samples are the rank's cumulative injection rate into its host fabric
-(all same-host peers together), inter-host samples are per rank pair (§3.3).
+A window is open only while the path is saturated — the "active channels ≥ threshold N"
+rule of §5.1, here: while at least N receives from that peer are in flight (posted, not
+yet complete) — so start-up and tail transients do not bias the rate. Inside it the rate
+is the **dispersion** of the arrivals: from the first arrival whose time is known exactly
+(the executor was blocked waiting for it, ``completed(..., at=)``) to the last arrival,
+the bytes that arrived after the first. That leaves out the sender's start, gloo's
+receive-ready rendezvous and the first chunk's latency. When no arrival in the window has
+a known time (a driver that completes every receive of a step at once: gloo's alltoallv),
+the window runs from the N-th post to the last completion.
+
+Intra-host and inter-host samples are both per rank pair (``kind`` says which, §3.3).
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 
 from mccl.runtime.calls import CallTotals
 from mccl.runtime.sources import CallSink, Sample, TelemetrySink
+from mccl.telemetry import INTER, INTRA
 
 __all__ = ["TelemetryConfig", "TelemetryBuffer", "Meters"]
 
@@ -39,7 +50,8 @@ log = logging.getLogger("mccl.runtime")
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetryConfig:
-    """``threshold_inter`` / ``threshold_intra``: sends in flight (N of §5.1) that open a window.
+    """``threshold_inter`` / ``threshold_intra``: receives from one peer in flight (N of §5.1) that
+    open its window.
     ``capacity``: samples buffered before dropping; ``batch``: samples per ``submit``;
     ``flush_interval_s``: how often the telemetry thread wakes up."""
 
@@ -128,17 +140,26 @@ class TelemetryBuffer:
             self._drain()
 
 
+# A wait that returned later than this after it began was blocked on the operation, so the
+# operation completed (its last byte arrived) when the wait returned; a quicker return means it
+# had completed earlier, at a time nobody saw (gloo's ``is_completed`` stays False until waited).
+BLOCKED_WAIT_S = 50e-6
+
+
 class _Window:
-    __slots__ = ("inflight", "start", "bytes")
+    __slots__ = ("inflight", "opened", "first", "last", "after_first", "total")
 
     def __init__(self) -> None:
-        self.inflight = 0
-        self.start: float | None = None
-        self.bytes = 0
+        self.inflight = 0  # receives from the peer posted and not yet complete
+        self.opened: float | None = None  # when the N-th receive was posted (None: closed)
+        self.first: float | None = None  # the first arrival with a known time in the window
+        self.last = 0.0  # the latest completion seen in the window (known, or when noticed)
+        self.after_first = 0  # bytes that arrived after ``first``
+        self.total = 0  # bytes of every completion in the window
 
 
 class Meters:
-    """The per-peer measurement windows of one rank of one communicator."""
+    """The per-peer receive windows of one rank of one communicator (module docstring)."""
 
     def __init__(self, communicator: str, rank: int, same_host: Sequence[bool], buffer: TelemetryBuffer,
                  config: TelemetryConfig) -> None:
@@ -151,30 +172,51 @@ class Meters:
 
     def set_hosts(self, same_host: Sequence[bool]) -> None:
         """Which peers share this rank's host (from the topology of the installed schedules)."""
-        # key -1: all same-host peers together (injection rate); key p: the pair (rank, p)
-        self._key = [-1 if same else peer for peer, same in enumerate(same_host)]
+        self._kind = [INTRA if same else INTER for same in same_host]
         self._threshold = [self.config.threshold_intra if same else self.config.threshold_inter for same in same_host]
-        self._windows: dict[int, _Window] = {key: _Window() for key in set(self._key)}
+        self._windows = [_Window() for _ in same_host]
 
     def posted(self, peer: int, nbytes: int) -> None:
-        key = self._key[peer]
-        window = self._windows[key]
+        """A receive of ``nbytes`` from ``peer`` was posted."""
+        window = self._windows[peer]
         window.inflight += 1
-        if window.start is None and window.inflight >= self._threshold[peer]:
-            window.start = time.perf_counter()
-            window.bytes = 0
+        if window.opened is None and window.inflight >= self._threshold[peer]:
+            window.opened = time.perf_counter()
+            window.first = None
+            window.after_first = window.total = 0
+
+    @staticmethod
+    def arrival(began: float) -> float | None:
+        """Called right after a wait that began at ``began`` (``time.perf_counter()``) returned: now,
+        if the wait was blocked until the operation completed; None if it had completed before."""
+        now = time.perf_counter()
+        return now if now - began > BLOCKED_WAIT_S else None
 
     def completed(self, peer: int, nbytes: int, at: float | None = None) -> None:
-        """A send finished; ``at``: when it did (``time.perf_counter()``) if the transport knows,
-        else now — the time the executor noticed it."""
-        key = self._key[peer]
-        window = self._windows[key]
+        """A receive from ``peer`` completed. ``at``: when its last byte arrived
+        (``time.perf_counter()``), if known — the executor's wait for it was blocked until then
+        (:data:`BLOCKED_WAIT_S`); None: it completed at an unknown time before now."""
+        window = self._windows[peer]
         window.inflight -= 1
-        if window.start is None:
+        if window.opened is None:
             return
-        window.bytes += nbytes
-        if window.inflight < self._threshold[peer]:
-            seconds = (time.perf_counter() if at is None else at) - window.start
-            window.start = None
-            self.buffer.offer(Sample("intra" if key == -1 else "inter", self.communicator, self.rank, key,
-                                     window.bytes, seconds, time.time(), self.seq))
+        window.total += nbytes
+        if at is None:
+            window.last = time.perf_counter()
+            if window.first is not None:
+                window.after_first += nbytes
+        elif window.first is None:
+            window.first = window.last = at
+        else:
+            window.last = at
+            window.after_first += nbytes
+        if window.inflight >= self._threshold[peer]:
+            return
+        if window.first is not None:
+            nbytes_in, seconds = window.after_first, window.last - window.first
+        else:
+            nbytes_in, seconds = window.total, window.last - window.opened
+        window.opened = None
+        if nbytes_in > 0 and seconds > 0:  # one exact arrival alone measures no rate
+            self.buffer.offer(Sample(self._kind[peer], self.communicator, peer, self.rank, nbytes_in, seconds,
+                                     time.time(), self.seq))
