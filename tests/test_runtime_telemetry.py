@@ -53,19 +53,39 @@ def test_arrivals_noticed_late_end_the_window_when_noticed_and_none_known_falls_
     assert (intra.kind, intra.rank, intra.peer, intra.bytes) == ("intra", 2, 0, 50) and intra.seconds >= 0.009
 
 
-def test_intra_host_samples_are_per_peer():
-    config = TelemetryConfig(threshold_inter=1, threshold_intra=1)
-    meters, buffer, sink = _meters(config)
-    for peer in (2, 3):
-        meters.posted(peer, 10)
-        meters.posted(peer, 10)
-    meters.completed(2, 10, at=1.0)
+def test_peers_behind_one_port_share_its_window_and_their_samples_add_up_to_the_port_rate():
+    config = TelemetryConfig(threshold_inter=2, threshold_intra=2)
+    meters, buffer, sink = _meters(config, same_host=(False, False, False, True, True))
+    for peer in (1, 2, 1, 2):
+        meters.posted(peer, 100)  # one inter window: the rank's NIC, whoever sends
+    meters.posted(3, 10)
+    meters.posted(4, 10)  # the intra window: the host fabric
+    meters.posted(4, 10)
+    meters.completed(1, 100, at=1.0)
+    meters.completed(2, 100, at=1.5)
+    meters.completed(1, 100, at=2.0)  # 1 inter receive left: closes; 1 s, 100 B from each
+    meters.completed(2, 100, at=2.5)
     meters.completed(3, 10, at=1.0)
-    meters.completed(2, 10, at=1.5)
-    meters.completed(3, 10, at=2.0)
+    meters.completed(4, 10, at=1.25)
     buffer.close()
     assert sorted((s.kind, s.rank, s.peer, s.bytes, s.seconds) for s in sink.samples) == [
-        ("intra", 2, 0, 10, 0.5), ("intra", 3, 0, 10, 1.0)]
+        ("inter", 1, 0, 100, 1.0), ("inter", 2, 0, 100, 1.0), ("intra", 4, 0, 10, 0.25)]
+
+
+def test_an_interval_with_a_gap_is_left_out_and_a_uniformly_slow_port_is_measured_slow():
+    config = TelemetryConfig(threshold_inter=2)
+    meters, buffer, sink = _meters(config)
+    for intervals in ((0.5, 3.0, 0.5), (1.0, 1.0, 1.0)):  # a gap of 2.5 s (senders not ready); a port at half rate
+        for _ in range(5):
+            meters.posted(1, 100)
+        at = 10.0
+        meters.completed(1, 100, at=at)
+        for interval in intervals:
+            at += interval
+            meters.completed(1, 100, at=at)
+        meters.completed(1, 100)
+    buffer.close()
+    assert [(s.bytes, s.seconds) for s in sink.samples] == [(200, 1.0), (300, 3.0)]
 
 
 def test_an_arrival_time_is_known_only_when_the_wait_was_blocked():

@@ -1,25 +1,34 @@
 """Passive telemetry of the executor (mccl-paper §5, adapted to point-to-point operations).
 
-What is measured: the bytes and arrival times of the **receives** a rank performs, per
-sending peer — a receive completes when its last byte has arrived, so the receiving end
-is where the wire's rate shows. (Timed at the send side the window opened when a send
-was posted, but a gloo send transmits only once the peer's receive-ready notice has
-arrived, and it "completes" when its bytes are in the socket buffer: the 2026-12-01 loop
-read 42–49 % of the shaped rate that way.) A sample therefore describes the path
-``peer → this rank`` and is reported as ``Sample(rank=sender, peer=receiver)``
-(:class:`mccl.telemetry.Sample`: the path's two ends, whichever one measured it).
+What is measured: the **receives** a rank performs — a receive completes when its last
+byte has arrived, so the receiving end is where the wire's rate shows. (Timed at the send
+side, a window opened when a send was posted, but a gloo send transmits only once the
+peer's receive-ready notice has arrived, and it "completes" once its bytes are in the
+socket buffer: the 2026-12-01 loop read 42–49 % of the shaped rate that way.) A sample
+describes the path ``sender → this rank`` and is reported as ``Sample(rank=sender,
+peer=receiver)`` (:class:`mccl.telemetry.Sample`: the path's ends, whichever one measured).
 
-A window is open only while the path is saturated — the "active channels ≥ threshold N"
-rule of §5.1, here: while at least N receives from that peer are in flight (posted, not
-yet complete) — so start-up and tail transients do not bias the rate. Inside it the rate
-is the **dispersion** of the arrivals: from the first arrival whose time is known exactly
-(the executor was blocked waiting for it, ``completed(..., at=)``) to the last arrival,
-the bytes that arrived after the first. That leaves out the sender's start, gloo's
-receive-ready rendezvous and the first chunk's latency. When no arrival in the window has
-a known time (a driver that completes every receive of a step at once: gloo's alltoallv),
-the window runs from the N-th post to the last completion.
+**Windows per receiving port.** Every receive from another host arrives through this
+rank's NIC, every receive from its own host through its host fabric (NVLink), so the
+saturation rule of §5.1 ("active channels ≥ threshold N") is applied per port: a window
+is open while at least N receives of that kind (inter / intra) are in flight (posted,
+not yet complete), whichever peers they come from — per pair, the 1–2 chunks a tree
+sends through one NIC per collective would rarely open one.
 
-Intra-host and inter-host samples are both per rank pair (``kind`` says which, §3.3).
+**Rate: the dispersion of arrivals.** Inside a window, time runs between arrivals whose
+time is known exactly (the executor was blocked waiting for them: ``completed(at=)``,
+:meth:`Meters.arrival`); each interval carries the bytes that arrived in it. That leaves
+out the sender's start, gloo's receive-ready rendezvous and the first chunk's latency.
+An interval far slower than the window's rate (below :data:`GAP_FRACTION` of the rate of the
+intervals kept so far; a few rounds) held a gap — the senders had nothing ready (store-and-forward chunks wait for their own
+arrival elsewhere), so the port was idle, not slow — and is left out: the window measures
+the port while it carries data, as §5's saturated windows do. (Not against the fastest interval:
+two arrivals the receiving process notices together make one interval of almost no time, and
+its rate means nothing alone; summed with the interval before it, the time is right.) A uniformly slower port
+slows every interval alike and is measured as such. Each peer's sample is its bytes in the
+kept intervals over their total time, so a window's per-peer samples add up to the port's
+rate. When no arrival of a window has a known time (gloo's alltoallv completes every
+receive of a step at once), the window runs from the N-th post to the last completion.
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
@@ -144,22 +153,29 @@ class TelemetryBuffer:
 # operation completed (its last byte arrived) when the wait returned; a quicker return means it
 # had completed earlier, at a time nobody saw (gloo's ``is_completed`` stays False until waited).
 BLOCKED_WAIT_S = 50e-6
+# An interval between arrivals slower than this fraction of the window's rate held a gap (module
+# docstring; the rate recomputed over the kept intervals GAP_ROUNDS times). 0.5: a gap longer
+# than the interval's own transfer time.
+GAP_FRACTION = 0.5
+GAP_ROUNDS = 3
 
 
 class _Window:
-    __slots__ = ("inflight", "opened", "first", "last", "after_first", "total")
+    """One receiving port's window (module docstring)."""
+
+    __slots__ = ("inflight", "opened", "anchor", "pending", "intervals", "total")
 
     def __init__(self) -> None:
-        self.inflight = 0  # receives from the peer posted and not yet complete
+        self.inflight = 0  # receives of this port posted and not yet complete
         self.opened: float | None = None  # when the N-th receive was posted (None: closed)
-        self.first: float | None = None  # the first arrival with a known time in the window
-        self.last = 0.0  # the latest completion seen in the window (known, or when noticed)
-        self.after_first = 0  # bytes that arrived after ``first``
-        self.total = 0  # bytes of every completion in the window
+        self.anchor: float | None = None  # the latest arrival with a known time in the window
+        self.pending: dict[int, int] = {}  # bytes per peer that arrived since the anchor
+        self.intervals: list[tuple[float, dict[int, int]]] = []  # (seconds, bytes per peer)
+        self.total: dict[int, int] = {}  # bytes per peer of every completion in the window
 
 
 class Meters:
-    """The per-peer receive windows of one rank of one communicator (module docstring)."""
+    """The receive windows of one rank of one communicator, per port (module docstring)."""
 
     def __init__(self, communicator: str, rank: int, same_host: Sequence[bool], buffer: TelemetryBuffer,
                  config: TelemetryConfig) -> None:
@@ -172,18 +188,19 @@ class Meters:
 
     def set_hosts(self, same_host: Sequence[bool]) -> None:
         """Which peers share this rank's host (from the topology of the installed schedules)."""
-        self._kind = [INTRA if same else INTER for same in same_host]
-        self._threshold = [self.config.threshold_intra if same else self.config.threshold_inter for same in same_host]
-        self._windows = [_Window() for _ in same_host]
+        self._port = [1 if same else 0 for same in same_host]  # 0: the NIC (inter), 1: the host fabric (intra)
+        self._windows = (_Window(), _Window())
+        self._thresholds = (self.config.threshold_inter, self.config.threshold_intra)
 
     def posted(self, peer: int, nbytes: int) -> None:
         """A receive of ``nbytes`` from ``peer`` was posted."""
-        window = self._windows[peer]
+        port = self._port[peer]
+        window = self._windows[port]
         window.inflight += 1
-        if window.opened is None and window.inflight >= self._threshold[peer]:
+        if window.opened is None and window.inflight >= self._thresholds[port]:
             window.opened = time.perf_counter()
-            window.first = None
-            window.after_first = window.total = 0
+            window.anchor = None
+            window.pending, window.intervals, window.total = {}, [], {}
 
     @staticmethod
     def arrival(began: float) -> float | None:
@@ -195,28 +212,45 @@ class Meters:
     def completed(self, peer: int, nbytes: int, at: float | None = None) -> None:
         """A receive from ``peer`` completed. ``at``: when its last byte arrived
         (``time.perf_counter()``), if known — the executor's wait for it was blocked until then
-        (:data:`BLOCKED_WAIT_S`); None: it completed at an unknown time before now."""
-        window = self._windows[peer]
+        (:meth:`arrival`); None: it completed at an unknown time before now."""
+        port = self._port[peer]
+        window = self._windows[port]
         window.inflight -= 1
         if window.opened is None:
             return
-        window.total += nbytes
-        if at is None:
-            window.last = time.perf_counter()
-            if window.first is not None:
-                window.after_first += nbytes
-        elif window.first is None:
-            window.first = window.last = at
+        window.total[peer] = window.total.get(peer, 0) + nbytes
+        if window.anchor is not None:
+            window.pending[peer] = window.pending.get(peer, 0) + nbytes
+            if at is not None:
+                window.intervals.append((at - window.anchor, window.pending))
+                window.pending = {}
+        if at is not None:
+            window.anchor = at
+        if window.inflight < self._thresholds[port]:
+            self._close(window, port)
+
+    def _close(self, window: _Window, port: int) -> None:
+        opened, window.opened = window.opened, None
+        if window.anchor is None:  # no arrival with a known time: from the N-th post to now
+            per_peer, seconds = window.total, time.perf_counter() - opened
         else:
-            window.last = at
-            window.after_first += nbytes
-        if window.inflight >= self._threshold[peer]:
+            intervals = window.intervals
+            if window.pending:  # arrivals after the last known one: up to when they were noticed (an upper bound)
+                intervals.append((time.perf_counter() - window.anchor, window.pending))
+            kept = [(seconds, moved, sum(moved.values())) for seconds, moved in intervals if seconds > 0]
+            for _ in range(GAP_ROUNDS):
+                seconds = sum(item[0] for item in kept)
+                if seconds <= 0:
+                    return
+                floor = GAP_FRACTION * sum(item[2] for item in kept) / seconds
+                kept = [item for item in kept if item[2] >= floor * item[0]]
+            per_peer, seconds = {}, sum(item[0] for item in kept)
+            for _, moved, _ in kept:
+                for sender, nbytes in moved.items():
+                    per_peer[sender] = per_peer.get(sender, 0) + nbytes
+        if seconds <= 0:
             return
-        if window.first is not None:
-            nbytes_in, seconds = window.after_first, window.last - window.first
-        else:
-            nbytes_in, seconds = window.total, window.last - window.opened
-        window.opened = None
-        if nbytes_in > 0 and seconds > 0:  # one exact arrival alone measures no rate
-            self.buffer.offer(Sample(self._kind[peer], self.communicator, peer, self.rank, nbytes_in, seconds,
-                                     time.time(), self.seq))
+        kind, end = (INTRA if port else INTER), time.time()
+        for sender, nbytes in per_peer.items():
+            if nbytes > 0:
+                self.buffer.offer(Sample(kind, self.communicator, sender, self.rank, nbytes, seconds, end, self.seq))
