@@ -122,3 +122,17 @@ def test_full_buffer_drops_and_counts_and_a_failing_sink_is_survived():
 def test_local_implementations_satisfy_the_seams():
     assert isinstance(LocalScheduleSource(), ScheduleSource)
     assert isinstance(MemorySink(), TelemetrySink)
+
+
+def test_arrivals_noticed_together_are_merged_into_the_interval_that_carried_them():
+    config = TelemetryConfig(threshold_inter=2)
+    meters, buffer, sink = _meters(config)
+    for _ in range(8):
+        meters.posted(1, 100)
+    # 100 B every 0.5 s; the receiving process was off the CPU from 11.1 s to 12.0 s, so the arrivals of
+    # 11.5 and 12.0 were both noticed at 12.0
+    for at in (10.0, 10.5, 11.0, 12.0, 12.0001, 12.5, 13.0):
+        meters.completed(1, 100, at=at)
+    buffer.close()
+    (sample,) = sink.samples
+    assert sample.bytes == 600 and abs(sample.seconds - 3.0) < 1e-9

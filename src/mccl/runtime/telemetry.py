@@ -22,9 +22,10 @@ out the sender's start, gloo's receive-ready rendezvous and the first chunk's la
 An interval far slower than the window's rate (below :data:`GAP_FRACTION` of the rate of the
 intervals kept so far; a few rounds) held a gap — the senders had nothing ready (store-and-forward chunks wait for their own
 arrival elsewhere), so the port was idle, not slow — and is left out: the window measures
-the port while it carries data, as §5's saturated windows do. (Not against the fastest interval:
-two arrivals the receiving process notices together make one interval of almost no time, and
-its rate means nothing alone; summed with the interval before it, the time is right.) A uniformly slower port
+the port while it carries data, as §5's saturated windows do. Arrivals the receiving process noticed together
+(it was off the CPU while the data piled up) make intervals of almost no time: one faster than
+:data:`BUNCHED_FACTOR` × the median interval's rate is first merged into the interval before it, whose
+bytes it carries. A uniformly slower port
 slows every interval alike and is measured as such. Each peer's sample is its bytes in the
 kept intervals over their total time, so a window's per-peer samples add up to the port's
 rate. When no arrival of a window has a known time (gloo's alltoallv completes every
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -158,6 +160,9 @@ BLOCKED_WAIT_S = 50e-6
 # than the interval's own transfer time.
 GAP_FRACTION = 0.5
 GAP_ROUNDS = 3
+# An interval faster than this many times the median interval's rate was noticed together with the arrival
+# before it (:func:`_merge_bunched`).
+BUNCHED_FACTOR = 2.0
 
 
 class _Window:
@@ -237,7 +242,7 @@ class Meters:
             intervals = window.intervals
             if window.pending:  # arrivals after the last known one: up to when they were noticed (an upper bound)
                 intervals.append((time.perf_counter() - window.anchor, window.pending))
-            kept = [(seconds, moved, sum(moved.values())) for seconds, moved in intervals if seconds > 0]
+            kept = _merge_bunched([(max(seconds, 0.0), moved, sum(moved.values())) for seconds, moved in intervals])
             for _ in range(GAP_ROUNDS):
                 seconds = sum(item[0] for item in kept)
                 if seconds <= 0:
@@ -254,3 +259,26 @@ class Meters:
         for sender, nbytes in per_peer.items():
             if nbytes > 0:
                 self.buffer.offer(Sample(kind, self.communicator, sender, self.rank, nbytes, seconds, end, self.seq))
+
+
+def _merge_bunched(intervals: list[tuple[float, dict[int, int], int]]) -> list[tuple[float, dict[int, int], int]]:
+    """Intervals (seconds, bytes per peer, bytes) with every one faster than :data:`BUNCHED_FACTOR` × the
+    (lower) median interval's rate merged into the one before it: arrivals the receiving process noticed together (its
+    transport thread or the executor was off the CPU while the data piled up in the socket) carry bytes
+    that moved during the interval before. A bunched first interval is dropped (its bytes may have moved
+    before the window's first known arrival)."""
+    rates = [nbytes / interval_s for interval_s, _, nbytes in intervals if interval_s > 0]
+    if not rates:
+        return []
+    fast = BUNCHED_FACTOR * statistics.median_low(rates)
+    merged: list[tuple[float, dict[int, int], int]] = []
+    for interval_s, moved, nbytes in intervals:
+        if nbytes <= fast * interval_s:
+            merged.append((interval_s, moved, nbytes))
+        elif merged:
+            before_s, before, before_bytes = merged[-1]
+            together = dict(before)
+            for sender, count in moved.items():
+                together[sender] = together.get(sender, 0) + count
+            merged[-1] = (before_s + interval_s, together, before_bytes + nbytes)
+    return merged
