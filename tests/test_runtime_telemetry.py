@@ -72,27 +72,11 @@ def test_peers_behind_one_port_share_its_window_and_their_samples_add_up_to_the_
         ("inter", 1, 0, 100, 1.0), ("inter", 2, 0, 100, 1.0), ("intra", 4, 0, 10, 0.25)]
 
 
-def test_an_interval_with_a_gap_is_left_out_and_a_uniformly_slow_port_is_measured_slow():
-    config = TelemetryConfig(threshold_inter=2)
-    meters, buffer, sink = _meters(config)
-    for intervals in ((0.5, 3.0, 0.5), (1.0, 1.0, 1.0)):  # a gap of 2.5 s (senders not ready); a port at half rate
-        for _ in range(5):
-            meters.posted(1, 100)
-        at = 10.0
-        meters.completed(1, 100, at=at)
-        for interval in intervals:
-            at += interval
-            meters.completed(1, 100, at=at)
-        meters.completed(1, 100)
-    buffer.close()
-    assert [(s.bytes, s.seconds) for s in sink.samples] == [(200, 1.0), (300, 3.0)]
-
-
 def test_an_arrival_time_is_known_only_when_the_wait_was_blocked():
     assert Meters.arrival(time.perf_counter()) is None  # returned at once: it had completed before
     began = time.perf_counter()
-    time.sleep(0.002)
-    assert Meters.arrival(began) >= began + 0.002
+    time.sleep(0.005)
+    assert Meters.arrival(began) >= began + 0.005
 
 
 def test_full_buffer_drops_and_counts_and_a_failing_sink_is_survived():
@@ -123,16 +107,3 @@ def test_local_implementations_satisfy_the_seams():
     assert isinstance(LocalScheduleSource(), ScheduleSource)
     assert isinstance(MemorySink(), TelemetrySink)
 
-
-def test_arrivals_noticed_together_are_merged_into_the_interval_that_carried_them():
-    config = TelemetryConfig(threshold_inter=2)
-    meters, buffer, sink = _meters(config)
-    for _ in range(8):
-        meters.posted(1, 100)
-    # 100 B every 0.5 s; the receiving process was off the CPU from 11.1 s to 12.0 s, so the arrivals of
-    # 11.5 and 12.0 were both noticed at 12.0
-    for at in (10.0, 10.5, 11.0, 12.0, 12.0001, 12.5, 13.0):
-        meters.completed(1, 100, at=at)
-    buffer.close()
-    (sample,) = sink.samples
-    assert sample.bytes == 600 and abs(sample.seconds - 3.0) < 1e-9

@@ -15,21 +15,18 @@ is open while at least N receives of that kind (inter / intra) are in flight (po
 not yet complete), whichever peers they come from — per pair, the 1–2 chunks a tree
 sends through one NIC per collective would rarely open one.
 
-**Rate: the dispersion of arrivals.** Inside a window, time runs between arrivals whose
-time is known exactly (the executor was blocked waiting for them: ``completed(at=)``,
-:meth:`Meters.arrival`); each interval carries the bytes that arrived in it. That leaves
-out the sender's start, gloo's receive-ready rendezvous and the first chunk's latency.
-An interval far slower than the window's rate (below :data:`GAP_FRACTION` of the rate of the
-intervals kept so far; a few rounds) held a gap — the senders had nothing ready (store-and-forward chunks wait for their own
-arrival elsewhere), so the port was idle, not slow — and is left out: the window measures
-the port while it carries data, as §5's saturated windows do. Arrivals the receiving process noticed together
-(it was off the CPU while the data piled up) make intervals of almost no time: one faster than
-:data:`BUNCHED_FACTOR` × the median interval's rate is first merged into the interval before it, whose
-bytes it carries. A uniformly slower port
-slows every interval alike and is measured as such. Each peer's sample is its bytes in the
-kept intervals over their total time, so a window's per-peer samples add up to the port's
-rate. When no arrival of a window has a known time (gloo's alltoallv completes every
-receive of a step at once), the window runs from the N-th post to the last completion.
+**Rate: the dispersion of arrivals.** A window runs from its first arrival whose time is
+known exactly (the executor was blocked waiting for it: ``completed(at=)``,
+:meth:`Meters.arrival`) to its last arrival (exact, or when it was noticed: a bound from
+above), and counts the bytes that arrived after the first. That leaves out the sender's
+start, gloo's receive-ready rendezvous and the first chunk's latency. Only the sum means
+something: the executor waits for receives in its own order, so arrivals in between are
+noticed only later, in bunches (measured: every other 64 KiB slice of a ring noticed at the
+end), and the time between two single arrivals is not one chunk's transfer time. Each peer's
+sample is its bytes in the window over the window's time, so a window's per-peer samples add
+up to the port's rate. When no arrival of a window has a known time (gloo's alltoallv
+completes every receive of a step at once), the window runs from the N-th post to the last
+completion, which includes the ranks' skew: the exchange driver's samples read low.
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
@@ -44,7 +41,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -154,28 +150,20 @@ class TelemetryBuffer:
 # A wait that returned later than this after it began was blocked on the operation, so the
 # operation completed (its last byte arrived) when the wait returned; a quicker return means it
 # had completed earlier, at a time nobody saw (gloo's ``is_completed`` stays False until waited).
-BLOCKED_WAIT_S = 50e-6
-# An interval between arrivals slower than this fraction of the window's rate held a gap (module
-# docstring; the rate recomputed over the kept intervals GAP_ROUNDS times). 0.5: a gap longer
-# than the interval's own transfer time.
-GAP_FRACTION = 0.5
-GAP_ROUNDS = 3
-# An interval faster than this many times the median interval's rate was noticed together with the arrival
-# before it (:func:`_merge_bunched`).
-BUNCHED_FACTOR = 2.0
+BLOCKED_WAIT_S = 1e-3
 
 
 class _Window:
     """One receiving port's window (module docstring)."""
 
-    __slots__ = ("inflight", "opened", "anchor", "pending", "intervals", "total")
+    __slots__ = ("inflight", "opened", "first", "last", "after", "total")
 
     def __init__(self) -> None:
         self.inflight = 0  # receives of this port posted and not yet complete
         self.opened: float | None = None  # when the N-th receive was posted (None: closed)
-        self.anchor: float | None = None  # the latest arrival with a known time in the window
-        self.pending: dict[int, int] = {}  # bytes per peer that arrived since the anchor
-        self.intervals: list[tuple[float, dict[int, int]]] = []  # (seconds, bytes per peer)
+        self.first: float | None = None  # the first arrival with a known time in the window
+        self.last = 0.0  # the latest arrival (known, or when it was noticed)
+        self.after: dict[int, int] = {}  # bytes per peer that arrived after ``first``
         self.total: dict[int, int] = {}  # bytes per peer of every completion in the window
 
 
@@ -204,8 +192,8 @@ class Meters:
         window.inflight += 1
         if window.opened is None and window.inflight >= self._thresholds[port]:
             window.opened = time.perf_counter()
-            window.anchor = None
-            window.pending, window.intervals, window.total = {}, [], {}
+            window.first = None
+            window.after, window.total = {}, {}
 
     @staticmethod
     def arrival(began: float) -> float | None:
@@ -224,61 +212,23 @@ class Meters:
         if window.opened is None:
             return
         window.total[peer] = window.total.get(peer, 0) + nbytes
-        if window.anchor is not None:
-            window.pending[peer] = window.pending.get(peer, 0) + nbytes
-            if at is not None:
-                window.intervals.append((at - window.anchor, window.pending))
-                window.pending = {}
-        if at is not None:
-            window.anchor = at
+        if window.first is not None:
+            window.after[peer] = window.after.get(peer, 0) + nbytes
+            window.last = max(window.last, time.perf_counter() if at is None else at)
+        elif at is not None:
+            window.first = window.last = at
         if window.inflight < self._thresholds[port]:
             self._close(window, port)
 
     def _close(self, window: _Window, port: int) -> None:
         opened, window.opened = window.opened, None
-        if window.anchor is None:  # no arrival with a known time: from the N-th post to now
+        if window.first is None:  # no arrival with a known time: from the N-th post to now
             per_peer, seconds = window.total, time.perf_counter() - opened
         else:
-            intervals = window.intervals
-            if window.pending:  # arrivals after the last known one: up to when they were noticed (an upper bound)
-                intervals.append((time.perf_counter() - window.anchor, window.pending))
-            kept = _merge_bunched([(max(seconds, 0.0), moved, sum(moved.values())) for seconds, moved in intervals])
-            for _ in range(GAP_ROUNDS):
-                seconds = sum(item[0] for item in kept)
-                if seconds <= 0:
-                    return
-                floor = GAP_FRACTION * sum(item[2] for item in kept) / seconds
-                kept = [item for item in kept if item[2] >= floor * item[0]]
-            per_peer, seconds = {}, sum(item[0] for item in kept)
-            for _, moved, _ in kept:
-                for sender, nbytes in moved.items():
-                    per_peer[sender] = per_peer.get(sender, 0) + nbytes
+            per_peer, seconds = window.after, window.last - window.first
         if seconds <= 0:
             return
         kind, end = (INTRA if port else INTER), time.time()
         for sender, nbytes in per_peer.items():
             if nbytes > 0:
                 self.buffer.offer(Sample(kind, self.communicator, sender, self.rank, nbytes, seconds, end, self.seq))
-
-
-def _merge_bunched(intervals: list[tuple[float, dict[int, int], int]]) -> list[tuple[float, dict[int, int], int]]:
-    """Intervals (seconds, bytes per peer, bytes) with every one faster than :data:`BUNCHED_FACTOR` × the
-    (lower) median interval's rate merged into the one before it: arrivals the receiving process noticed together (its
-    transport thread or the executor was off the CPU while the data piled up in the socket) carry bytes
-    that moved during the interval before. A bunched first interval is dropped (its bytes may have moved
-    before the window's first known arrival)."""
-    rates = [nbytes / interval_s for interval_s, _, nbytes in intervals if interval_s > 0]
-    if not rates:
-        return []
-    fast = BUNCHED_FACTOR * statistics.median_low(rates)
-    merged: list[tuple[float, dict[int, int], int]] = []
-    for interval_s, moved, nbytes in intervals:
-        if nbytes <= fast * interval_s:
-            merged.append((interval_s, moved, nbytes))
-        elif merged:
-            before_s, before, before_bytes = merged[-1]
-            together = dict(before)
-            for sender, count in moved.items():
-                together[sender] = together.get(sender, 0) + count
-            merged[-1] = (before_s + interval_s, together, before_bytes + nbytes)
-    return merged
