@@ -76,10 +76,13 @@ class NetemuConfig:
     alpha_level: float | None = None
     warmup: int = 3
     settle: int = 3
-    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis, and how often
-    # a rank asks it for a new version (the defaults of the service / client: 20 / 50 ms)
+    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis, how often a
+    # rank's client may ask it for a new version, and how often the communicator's swap thread polls its client
+    # (an answer is picked up on the poll after the one that asked: dispatch ≤ 2 × swap_poll_s; the defaults of
+    # the service / client / communicator: 20 / 50 / 20 ms)
     check_interval_s: float = 0.01
-    client_interval_s: float = 0.01
+    client_interval_s: float = 0.005
+    swap_poll_s: float = 0.005
     timeout_s: float = 300.0
 
     @property
@@ -138,7 +141,7 @@ def _rank_main(rank: int, world: int, plan: FabricPlan, endpoint: str, schedules
         for kind, text in schedules.items():
             comms[kind] = init(groups[kind], _TimedSource(clients[kind], kind, received), topology=topology, schedules=[loads_schedule(text)],
                                sink=_RecordingSink(clients[kind], kind, kept), name=COMMUNICATORS[kind],
-                               telemetry=TelemetryConfig(flush_interval_s=0.02))
+                               telemetry=TelemetryConfig(flush_interval_s=0.02), poll_s=config.swap_poll_s)
         out = _stream(rank, world, plan, comms, config, progress, torch, dist)
         for comm in comms.values():
             comm.flush_telemetry()
