@@ -68,7 +68,7 @@ class NetemuConfig:
     max_recovered: int = 12
     torch_check_every: int = 5
     chunks: int = 4
-    # per-sample telemetry noise here is ~40 % (CV, TCP flows without fair queueing, send-side timing,
+    # per-sample telemetry noise here was ~40 % (CV, TCP flows without fair queueing, send-side timing then,
     # a loaded CPU): α 0.5 / Γ 0.2 flagged healthy schedules and swapped 3–8 times per fault; α 0.15 / Γ 0.3
     # with the synthesizer on the same EWMA swapped 1–2 times (BENCHMARKS.md, 2026-11-30 netemu)
     alpha: float = 0.15
@@ -171,15 +171,16 @@ class _TimedSource:
 
 
 class _RecordingSink:
-    """Forwards telemetry to the controller and keeps a copy (kind, sample kind, peer, bytes, seconds,
-    end time, seq) for the accuracy figures: what the controller was told, against the shaped rates."""
+    """Forwards telemetry to the controller and keeps a copy (kind, sample kind, sender, bytes, seconds,
+    end time, seq) for the accuracy figures: what the controller was told, against the shaped rates. The
+    samples are measured on the receive side: a rank's copy describes the paths into it."""
 
     def __init__(self, sink: object, kind: str, kept: list) -> None:
         self.sink, self.kind, self.kept = sink, kind, kept
 
     def submit(self, samples) -> None:  # noqa: ANN001 - a sequence of mccl Samples
         self.sink.submit(samples)
-        self.kept.extend((self.kind, s.kind, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in samples)
+        self.kept.extend((self.kind, s.kind, s.rank, s.bytes, s.seconds, s.end_time, s.seq) for s in samples)
 
 
 def _stream(rank: int, world: int, plan: FabricPlan, comms: dict, config: NetemuConfig, progress: object,
