@@ -14,8 +14,10 @@ goodput) against the measured algbw for every version; swaps per fabric change; 
 collectives after the change) and the reaction path of Fig. 13(b): synthesis, dispatch (issued → rank 0's
 client has it), swap (staging → agreement), activation (detection → agreed), the wait for the collectives
 in flight, detection → first collective on the new version; telemetry error:
-rank 0's inter-host samples of a collective, summed over the union of their windows, against the
-shaped goodput of its NIC (20 or 10 Mbit/s × 1448/1514).
+rank 0's inter-host samples of a collective (receive side: the paths into rank 0, through its NIC's
+downlink), summed over the union of their windows, against the shaped goodput of its NIC (20 or 10
+Mbit/s × 1448/1514). ``benchmarks/netemu_telemetry.py``: the same error outside the loop, with the
+NIC-busy fraction next to it.
 
 Fresh references (same fabric, no controller, no swaps): the healthy schedule on the healthy fabric,
 the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
@@ -54,12 +56,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("allgather", "alltoall")
 
 
-def telemetry_error(report: NetemuReport, rank: int = 0) -> dict[str, float | None]:
-    """Median over collectives of (rank's inter bytes / union of its inter windows) / shaped goodput − 1,
-    per phase (healthy: the healthy NIC rate; degraded: the halved one)."""
+def telemetry_error(report: NetemuReport, rank: int = 0, collective: str | None = None) -> dict[str, float | None]:
+    """Median over collectives (of ``collective``, or all) of (rank's inter bytes / union of its inter windows)
+    / shaped goodput − 1, per phase (healthy: the healthy NIC rate; degraded: the halved one)."""
     by_seq: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for kind, sample_kind, _peer, nbytes, seconds, end, seq in report.telemetry.get(rank, []):
-        if sample_kind == "inter" and seconds > 0:
+        if sample_kind == "inter" and seconds > 0 and collective in (None, kind):
             by_seq.setdefault((kind, seq), []).append((end - seconds, end, nbytes))
     phase_of = {(r.kind, r.seq): r.phase for r in report.records}
     factor = report.config["fault_factor"]
@@ -112,8 +114,9 @@ def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], Netemu
                                  "measured_MBps": round(measured * 1e3, 3),
                                  "model_MBps": None if model is None else round(model * 1e3, 3),
                                  "measured_over_model": None if not model else round(measured / model, 3)})
-    for phase, value in telemetry_error(report).items():
-        row[f"telemetry_err_{phase}"] = None if value is None else round(value, 3)
+    for collective in KINDS:
+        for phase, value in telemetry_error(report, collective=collective).items():
+            row[f"{collective}_telemetry_err_{phase}"] = None if value is None else round(value, 3)
     return row, versions, report
 
 

@@ -21,12 +21,17 @@ INTRA = "intra"
 class Sample:
     """One measurement window (mccl-paper §5): ``bytes`` moved in ``seconds`` while saturated.
 
-    ``kind``: ``"intra"`` — the rank's cumulative injection rate into its host fabric
-    (all peers on its host together, §3.3), ``peer`` is -1; ``"inter"`` — one rank
-    pair across hosts. ``end_time``: wall clock (s since the epoch) when the window
-    closed. ``seq``: the communicator's sequence number of the collective.
+    **Direction: a sample describes the path ``rank → peer``** (``rank`` sends, ``peer``
+    receives), whichever end measured it — the runtime measures at the receiving end (a
+    receive completes when its last byte has arrived, :mod:`mccl.runtime.telemetry`), so
+    its samples are reported by ``peer``. ``kind``: ``"inter"`` — the two ranks are on
+    different hosts; ``"intra"`` — on the same host (the host fabric, §3.3). ``peer`` is
+    -1 only for ``"intra"``: the aggregate of every same-host path out of ``rank`` (the
+    rank's cumulative injection into its host fabric), which the runtime no longer emits
+    but a sample may still carry. ``end_time``: wall clock (s since the epoch) when the
+    window closed. ``seq``: the communicator's sequence number of the collective.
     ``collective`` and ``version``: the schedule whose traffic the window measured, when the
-    sender knows it ("" and -1: unknown). Why: a rank pair's rate depends on the schedule
+    measuring rank knows it ("" and -1: unknown). Why: a rank pair's rate depends on the schedule
     (how many pairs share a NIC), so the controller compares a sample only with references
     learned under the same version; untagged samples are attributed by sequence number.
     """

@@ -38,7 +38,7 @@ __all__ = ["init", "communicator_of", "all_gather_into_tensor", "all_to_all_sing
 def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | None = None, *,
          topology: Topology | None = None, schedules: Sequence[Schedule] = (), sink: TelemetrySink | None = None,
          telemetry: TelemetryConfig | None = None, hot_swap: bool = True, name: str | None = None,
-         driver: str | None = None, check: bool = False) -> Communicator:
+         driver: str | None = None, check: bool = False, poll_s: float = 0.02) -> Communicator:
     """A communicator over ``group`` (default: the world group); call it on every rank of the group, in the same order.
 
     ``controller``: where new schedule versions come from (the controller's client;
@@ -46,7 +46,8 @@ def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | No
     where telemetry samples go (none: telemetry off). ``hot_swap``: start the swap
     thread and its control channel (the job's TCPStore). ``check``: agree on every collective's
     sizes and dtype across the ranks before any data moves (one small AllGather per call, see
-    :mod:`mccl.runtime.agreement`; the "mccl" backend does it by default).
+    :mod:`mccl.runtime.agreement`; the "mccl" backend does it by default). ``poll_s``: how often the
+    swap thread asks ``controller`` for a new version (the dispatch term of the reaction time).
     """
     if not dist.is_initialized():
         raise MCCLError("mccl.init needs torch.distributed to be initialized (dist.init_process_group)")
@@ -59,7 +60,7 @@ def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | No
     transport = Transport(group, store=dist.PrefixStore(f"mccl/liveness/{group_name}#{count}/", store))
     control = StoreControl(store, f"mccl/control/{name}/", transport.rank, transport.size) if hot_swap else None
     return Communicator(transport, name=name, topology=topology, schedules=schedules, source=controller, sink=sink,
-                        telemetry=telemetry, control=control, driver=driver, check=check)
+                        telemetry=telemetry, control=control, driver=driver, check=check, poll_s=poll_s)
 
 
 def communicator_of(group: Communicator | dist.ProcessGroup | None) -> Communicator:

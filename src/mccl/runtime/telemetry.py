@@ -1,15 +1,32 @@
 """Passive telemetry of the executor (mccl-paper §5, adapted to point-to-point operations).
 
-What is measured: the bytes and time of the sends a rank actually performs, per
-peer. A measurement window is open only while the path is saturated — the "active
-channels ≥ threshold N" rule of §5.1, here: while at least N sends to that peer
-(inter-host) or to the rank's host (intra-host) are in flight — so start-up and tail
-transients do not bias the rate. The window opens when the N-th send is posted,
-counts the bytes of sends that complete while it is open, and closes (emitting one
-:class:`~mccl.telemetry.Sample`) when fewer than N remain in flight.
+What is measured: the **receives** a rank performs — a receive completes when its last
+byte has arrived, so the receiving end is where the wire's rate shows. (Timed at the send
+side, a window opened when a send was posted, but a gloo send transmits only once the
+peer's receive-ready notice has arrived, and it "completes" once its bytes are in the
+socket buffer: the 2026-12-01 loop read 42–49 % of the shaped rate that way.) A sample
+describes the path ``sender → this rank`` and is reported as ``Sample(rank=sender,
+peer=receiver)`` (:class:`mccl.telemetry.Sample`: the path's ends, whichever one measured).
 
-Intra-host samples are the rank's cumulative injection rate into its host fabric
-(all same-host peers together), inter-host samples are per rank pair (§3.3).
+**Windows per receiving port.** Every receive from another host arrives through this
+rank's NIC, every receive from its own host through its host fabric (NVLink), so the
+saturation rule of §5.1 ("active channels ≥ threshold N") is applied per port: a window
+is open while at least N receives of that kind (inter / intra) are in flight (posted,
+not yet complete), whichever peers they come from — per pair, the 1–2 chunks a tree
+sends through one NIC per collective would rarely open one.
+
+**Rate: the dispersion of arrivals.** A window runs from its first arrival whose time is
+known exactly (the executor was blocked waiting for it: ``completed(at=)``,
+:meth:`Meters.arrival`) to its last arrival (exact, or when it was noticed: a bound from
+above), and counts the bytes that arrived after the first. That leaves out the sender's
+start, gloo's receive-ready rendezvous and the first chunk's latency. Only the sum means
+something: the executor waits for receives in its own order, so arrivals in between are
+noticed only later, in bunches (measured: every other 64 KiB slice of a ring noticed at the
+end), and the time between two single arrivals is not one chunk's transfer time. Each peer's
+sample is its bytes in the window over the window's time, so a window's per-peer samples add
+up to the port's rate. When no arrival of a window has a known time (gloo's alltoallv
+completes every receive of a step at once), the window runs from the N-th post to the last
+completion, which includes the ranks' skew: the exchange driver's samples read low.
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
@@ -31,6 +48,7 @@ from dataclasses import dataclass
 
 from mccl.runtime.calls import CallTotals
 from mccl.runtime.sources import CallSink, Sample, TelemetrySink
+from mccl.telemetry import INTER, INTRA
 
 __all__ = ["TelemetryConfig", "TelemetryBuffer", "Meters"]
 
@@ -39,7 +57,8 @@ log = logging.getLogger("mccl.runtime")
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetryConfig:
-    """``threshold_inter`` / ``threshold_intra``: sends in flight (N of §5.1) that open a window.
+    """``threshold_inter`` / ``threshold_intra``: receives from one peer in flight (N of §5.1) that
+    open its window.
     ``capacity``: samples buffered before dropping; ``batch``: samples per ``submit``;
     ``flush_interval_s``: how often the telemetry thread wakes up."""
 
@@ -128,17 +147,28 @@ class TelemetryBuffer:
             self._drain()
 
 
+# A wait that returned later than this after it began was blocked on the operation, so the
+# operation completed (its last byte arrived) when the wait returned; a quicker return means it
+# had completed earlier, at a time nobody saw (gloo's ``is_completed`` stays False until waited).
+BLOCKED_WAIT_S = 1e-3
+
+
 class _Window:
-    __slots__ = ("inflight", "start", "bytes")
+    """One receiving port's window (module docstring)."""
+
+    __slots__ = ("inflight", "opened", "first", "last", "after", "total")
 
     def __init__(self) -> None:
-        self.inflight = 0
-        self.start: float | None = None
-        self.bytes = 0
+        self.inflight = 0  # receives of this port posted and not yet complete
+        self.opened: float | None = None  # when the N-th receive was posted (None: closed)
+        self.first: float | None = None  # the first arrival with a known time in the window
+        self.last = 0.0  # the latest arrival (known, or when it was noticed)
+        self.after: dict[int, int] = {}  # bytes per peer that arrived after ``first``
+        self.total: dict[int, int] = {}  # bytes per peer of every completion in the window
 
 
 class Meters:
-    """The per-peer measurement windows of one rank of one communicator."""
+    """The receive windows of one rank of one communicator, per port (module docstring)."""
 
     def __init__(self, communicator: str, rank: int, same_host: Sequence[bool], buffer: TelemetryBuffer,
                  config: TelemetryConfig) -> None:
@@ -151,30 +181,54 @@ class Meters:
 
     def set_hosts(self, same_host: Sequence[bool]) -> None:
         """Which peers share this rank's host (from the topology of the installed schedules)."""
-        # key -1: all same-host peers together (injection rate); key p: the pair (rank, p)
-        self._key = [-1 if same else peer for peer, same in enumerate(same_host)]
-        self._threshold = [self.config.threshold_intra if same else self.config.threshold_inter for same in same_host]
-        self._windows: dict[int, _Window] = {key: _Window() for key in set(self._key)}
+        self._port = [1 if same else 0 for same in same_host]  # 0: the NIC (inter), 1: the host fabric (intra)
+        self._windows = (_Window(), _Window())
+        self._thresholds = (self.config.threshold_inter, self.config.threshold_intra)
 
     def posted(self, peer: int, nbytes: int) -> None:
-        key = self._key[peer]
-        window = self._windows[key]
+        """A receive of ``nbytes`` from ``peer`` was posted."""
+        port = self._port[peer]
+        window = self._windows[port]
         window.inflight += 1
-        if window.start is None and window.inflight >= self._threshold[peer]:
-            window.start = time.perf_counter()
-            window.bytes = 0
+        if window.opened is None and window.inflight >= self._thresholds[port]:
+            window.opened = time.perf_counter()
+            window.first = None
+            window.after, window.total = {}, {}
+
+    @staticmethod
+    def arrival(began: float) -> float | None:
+        """Called right after a wait that began at ``began`` (``time.perf_counter()``) returned: now,
+        if the wait was blocked until the operation completed; None if it had completed before."""
+        now = time.perf_counter()
+        return now if now - began > BLOCKED_WAIT_S else None
 
     def completed(self, peer: int, nbytes: int, at: float | None = None) -> None:
-        """A send finished; ``at``: when it did (``time.perf_counter()``) if the transport knows,
-        else now — the time the executor noticed it."""
-        key = self._key[peer]
-        window = self._windows[key]
+        """A receive from ``peer`` completed. ``at``: when its last byte arrived
+        (``time.perf_counter()``), if known — the executor's wait for it was blocked until then
+        (:meth:`arrival`); None: it completed at an unknown time before now."""
+        port = self._port[peer]
+        window = self._windows[port]
         window.inflight -= 1
-        if window.start is None:
+        if window.opened is None:
             return
-        window.bytes += nbytes
-        if window.inflight < self._threshold[peer]:
-            seconds = (time.perf_counter() if at is None else at) - window.start
-            window.start = None
-            self.buffer.offer(Sample("intra" if key == -1 else "inter", self.communicator, self.rank, key,
-                                     window.bytes, seconds, time.time(), self.seq))
+        window.total[peer] = window.total.get(peer, 0) + nbytes
+        if window.first is not None:
+            window.after[peer] = window.after.get(peer, 0) + nbytes
+            window.last = max(window.last, time.perf_counter() if at is None else at)
+        elif at is not None:
+            window.first = window.last = at
+        if window.inflight < self._thresholds[port]:
+            self._close(window, port)
+
+    def _close(self, window: _Window, port: int) -> None:
+        opened, window.opened = window.opened, None
+        if window.first is None:  # no arrival with a known time: from the N-th post to now
+            per_peer, seconds = window.total, time.perf_counter() - opened
+        else:
+            per_peer, seconds = window.after, window.last - window.first
+        if seconds <= 0:
+            return
+        kind, end = (INTRA if port else INTER), time.time()
+        for sender, nbytes in per_peer.items():
+            if nbytes > 0:
+                self.buffer.offer(Sample(kind, self.communicator, sender, self.rank, nbytes, seconds, end, self.seq))

@@ -10,12 +10,12 @@ telemetry (§5) sees the slow link exactly as it would see a real one.
 The pacer is a thread that idle-waits (no GIL-holding spin: that slows gloo 5–14×)
 and posts each send when its time comes, in order; a second thread is the only
 one that waits on the posted gloo Work (a gloo send must not be waited on twice)
-and stamps :attr:`PacedWork.completed_at` — the time the data really left, which
-the executor hands to the telemetry meters. The eager driver otherwise notices a
-completion only after its current wait returns, so one slow link would blur the
-measured rate of every other peer of the rank (head-of-line blocking). The
-executor waits on a :class:`PacedWork` as on any gloo Work. gloo only (NCCL sends
-are enqueued on a stream, which a CPU-side delay would not model).
+and stamps :attr:`PacedWork.completed_at` — the time the data really left. The
+telemetry meters the receiving end (:mod:`mccl.runtime.telemetry`), where a paced
+send's data arrives when the pacer posts it, so the meters need no stamp; it is
+kept for callers that time sends. The executor waits on a :class:`PacedWork` as
+on any gloo Work. gloo only (NCCL sends are enqueued on a stream, which a
+CPU-side delay would not model).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class NetemuConfig:
     max_recovered: int = 12
     torch_check_every: int = 5
     chunks: int = 4
-    # per-sample telemetry noise here is ~40 % (CV, TCP flows without fair queueing, send-side timing,
+    # per-sample telemetry noise here was ~40 % (CV, TCP flows without fair queueing, send-side timing then,
     # a loaded CPU): α 0.5 / Γ 0.2 flagged healthy schedules and swapped 3–8 times per fault; α 0.15 / Γ 0.3
     # with the synthesizer on the same EWMA swapped 1–2 times (BENCHMARKS.md, 2026-11-30 netemu)
     alpha: float = 0.15
@@ -76,10 +76,13 @@ class NetemuConfig:
     alpha_level: float | None = None
     warmup: int = 3
     settle: int = 3
-    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis, and how often
-    # a rank asks it for a new version (the defaults of the service / client: 20 / 50 ms)
+    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis, how often a
+    # rank's client may ask it for a new version, and how often the communicator's swap thread polls its client
+    # (an answer is picked up on the poll after the one that asked: dispatch ≤ 2 × swap_poll_s; the defaults of
+    # the service / client / communicator: 20 / 50 / 20 ms)
     check_interval_s: float = 0.01
-    client_interval_s: float = 0.01
+    client_interval_s: float = 0.005
+    swap_poll_s: float = 0.005
     timeout_s: float = 300.0
 
     @property
@@ -138,7 +141,7 @@ def _rank_main(rank: int, world: int, plan: FabricPlan, endpoint: str, schedules
         for kind, text in schedules.items():
             comms[kind] = init(groups[kind], _TimedSource(clients[kind], kind, received), topology=topology, schedules=[loads_schedule(text)],
                                sink=_RecordingSink(clients[kind], kind, kept), name=COMMUNICATORS[kind],
-                               telemetry=TelemetryConfig(flush_interval_s=0.02))
+                               telemetry=TelemetryConfig(flush_interval_s=0.02), poll_s=config.swap_poll_s)
         out = _stream(rank, world, plan, comms, config, progress, torch, dist)
         for comm in comms.values():
             comm.flush_telemetry()
@@ -168,15 +171,16 @@ class _TimedSource:
 
 
 class _RecordingSink:
-    """Forwards telemetry to the controller and keeps a copy (kind, sample kind, peer, bytes, seconds,
-    end time, seq) for the accuracy figures: what the controller was told, against the shaped rates."""
+    """Forwards telemetry to the controller and keeps a copy (kind, sample kind, sender, bytes, seconds,
+    end time, seq) for the accuracy figures: what the controller was told, against the shaped rates. The
+    samples are measured on the receive side: a rank's copy describes the paths into it."""
 
     def __init__(self, sink: object, kind: str, kept: list) -> None:
         self.sink, self.kind, self.kept = sink, kind, kept
 
     def submit(self, samples) -> None:  # noqa: ANN001 - a sequence of mccl Samples
         self.sink.submit(samples)
-        self.kept.extend((self.kind, s.kind, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in samples)
+        self.kept.extend((self.kind, s.kind, s.rank, s.bytes, s.seconds, s.end_time, s.seq) for s in samples)
 
 
 def _stream(rank: int, world: int, plan: FabricPlan, comms: dict, config: NetemuConfig, progress: object,

@@ -56,8 +56,9 @@ BASE_PREFIX = "mne"  # every run's names: mne<pid>-...
 DATA_NET = "10.77.0"
 MGMT_NET = "10.79"
 MAX_RANKS = 250
-# Small TCP send buffers in the GPU namespaces. Why: the executor's telemetry times a send from post to
-# completion, and a gloo send completes once its bytes are in the socket; with Linux's default buffers
+# Small TCP send buffers in the GPU namespaces. Why (when the executor's telemetry was timed on the send side,
+# before 2026-12-01's third session; it is timed on the receive side now, and the buffers were kept, not
+# re-measured without them): a gloo send completes once its bytes are in the socket; with Linux's default buffers
 # (tcp_wmem up to 4 MiB, 1 MiB per socket allowed in the qdisc) a 128 KiB chunk "completes" long before
 # it crosses a 20 Mbit/s link (measured: samples of 8 Gbit/s on a 20 Mbit/s NIC). 64 KiB of buffer is
 # ~26 ms at 20 Mbit/s and still lets one flow fill the link (the RTT is ~0.1 ms). No slow start after an idle

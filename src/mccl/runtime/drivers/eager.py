@@ -20,6 +20,7 @@ chunks are empty is in the :class:`EagerProgram`.
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass
 
 import torch
@@ -133,8 +134,9 @@ class _EagerRun:
             if not heap:
                 raise MCCLError("the executor stalled: operations wait on each other (a schedule this rank cannot run)")
             first = heapq.heappop(heap)[2]
+            began = time.perf_counter()
             self.transport.wait(self.works[first], ops[first].peer)
-            self._complete(first)
+            self._complete(first, began)
             works = self.works
             for index in [i for i in self.watched if works[i].is_completed()]:
                 self._complete(index)
@@ -154,12 +156,12 @@ class _EagerRun:
                 if waiting[index]:
                     break
                 op = ops[index]
-                if op.is_send and meters is not None:
+                if not op.is_send and meters is not None:
                     meters.posted(op.peer, self.nbytes[index])
                 self.works[index] = self.transport.post(p2p(op, self.views, self.temps, self.tag_base))
                 posted[index] = True
                 heapq.heappush(self.heap, (op.step, op.is_send, index))
-                if unlocks[index] or (op.is_send and meters is not None):
+                if unlocks[index]:
                     self.watched.add(index)
             position += 1
         self.heads[key] = position
@@ -172,13 +174,14 @@ class _EagerRun:
             if waiting[dependent] == 0:
                 self.touched.add((ops[dependent].is_send, ops[dependent].peer, ops[dependent].chunk))
 
-    def _complete(self, index: int) -> None:
+    def _complete(self, index: int, began: float | None = None) -> None:
+        """``began``: when the wait that ended with this operation's completion started (None: found done)."""
         self.done[index] = True
         self.remaining -= 1
         self.watched.discard(index)
         op = self.ops[index]
-        if op.is_send and self.meters is not None:  # a paced send knows when it really completed
-            self.meters.completed(op.peer, self.nbytes[index], getattr(self.works[index], "completed_at", None))
+        if not op.is_send and self.meters is not None:  # receive-side telemetry: when the last byte arrived
+            self.meters.completed(op.peer, self.nbytes[index], None if began is None else Meters.arrival(began))
         if index in self.temps:
             self.pending_apply.append(index)
         else:

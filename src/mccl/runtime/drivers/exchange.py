@@ -104,12 +104,12 @@ class ExchangeDriver:
                 out = template.new_empty(sum(step.out_split))
             else:
                 inp, out = _whole_or_slice(tensors, step.send_region), _whole_or_slice(tensors, step.recv_region)
-            if meters is not None:
-                for i in step.sends:
+            if meters is not None:  # receive-side telemetry; one alltoallv: no arrival times
+                for i in step.recvs:
                     meters.posted(ops[i].peer, spans[i][2] * itemsize)
             transport.native_all_to_all(out, inp, step.out_split, step.in_split)
             if meters is not None:
-                for i in step.sends:
+                for i in step.recvs:
                     meters.completed(ops[i].peer, spans[i][2] * itemsize)
             if step.packed:
                 _unpack(out, step.recvs, ops, spans, tensors, buffers)

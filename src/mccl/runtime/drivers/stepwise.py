@@ -8,6 +8,7 @@ rank 0 first; operations to one peer keep the plan's order (NCCL matches in orde
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ class StepOps:
 
     issued: tuple[Op, ...]
     sends: tuple[Op, ...]
+    recvs: tuple[Op, ...]
     reducing: tuple[int, ...]  # receives to add in after the step, in issue order
 
 
@@ -55,6 +57,7 @@ class StepwiseDriver:
                 continue
             issued = tuple([op for op in live if not op.is_send] + [op for op in live if op.is_send])
             steps.append(StepOps(issued, tuple(op for op in issued if op.is_send),
+                                 tuple(op for op in issued if not op.is_send),
                                  tuple(op.index for op in issued if op.index in reducing)))
         return StepwiseProgram(base, tuple(steps))
 
@@ -64,15 +67,20 @@ class StepwiseDriver:
         base = tag_base(seq)
         reducer, ops = buffers.reducer, program.p2p.ops
         for step in program.steps:
-            if meters is not None:
-                for op in step.sends:
+            if meters is not None:  # receive-side telemetry (mccl.runtime.telemetry)
+                for op in step.recvs:
                     meters.posted(op.peer, views[op.index].numel() * views[op.index].element_size())
             works = transport.post_group([p2p(op, views, temps, base) for op in step.issued])
             one_each = len(works) == len(step.issued)  # NCCL: one coalesced Work for the step
             for position, work in enumerate(works):
+                began = time.perf_counter()
                 transport.wait(work, step.issued[position].peer if one_each else None)
-            if meters is not None:
-                for op in step.sends:
+                op = step.issued[position]
+                if meters is not None and one_each and not op.is_send:
+                    meters.completed(op.peer, views[op.index].numel() * views[op.index].element_size(),
+                                     Meters.arrival(began))
+            if meters is not None and not one_each:  # one Work for the step: no arrival times
+                for op in step.recvs:
                     meters.completed(op.peer, views[op.index].numel() * views[op.index].element_size())
             for index in step.reducing:
                 reducer(views[index], temps[index], ops[index].peer)

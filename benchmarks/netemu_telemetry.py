@@ -1,0 +1,172 @@
+"""Telemetry accuracy on the kernel-emulated fabric: receive-side samples against the shaped rate (needs root).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py                  # both cases, 8 calls each
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases pair --repeats 12
+
+Two cases, the fabric of :mod:`mccl.experiments.netemu` (NICs 400 Gbit/s / ``--scale``, 20 Mbit/s by default):
+
+* ``pair`` (the paper's §5 set-up, one saturated path): ``rail_optimized(1,2,1)``, 2 ranks, a ring AllGather of
+  1 MiB per rank in 8 chunks through mccl; every NIC busy both ways.
+* ``loop``: the 8 ranks and healthy schedules of ``mccl demo`` (AllGather, AllToAll), as in the loop.
+
+Per collective, rank 0's inter-host samples (it measures the paths *into* it: ``Sample(rank=sender,
+peer=0)``): the rate over the union of their windows, ÷ the shaped goodput of rank 0's NIC (its downlink;
+1448/1514 of the configured rate) − 1 — the "telemetry error"; and the union ÷ the collective's time
+(the fraction of the collective the telemetry saw the path busy) next to the NIC-busy fraction measured by
+the kernel (the downlink's htb byte counter ÷ (shaped rate × the slowest rank's time)). Medians over the
+calls after the first. Writes ``benchmarks/results/netemu_telemetry<tag>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
+
+from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reason
+from mccl.experiments.netemu.demo import NetemuConfig, _synth_options
+from mccl.experiments.netemu.ranks import run_ranks_in_fabric
+from mccl.experiments.netemu.shaping import GOODPUT
+
+KINDS = ("allgather", "alltoall")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _downlink_bytes(plan: FabricPlan, rank: int) -> int:
+    """L2 bytes the switch has sent into ``rank``'s NIC so far (the htb class of its switch-side veth)."""
+    shown = subprocess.run(["tc", "-s", "-n", plan.switch_ns, "class", "show", "dev", f"n{rank}"], capture_output=True,
+                           text=True, check=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", shown).group(1))
+
+
+def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: str, elements: dict,
+          repeats: int, driver: str | None) -> dict:
+    """Every schedule ``repeats`` times with telemetry into a MemorySink; rank 0 reads its downlink counter."""
+    import torch
+    import torch.distributed as dist
+
+    from mccl.runtime import MemorySink, TelemetryConfig, init
+    from mccl.schedule import loads_schedule
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(topology_spec)
+    out: dict = {}
+    for name, text in texts.items():
+        kind = loads_schedule(text).collective.value
+        sink = MemorySink()
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                    name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
+        calls = []
+        source = torch.arange(elements[kind], dtype=torch.int32) + rank
+        output = torch.empty(elements[kind] * (world if kind == "allgather" else 1), dtype=torch.int32)
+        for _ in range(repeats):
+            dist.barrier()
+            before = _downlink_bytes(plan, rank) if rank == 0 else 0
+            start = time.perf_counter()
+            if kind == "allgather":
+                comm.all_gather_into_tensor(output, source)
+            else:
+                comm.all_to_all_single(output, source)
+            seconds = time.perf_counter() - start
+            calls.append((comm.history[-1][0], seconds, (_downlink_bytes(plan, rank) - before) if rank == 0 else 0))
+        comm.flush_telemetry()
+        samples = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in sink.samples]
+        comm.close()
+        out[name] = {"calls": calls, "samples": samples}
+    return out
+
+
+def _union(windows: list[tuple[float, float]]) -> float:
+    windows = sorted(windows)
+    total, start, end = 0.0, *windows[0]
+    for s, e in windows[1:]:
+        if s > end:
+            total, start, end = total + end - start, s, e
+        else:
+            end = max(end, e)
+    return total + end - start
+
+
+def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False) -> list[dict]:
+    from mccl.schedule import Collective, dumps_schedule
+    from mccl.synth import optimize
+    from mccl.synth.ring import naive_ring
+    from mccl.topology import parse_topology
+
+    if case == "pair":
+        spec = "rail_optimized(1,2,1)"
+        topology = parse_topology(spec)
+        texts = {"allgather": dumps_schedule(naive_ring(topology, "allgather", chunks=8))}
+        elements = {"allgather": (1 << 20) // 4}
+    else:
+        config = NetemuConfig(scale=scale)
+        spec = config.topology_spec
+        topology = parse_topology(spec)
+        options = _synth_options(config.chunks)
+        texts = {kind: dumps_schedule(optimize(topology, kind, options=options[Collective(kind)]).schedule)
+                 for kind in KINDS}
+        elements = {"allgather": config.ag_bytes // 4, "alltoall": (config.a2a_bytes // 4 // 8) * 8}
+    plan = FabricPlan.from_topology(topology, scale=scale, nvlink="shaped")
+    with EmulatedFabric(plan) as built:
+        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, timeout_s=600)
+        down_mbit = built.nic_mbit(0)[1]
+    goodput_mbit = down_mbit * GOODPUT
+    if dump:
+        import json
+
+        (RESULTS / f"netemu_telemetry_{case}_dump.json").write_text(json.dumps(outputs[0]))
+    rows = []
+    for name in texts:
+        calls = outputs[0][name]["calls"]
+        samples = [s for s in outputs[0][name]["samples"] if s[0] == "inter" and s[2] == 0 and s[4] > 0]
+        errors, seen, busy, per_sample = [], [], [], []
+        for index, (seq, _, nbytes) in enumerate(calls):
+            slowest = max(out[name]["calls"][index][1] for out in outputs)
+            mine = [s for s in samples if s[6] == seq]
+            per_sample += [s[3] * 8 / s[4] / 1e6 / goodput_mbit - 1 for s in mine] if index else []
+            if index == 0 or not mine:
+                continue
+            union = _union([(s[5] - s[4], s[5]) for s in mine])
+            errors.append(sum(s[3] for s in mine) * 8 / union / 1e6 / goodput_mbit - 1)
+            seen.append(union / slowest)
+            busy.append(nbytes * 8 / slowest / (down_mbit * 1e6))
+        rows.append({"case": case, "driver": driver or "default", "collective": name, "nic_mbit": down_mbit, "calls_with_samples": len(errors),
+                     "telemetry_err_median": round(statistics.median(errors), 4) if errors else None,
+                     "telemetry_err_min": round(min(errors), 4) if errors else None,
+                     "telemetry_err_max": round(max(errors), 4) if errors else None,
+                     "per_sample_err_median": round(statistics.median(per_sample), 4) if per_sample else None,
+                     "windows_over_time": round(statistics.median(seen), 3) if seen else None,
+                     "nic_busy": round(statistics.median(busy), 3) if busy else None})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="pair,loop")
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--scale", type=float, default=NetemuConfig.scale)
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--driver", default=None, help="the executor's driver (default: the runtime's choice)")
+    parser.add_argument("--dump", action="store_true", help="also write rank 0's calls and samples as JSON")
+    args = parser.parse_args()
+    reason = unsupported_reason()
+    if reason:
+        sys.exit(f"netemu_telemetry: {reason}")
+    rows = []
+    for case in args.cases.split(","):
+        started = time.perf_counter()
+        rows += measure(case, args.scale, args.repeats, args.driver, args.dump)
+        print(f"[{case}: {time.perf_counter() - started:.0f} s]", flush=True)
+    for row in rows:
+        print(row)
+    write_csv(RESULTS / f"netemu_telemetry{args.tag}.csv", rows)
+
+
+if __name__ == "__main__":
+    main()
