@@ -5,7 +5,10 @@ whether the flow reaches ``total`` (the trees still to pack): a flow capped at `
 answers it exactly. For the last roots ``total`` is at most a few dozen while the network
 still has n nodes and thousands of arcs: OR-Tools' push-relabel pays its global work per
 solve (seconds per root at 1024 GPUs, one solve per arc), while at most ``total`` BFS
-augmentations (Edmonds–Karp, O(total · arcs)) cost microseconds each here.
+augmentations (Edmonds–Karp) cost microseconds each here: each search runs backwards from
+the sink (one rank with few in-arcs; the source reaches nearly every node, so a path is a
+few layers long), on a CSR built once per change of the arcs, and only the arcs a call
+used are reset. 0.05–0.5 ms a flow at 1024 GPUs with up to ~50 trees left (issue 17).
 
 :class:`CappedFlowNet` has the calling convention of :class:`mccl.synth.maxflow.FlowNet`
 that the exact rule uses (arcs added once, capacities changed in place); ``max_flow``
