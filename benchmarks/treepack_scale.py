@@ -12,14 +12,18 @@ saves its ~10 s compile, and its load is inside the timed call). Per case and re
 * every emitted schedule is checked with ``validate()`` (outside the timing).
 
 Fabric: ``rail_optimized(1, gpus // 8, 8)`` (one segment, the issue's 512-GPU case is (1,64,8)).
-Cases: ``healthy`` (cold), ``fail2`` (cold, Fail2 on gpu0), ``fail2-warm`` (the Fail2 fabric
-warm-started from the healthy schedule, only the warm call timed — what the controller does when
-a NIC degrades). With ``--before-src`` (main's ``src``) the same cases run on that checkout too,
+Cases: ``healthy`` (cold); ``fail1``, ``fail2``, ``fail3`` (cold, the paper's faults on gpu0);
+``fail1-warm`` … (the faulty fabric warm-started from the healthy schedule, only the warm call timed —
+what the controller does when a NIC degrades); ``back-from-fail2`` … (healthy again, warm from that
+warm fault schedule). ``exact_bound_gbs``: the cut bound recomputed on scipy's max-flow (an
+independent engine), outside the timing, against which ``achieved_gbs`` is compared. With ``--before-src`` (main's ``src``) the same cases run on that checkout too,
 and the ratios before/after are printed.
 
     python benchmarks/treepack_scale.py --gpus 128,256,512 --repeats 3
     python benchmarks/treepack_scale.py --gpus 1024,2048 --repeats 1 --cases healthy
     python benchmarks/treepack_scale.py --gpus 512 --cases healthy,fail2-warm --before-src /work/main/src
+    python benchmarks/treepack_scale.py --gpus 128,512 --repeats 1 \
+        --cases fail1,fail1-warm,fail2,fail2-warm,fail3,fail3-warm,back-from-fail1,back-from-fail2,back-from-fail3
 """
 
 from __future__ import annotations
@@ -38,23 +42,31 @@ STATS = ("phase1_s", "rounding_s", "phase2_s", "phase3_s", "max_flows", "tree_gr
 WORKER = r"""
 import json, resource, sys, time
 from mccl.schedule import validate
-from mccl.synth import optimize
-from mccl.topology import fail2, rail_optimized
+from mccl.synth import allgather_cut_bound, optimize
+from mccl.synth.maxflow import scipy_max_flow
+from mccl.topology import fail1, fail2, fail3, rail_optimized
 
 gpus, case = int(sys.argv[1]), sys.argv[2]
-topology = rail_optimized(1, gpus // 8, 8)
+healthy = rail_optimized(1, gpus // 8, 8)
+faults = {"fail1": fail1, "fail2": fail2, "fail3": fail3}
 base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 previous = None
-if case == "fail2-warm":
-    previous = optimize(topology, "allgather")
-if case.startswith("fail2"):
-    topology = fail2(topology)
+topology = healthy
+if case.startswith("back-from-"):  # healthy again, warm from the warm schedule of the fault
+    fault = faults[case.removeprefix("back-from-")](healthy)
+    previous = optimize(fault, "allgather", previous=optimize(healthy, "allgather"))
+elif case != "healthy":
+    fault, _, warm = case.partition("-")
+    if warm:
+        previous = optimize(healthy, "allgather")
+    topology = faults[fault](healthy)
 start = time.process_time()
 result = optimize(topology, "allgather", previous=previous)
 cpu = time.process_time() - start
 validate(result.schedule, topology)
 stats = dict(result.schedule.meta.stats)
-print(json.dumps({"cpu_s": cpu, "bound_gbs": result.bound_gbs, "achieved_gbs": result.achieved_gbs,
+exact = allgather_cut_bound(topology, result.schedule.ranks, max_flow=scipy_max_flow).algbw_gbs
+print(json.dumps({"cpu_s": cpu, "bound_gbs": result.bound_gbs, "achieved_gbs": result.achieved_gbs, "exact_bound_gbs": exact,
                   "transfers": len(result.schedule.transfers.chunk), "base_mb": base_mb,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   **{name: stats.get(name) for name in STAT_NAMES}}))
@@ -92,8 +104,8 @@ def main() -> None:
     sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"{'gpus':>5} {'case':<10} {'side':<6} {'cpu_s':>8} {'ph1':>6} {'ph2':>6} {'ph3':>7} {'flows':>6} "
-              f"{'groups':>6} {'depth':>5} {'bound':>8} {'achieved':>8} {'rss_mb':>7} {'base_mb':>7}")
+    header = (f"{'gpus':>5} {'case':<15} {'side':<6} {'cpu_s':>8} {'ph1':>6} {'ph2':>6} {'ph3':>7} {'flows':>6} "
+              f"{'groups':>6} {'depth':>5} {'bound':>8} {'achieved':>8} {'exact':>8} {'rss_mb':>7} {'base_mb':>7}")
     print(header, flush=True)
     for gpus in [int(g) for g in args.gpus.split(",")]:
         for case in args.cases.split(","):
@@ -104,10 +116,10 @@ def main() -> None:
                 medians[side] = row
                 with out.open("a") as handle:
                     handle.write(json.dumps({"gpus": gpus, "case": case, "side": side, "repeats": rows}) + "\n")
-                print(f"{gpus:>5} {case:<10} {side:<6} {row['cpu_s']:>8.2f} {row['phase1_s']:>6.2f} "
+                print(f"{gpus:>5} {case:<15} {side:<6} {row['cpu_s']:>8.2f} {row['phase1_s']:>6.2f} "
                       f"{row['phase2_s']:>6.2f} {row['phase3_s']:>7.2f} {row['max_flows']:>6.0f} "
                       f"{row['tree_groups']:>6.0f} {row['max_depth']:>5.0f} {row['bound_gbs']:>8.2f} "
-                      f"{row['achieved_gbs']:>8.2f} {row['rss_mb']:>7.0f} {row['base_mb']:>7.0f}", flush=True)
+                      f"{row['achieved_gbs']:>8.2f} {row['exact_bound_gbs']:>8.2f} {row['rss_mb']:>7.0f} {row['base_mb']:>7.0f}", flush=True)
             if "before" in medians:
                 ratio = medians["before"]["cpu_s"] / medians["after"]["cpu_s"]
                 same = medians["before"]["achieved_gbs"] == medians["after"]["achieved_gbs"]

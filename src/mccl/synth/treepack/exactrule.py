@@ -23,7 +23,8 @@ from mccl.synth.treepack.tree import Tree
 
 __all__ = ["checked_root"]
 
-_CAPPED_TOTAL = 64  # exact rule with at most this many trees still to pack: capped augmenting paths
+_CAPPED_TOTAL = 1024  # exact rule with at most this many trees still to pack: capped augmenting paths (searched
+# from the sink, few and short late in the packing: 0.1–0.5 ms a flow at 1024 GPUs against OR-Tools' 1–3 ms)
 
 
 def checked_root(root: int, n: int, k: int, keys: list[tuple[int, int]], out: list[list[int]],

@@ -76,11 +76,15 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
     senders = transfers.sender[order].astype(np.int64)
     receivers = transfers.receiver[order].astype(np.int64)
     tail, head = (receivers, senders) if reduce else (senders, receivers)
-    lengths = transfers.route_lengths[order].astype(np.int64)
-    links = segments(transfers.route_links.astype(np.int64), transfers.route_offsets[:-1][order], lengths,
-                     reverse=reduce)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    if grouped and not reduce:  # already rows by chunk, routes in AllGather direction: no gather needed
+        links = transfers.route_links.astype(np.int64, copy=False)
+        offsets = transfers.route_offsets.astype(np.int64, copy=False)
+    else:
+        lengths = transfers.route_lengths[order].astype(np.int64)
+        links = segments(transfers.route_links.astype(np.int64), transfers.route_offsets[:-1][order], lengths,
+                         reverse=reduce)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
     n_chunks = len(previous.chunks)
     row_start = np.searchsorted(chunk, np.arange(n_chunks + 1)).astype(np.int64)
     root = (previous.chunks.destination if reduce else previous.chunks.source).astype(np.int64)
@@ -176,7 +180,8 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     lengths = np.concatenate([forest.route_lengths[rows], new_lengths])
     reduce = collective is Collective.REDUCESCATTER
     flat_depth = depth.reshape(-1)
-    order = np.lexsort((flat_depth[chunk * n + head], chunk))
+    # Rows by chunk, then by depth (stable): one key, and timsort is near-linear on the mostly sorted rows.
+    order = np.argsort(chunk * (n + 1) + flat_depth[chunk * n + head], kind="stable")
     tail, head, chunk, lengths = tail[order], head[order], chunk[order], lengths[order]
     links = segments(pool, starts[order], lengths, reverse=reduce)
     offsets = np.zeros(len(order) + 1, dtype=np.int64)

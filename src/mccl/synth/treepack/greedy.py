@@ -1,15 +1,16 @@
-"""Greedy arborescence growth (Prim-like, vectorized) for the optimistic batches of Phase 3.
+"""The reference greedy arborescence growth (Prim-like, numpy): what the compiled grower must equal.
 
-A group of m identical trees of one root grows one rank at a time along the arc of
-the highest score from the tree to a rank outside it: arcs of the previous tree
-first (warm start), then the widest residual arc, shallower tails on ties
-(throughput), or the shallowest tail among arcs of the same capacity class, a
-power of two (latency-aware). An arc with fewer than m units left splits the group:
-its units go with the arc, the rest of the group regrows from the same partial tree.
-No max-flow here: :mod:`.arborescence` proves afterwards (n max-flows) that what is
-left still packs, and redoes the batch with every arc checked if not.
+Not on the synthesis path any more: Phase 3 grows trees with :mod:`.growkernel` (numba), whose
+unguarded rule (``guard=False``) is this one score for score and tie for tie; the tests grow the
+same roots with both and compare tree for tree, split for split (``test_compiled_greedy_matches_numpy_grower``).
 
-Per added rank O(n + deg) numpy work instead of a Python heap over all frontier arcs.
+The rule: a group of m identical trees of one root grows one rank at a time along the arc
+of the highest score from the tree to a rank outside it: arcs of the previous tree first
+(warm start), then the widest residual arc, shallower tails on ties (throughput), or the
+shallowest tail among arcs of the same capacity class, a power of two (latency-aware). An
+arc with fewer than m units left splits the group: its units go with the arc, the rest of
+the group regrows from the same partial tree. No max-flow here, and no guard: whether what
+is left still packs is :mod:`.arborescence`'s business.
 """
 
 from __future__ import annotations

@@ -71,6 +71,16 @@ def _allowed(arc: int, mu: int, m: int, tails: np.ndarray, host: np.ndarray, int
 
 
 @_jit
+def _lift(heap: np.ndarray, best: np.ndarray, n: int, leaves: int, w: int) -> None:
+    """Rank w's entry changed: recompute its ancestors in the tournament tree (leftmost best wins)."""
+    position = (leaves + w) >> 1
+    while position >= 1:
+        left, right = heap[2 * position], heap[2 * position + 1]
+        heap[position] = right if right < n and (left >= n or best[right] > best[left]) else left
+        position >>= 1
+
+
+@_jit
 def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, by_tail: np.ndarray,
                start: np.ndarray, by_head: np.ndarray, head_start: np.ndarray, host: np.ndarray,
                inter: np.ndarray, reserve: np.ndarray, untouched: np.ndarray, guard: bool, residual: np.ndarray,
@@ -105,6 +115,12 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
     order_pos = np.zeros(n, dtype=np.int64)
     best = np.empty(n)
     best_arc = np.empty(n, dtype=np.int64)
+    # Tournament tree over ``best``: heap[1] is the first rank of the highest score (what a scan from
+    # rank 0 keeping strictly better ones finds), O(log n) per change instead of O(n) per rank added.
+    leaves = 1
+    while leaves < n:
+        leaves *= 2
+    heap = np.empty(2 * leaves, dtype=np.int64)
     group = 0
     while size > 0:
         size -= 1
@@ -141,12 +157,14 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                 if score > best[v] or (score == best[v] and arc > best_arc[v]):
                     best[v] = score
                     best_arc[v] = arc
+        for w in range(leaves):
+            heap[leaves + w] = w
+        for position in range(leaves - 1, 0, -1):
+            left, right = heap[2 * position], heap[2 * position + 1]
+            heap[position] = right if right < n and (left >= n or best[right] > best[left]) else left
         edges = prefix
         while edges < n - 1:
-            v = 0
-            for w in range(1, n):
-                if best[w] > best[v]:
-                    v = w
+            v = heap[1]
             if best[v] == -np.inf:
                 for w in range(n):
                     unreached[w] = not in_tree[w]
@@ -176,6 +194,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                     if score > best[v] or (score == best[v] and other > best_arc[v]):
                         best[v] = score
                         best_arc[v] = other
+                _lift(heap, best, n, leaves, v)
                 continue
             if inter[arc]:
                 egress[host[u]] -= mu
@@ -205,6 +224,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
             cur_untouched += untouched[v]
             cur_home = cur_home and host[v] == home
             best[v] = -np.inf
+            _lift(heap, best, n, leaves, v)
             out_arcs[group, edges] = arc
             edges += 1
             for position in range(start[v], start[v + 1]):
@@ -217,6 +237,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                 if score > best[w]:
                     best[w] = score
                     best_arc[w] = other
+                    _lift(heap, best, n, leaves, w)
         out_mult[group] = m
         for w in range(n):
             out_depth[group, w] = depth[w]

@@ -1,0 +1,164 @@
+"""Phase 3's packing check with most sinks proven without a max-flow (issue 17: 2048 GPUs).
+
+The trees still to pack fit the residual iff every rank v has ``maxflow(s*, v) >= need``
+(s* → r of capacity ``untouched[r]``, need = Σ untouched; :mod:`.arborescence`). Asked
+naively that is n max-flows per check, and late in the packing every one of them is tight
+(each host's ingress is its cut and it is exactly spent), so OR-Tools pays its full
+work n times: 2 s per check at 1024 GPUs, ~15 s at 2048, two checks per stuck root.
+
+Most sinks follow from the ones already proven. Let S be the proven ranks plus s*:
+
+* **rank rule**: if ``c(S → u) >= need`` then ``maxflow(s*, u) >= need``. A cut X ∋ u
+  (s* ∉ X) either meets S — then it is at least the max-flow to a proven rank — or every
+  arc from S into u enters it.
+* **host rule**: for a host H whose every split (a non-empty proper subset Z of H:
+  ``c(H \\ Z → Z)``) carries ``>= need``, with unproven members T: if one member is proven,
+  or ``c(S → T) >= need``, all of T is. A cut X meeting T but not S either holds all of T
+  (then H has no proven member and every arc from S into T enters X) or splits H (then the
+  arcs of H across the split enter it).
+
+A max-flow is run only for a rank no rule reaches (the ranks the caller expects to fail
+first, then the rest in order); one flow to a rank of a host with fat NVSwitch arcs
+proves the whole host. A failing flow stops the check. Hosts bigger than
+``_SPLIT_LIMIT`` ranks skip the host rule (2^size splits).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from mccl.synth.maxflow import FlowNet
+
+__all__ = ["packs"]
+
+_jit = numba.njit(cache=True, nogil=True)
+_SPLIT_LIMIT = 12
+
+
+@_jit
+def _host_splits(members: np.ndarray, member_start: np.ndarray, tails: np.ndarray, heads: np.ndarray,
+                 residual: np.ndarray, position: np.ndarray, host: np.ndarray, limit: int) -> np.ndarray:
+    """Per host, the least capacity of its arcs across any split (``c(H \\ Z → Z)``, Z non-empty proper;
+    -1 for a host above ``limit`` ranks, unbounded for a single rank)."""
+    n_hosts = len(member_start) - 1
+    out = np.zeros(n_hosts, dtype=np.int64)
+    size_of = member_start[1:] - member_start[:-1]
+    biggest = size_of.max() if n_hosts else 0
+    dim = max(min(biggest, limit), 1)
+    cap = np.zeros((n_hosts, dim, dim), dtype=np.int64)
+    for arc in range(len(tails)):
+        u, v = tails[arc], heads[arc]
+        if host[u] == host[v] and size_of[host[u]] <= limit:
+            cap[host[u], position[u], position[v]] += residual[arc]
+    for h in range(n_hosts):
+        size = size_of[h]
+        if size > limit:
+            out[h] = -1
+            continue
+        if size <= 1:
+            out[h] = 1 << 62
+            continue
+        least = 1 << 62
+        for mask in range(1, (1 << size) - 1):
+            total = 0
+            for a in range(size):
+                if mask >> a & 1:
+                    continue
+                for b in range(size):
+                    if mask >> b & 1:
+                        total += cap[h, a, b]
+            if total < least:
+                least = total
+        out[h] = least
+    return out
+
+
+@_jit
+def _prove(start_nodes: np.ndarray, proven: np.ndarray, into: np.ndarray, host_in: np.ndarray,
+           host_ok: np.ndarray, out_start: np.ndarray, out_arc: np.ndarray, heads: np.ndarray,
+           residual: np.ndarray, host: np.ndarray, members: np.ndarray, member_start: np.ndarray,
+           need: int) -> int:
+    """Mark ``start_nodes`` proven and everything the two rules then reach; how many ranks became proven."""
+    stack = np.empty(len(proven) + len(start_nodes), dtype=np.int64)
+    size = 0
+    for v in start_nodes:
+        if not proven[v]:
+            proven[v] = True
+            host_in[host[v]] -= into[v]
+            stack[size] = v
+            size += 1
+    done = size
+    while size:
+        size -= 1
+        w = stack[size]
+        h = host[w]
+        if host_ok[h]:  # a proven rank of a host whose every split carries ``need`` proves the host
+            for i in range(member_start[h], member_start[h + 1]):
+                x = members[i]
+                if not proven[x]:
+                    proven[x] = True
+                    host_in[h] -= into[x]
+                    stack[size] = x
+                    size += 1
+                    done += 1
+        for position in range(out_start[w], out_start[w + 1]):
+            arc = out_arc[position]
+            u = heads[arc]
+            if proven[u]:
+                continue
+            into[u] += residual[arc]
+            g = host[u]
+            host_in[g] += residual[arc]
+            if into[u] >= need or (host_ok[g] and host_in[g] >= need):
+                proven[u] = True
+                host_in[g] -= into[u]
+                stack[size] = u
+                size += 1
+                done += 1
+    return done
+
+
+def packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
+          host: np.ndarray, first: np.ndarray | None = None) -> tuple[bool, int]:
+    """Whether the untouched roots' trees still fit (module docstring), and the max-flows that took.
+
+    ``host``: each rank's host 0, 1, … (:func:`~.growkernel.host_index`); ``first``: ranks to try
+    before the others (where a failure is likely), so that a failing check stops early.
+    """
+    need = int(untouched.sum())
+    if need == 0:
+        return True, 0
+    positive = residual > 0  # late in the packing most arcs are spent; neither the solver nor the rules need them
+    arc_tail, arc_head, arc_cap = tails[positive], heads[positive], residual[positive]
+    out_arc = np.argsort(arc_tail, kind="stable").astype(np.int64)
+    out_start = np.searchsorted(arc_tail[out_arc], np.arange(n + 1)).astype(np.int64)
+    members = np.argsort(host, kind="stable").astype(np.int64)
+    member_start = np.searchsorted(host[members], np.arange(int(host.max()) + 2)).astype(np.int64)
+    position = np.empty(n, dtype=np.int64)
+    position[members] = np.arange(n) - member_start[host[members]]
+    splits = _host_splits(members, member_start, arc_tail, arc_head, arc_cap, position, host, _SPLIT_LIMIT)
+    host_ok = splits >= need
+    into = np.asarray(untouched, dtype=np.int64).copy()  # c(S → u), S = {s*} so far
+    host_in = np.bincount(host, weights=into, minlength=len(member_start) - 1).astype(np.int64)
+    proven = np.zeros(n, dtype=np.bool_)
+    full = host_ok & (host_in >= need)  # the host rule with S = {s*}
+    seeds = np.flatnonzero((into >= need) | full[host]).astype(np.int64)
+    _prove(seeds, proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
+           member_start, need)
+    net: FlowNet | None = None
+    sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
+    solves = 0
+    for v in sinks.tolist():
+        if proven[v]:
+            continue
+        if net is None:
+            net = FlowNet(n + 1)
+            net.add_arcs(arc_tail, arc_head, arc_cap)
+            net.add_arcs(np.full(n, n), np.arange(n), untouched)
+        solves += 1
+        if net.max_flow(n, v) < need:
+            return False, solves
+        _prove(np.array([v], dtype=np.int64), proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
+               member_start, need)
+    return True, solves
