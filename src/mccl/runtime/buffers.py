@@ -37,6 +37,15 @@ COMBINE: dict[object, Combine] = {
     dist.ReduceOp.AVG: lambda acc, incoming: acc.add_(incoming),  # a sum, divided by n when copied out
 }
 
+# the same operations out of place, ``(a, b, out)``: a fold's first addition writes its result without a copy
+BINARY: dict[object, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = {
+    dist.ReduceOp.SUM: lambda a, b, out: torch.add(a, b, out=out),
+    dist.ReduceOp.PRODUCT: lambda a, b, out: torch.mul(a, b, out=out),
+    dist.ReduceOp.MIN: lambda a, b, out: torch.minimum(a, b, out=out),
+    dist.ReduceOp.MAX: lambda a, b, out: torch.maximum(a, b, out=out),
+    dist.ReduceOp.AVG: lambda a, b, out: torch.add(a, b, out=out),
+}
+
 REDUCERS: dict[object, Reducer] = {op: (lambda acc, incoming, _peer, combine=combine: combine(acc, incoming))
                                    for op, combine in COMBINE.items()}
 
@@ -220,9 +229,12 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
     n, rank = plan.n_ranks, plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
     per_rank = _check_gathered("reduce_scatter", whole=(inp, "input"), part=(out, "output"), n=n)
-    work = inp.clone()
     average = op == dist.ReduceOp.AVG
-    folded = _FoldInOrder(work, rank, n, per_rank, order, _combine(op)) if exact_order(plan, order) else None
+    in_order = exact_order(plan, order)
+    # the schedule's own order adds into a work copy; the fold only reads the input (sends, this rank's own
+    # contribution), so it works on the input itself unless the output lies in it (written while read)
+    work = inp.clone() if not in_order or _overlap(out, inp) else inp
+    folded = _FoldInOrder(work, rank, n, per_rank, order, _combine(op), BINARY[op]) if in_order else None
 
     def finish() -> None:
         if folded is not None:
@@ -238,6 +250,14 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
                    landing=None if folded is None else folded.landing)
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any memory."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    return a_start < b_start + b.numel() * b.element_size() and b_start < a_start + a.numel() * a.element_size()
+
+
 def exact_order(plan: RankPlan, order: ReductionOrder | None) -> bool:
     """Whether a ReduceScatter of ``plan`` adds in ``order``: asked for, and the schedule allows it."""
     return order is not None and plan.raw_contributions
@@ -247,16 +267,16 @@ class _FoldInOrder:
     """The reducer of a ReduceScatter that adds in a given order: every contribution to this rank's
     block is kept as it arrives (``collect``, the drivers' reducer), and ``fold_into`` adds them in
     the order's sequence, range by range (the same arithmetic as gloo: one binary operation per
-    contribution, left to right). The point-to-point drivers receive straight into the stack
-    (``landing``); the cost is one copy of the first operand per range (memory only: the bytes on
-    the wire are the schedule's); the additions are the same number as on the schedule's path."""
+    contribution, left to right; the first one written straight into the output). The point-to-point
+    drivers receive straight into the stack (``landing``); the additions are the same number as on the
+    schedule's path, and nothing is copied (the bytes on the wire are the schedule's)."""
 
     def __init__(self, work: torch.Tensor, rank: int, n: int, per_rank: int, order: ReductionOrder,
-                 combine: Combine) -> None:
+                 combine: Combine, binary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
         self.work, self.rank, self.n, self.per_rank = work, rank, n, per_rank
         self.block_start = rank * per_rank
         self.ranges = order.ranges(self.block_start, self.block_start + per_rank, n, work.element_size())
-        self.combine = combine
+        self.combine, self.binary = combine, binary
         self.stack = work.new_empty((n, per_rank))  # row ``rank`` unused: this rank's own is in ``work``
 
     def landing(self, acc: torch.Tensor, peer: int) -> torch.Tensor:
@@ -278,8 +298,11 @@ class _FoldInOrder:
         for lo, hi, ranks in self.ranges:
             rows = [own if contributor == self.rank else self.stack[contributor] for contributor in ranks]
             target = out[lo - start:hi - start]
-            target.copy_(rows[0][lo - start:hi - start])
-            for row in rows[1:]:
+            if len(rows) == 1:
+                target.copy_(rows[0][lo - start:hi - start])
+                continue
+            self.binary(rows[0][lo - start:hi - start], rows[1][lo - start:hi - start], target)
+            for row in rows[2:]:
                 self.combine(target, row[lo - start:hi - start])
 
 

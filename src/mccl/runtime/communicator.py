@@ -34,6 +34,7 @@ from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetryS
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
 from mccl.runtime.transport import Transport
 from mccl.schedule import Collective, Schedule, loads_schedule, validate
+from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
 __all__ = ["Communicator", "Installed"]
@@ -58,7 +59,7 @@ class Communicator(Collectives):
                  schedules: Sequence[Schedule] = (), source: ScheduleSource | None = None,
                  sink: TelemetrySink | None = None, telemetry: TelemetryConfig | None = None,
                  control: ControlChannel | None = None, driver: str | None = None, poll_s: float = 0.02,
-                 check: bool = False) -> None:
+                 check: bool = False, slice_bytes: float = SLICE_BYTES) -> None:
         self.transport = transport
         self.name = name
         self.rank = transport.rank
@@ -66,6 +67,8 @@ class Communicator(Collectives):
         self.topology = topology
         self.driver = driver
         self.check = check  # the pre-flight agreement of every collective (mccl.runtime.agreement)
+        # the executor's pipelining grain (mccl.schedule.slicing); every rank of the group must use the same
+        self.slice_bytes = slice_bytes
         self.send_gate: SendGate | None = None  # a time-shared tenant's gate (mccl.runtime.sendgate, MCCS TS)
         self.calls = CallLog()  # which path ran each call (mccl.runtime.calls)
         self._installed: dict[Collective, Installed] = {}
@@ -277,7 +280,8 @@ class Communicator(Collectives):
         if self._meters is not None:
             self._meters.seq = seq
         executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
-                         layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate)
+                         layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate,
+                         slice_bytes=self.slice_bytes)
 
     # ---- telemetry and shutdown -------------------------------------------------------
     @property
