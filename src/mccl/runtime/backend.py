@@ -29,7 +29,14 @@ Two transport groups live under it, both built from the group's store:
 
 Which path ran each call: ``communicator(group).calls`` (:mod:`mccl.runtime.calls`).
 Mismatched sizes or dtypes across ranks: :class:`~mccl.runtime.agreement.CollectiveMismatch`
-on every rank before data moves (``MCCL_CHECK=0`` turns the check off).
+on every rank before data moves (``MCCL_CHECK=0`` turns the check off); the check is one
+small AllToAll per call on the schedule transport (BENCHMARKS.md says what it costs).
+
+Per-call CPU on gloo (what decides the step time when ranks share cores): the executor
+cuts chunks into slices of gloo's own segment size, 1 MiB, not the 64 KiB meant for
+NCCL-like transports (:func:`_slice_bytes`; ``MCCL_SLICE_BYTES`` overrides, rank 0's value
+holds for the group), and one-step schedules (direct AllGather, ReduceScatter, AllToAll)
+run as one gloo alltoallv, its waits in C++ (:func:`mccl.runtime.executor.default_driver`).
 
 The NCCL branch (:func:`_transport_backend`, :func:`_delegates`) is the same two calls
 with ``ProcessGroupNCCL``, and the executor drives it with the stepwise driver through the
@@ -41,6 +48,7 @@ call, so there is no fixed order to match.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -110,7 +118,7 @@ def _slice_bytes(transport_name: str) -> float:
             value = float(configured)
         except ValueError:
             value = 0.0
-        if not value > 0:
+        if not (value > 0 and math.isfinite(value)):
             raise MCCLError(f"MCCL_SLICE_BYTES must be a positive number of bytes, not {configured!r}")
         return value
     return GLOO_MAX_SEGMENT_BYTES if transport_name == "gloo" else SLICE_BYTES
