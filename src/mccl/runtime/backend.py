@@ -108,9 +108,9 @@ def _slice_bytes(transport_name: str) -> float:
 
     gloo: gloo's own segment size (1 MiB, what its ring allreduce pipelines in). Every slice is one
     gloo message, and one message costs the CPU a fixed ~50-100 µs (a Python post and wait, a wake-up of
-    gloo's I/O thread) against ~10 µs to move 64 KiB over loopback: at the executor's default 64 KiB an
-    FSDP2 all-gather of 4 MiB was 1.7× gloo's CPU, at 1 MiB below gloo's (BENCHMARKS.md, 2026-12-01 third
-    session). NCCL: the default (:data:`~mccl.schedule.slicing.SLICE_BYTES`), where a slice is a kernel's
+    gloo's I/O thread) against ~10 µs to move 64 KiB over loopback: at the executor's default 64 KiB a
+    ring all-gather of FSDP2's 4 MiB took 1.7–1.9× gloo's CPU, at 1 MiB 0.97–1.16×
+    (``benchmarks/backend_probe.py slices``, BENCHMARKS.md 2026-12-01 third session). NCCL: the default (:data:`~mccl.schedule.slicing.SLICE_BYTES`), where a slice is a kernel's
     step, not a CPU round trip."""
     configured = os.environ.get("MCCL_SLICE_BYTES")
     if configured:
