@@ -97,7 +97,8 @@ def _cases(rank, n):
     return failures
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3])
 def test_one_step_schedules_through_every_driver(n):
     failures = [line for per_rank in run_ranks(_cases, n, timeout_s=150) for line in per_rank]
     assert not failures, failures[:10]
