@@ -3,13 +3,14 @@
     .venv/bin/python benchmarks/backend.py calls            # per-call, 2 ranks, 4 KiB .. 16 MiB
     .venv/bin/python benchmarks/backend.py steps            # DDP and FSDP2 examples, 4 ranks, 20 steps
     .venv/bin/python benchmarks/backend.py steps --models fsdp2 --ring-rs   # ring ReduceScatter instead
+    .venv/bin/python benchmarks/backend.py steps --models fsdp2 --ring-ag   # ring AllGather (eager driver)
     .venv/bin/python benchmarks/backend.py calls --quick    # fewer sizes and repetitions
     .venv/bin/python benchmarks/backend.py calls --ranks 4 --ops reduce_scatter_tensor --sizes 1048576,16777216
 
 ``calls``: in one set of processes, interleaved repetition by repetition (so that the
 load of other jobs hits every variant alike), ``dist.*`` on a gloo group, on an "mccl"
-group (schedules installed: ring AllGather, direct ReduceScatter adding in gloo's order,
-direct AllToAll; the pre-flight agreement on), on an "mccl" group with ``MCCL_CHECK=0``
+group (schedules installed: examples/mccl_setup.py's direct AllGather, direct ReduceScatter
+adding in gloo's order, direct AllToAll; the pre-flight agreement on), on an "mccl" group with ``MCCL_CHECK=0``
 (agreement off: the difference is what the check costs per call), and on an "mccl" group
 whose ReduceScatter is a ring adding in its own order ("ring RS": what gloo's order costs). A repetition's wall time is the
 slowest rank's; its CPU time (``time.process_time``, this process: the Python work
@@ -61,10 +62,10 @@ def _calls_rank(rank: int, n: int, sizes: list[int], reps: int, ops: tuple[str, 
     import mccl.runtime.backend as mb
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from mccl_setup import ring_setup
+    from mccl_setup import direct_setup
 
     warnings.filterwarnings("ignore")
-    mb.register(ring_setup)
+    mb.register(direct_setup)
     groups = {"gloo": dist.group.WORLD, "mccl": dist.new_group(list(range(n)), backend="mccl")}
     os.environ["MCCL_CHECK"] = "0"
     groups["mccl_nocheck"] = dist.new_group(list(range(n)), backend="mccl")
@@ -111,7 +112,8 @@ def _calls_rank(rank: int, n: int, sizes: list[int], reps: int, ops: tuple[str, 
     return rows
 
 
-def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: int, ring_rs: bool = False) -> dict:
+def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: int, ring_rs: bool = False,
+                ring_ag: bool = False) -> dict:
     import torch.distributed as dist
 
     import mccl.runtime.backend as mb
@@ -119,10 +121,10 @@ def _steps_rank(rank: int, n: int, kind: str, width: int, layers: int, steps: in
     sys.path.insert(0, str(ROOT / "examples"))
     import train_ddp
     import train_fsdp2
-    from mccl_setup import ring_setup
+    from mccl_setup import direct_setup, ring_setup
 
     warnings.filterwarnings("ignore")
-    mb.register(_ring_reduce_scatter_setup if ring_rs else ring_setup)
+    mb.register(_ring_reduce_scatter_setup if ring_rs else ring_setup if ring_ag else direct_setup)
     build = train_ddp.build if kind == "ddp" else train_fsdp2.build
     mccl_group = dist.new_group(list(range(n)), backend="mccl")
     runs = {"gloo": build(dist.group.WORLD, width, layers), "mccl": build(mccl_group, width, layers)}
@@ -160,7 +162,8 @@ def _calls(args) -> None:
 def _steps(args) -> None:
     rows = []
     for kind, width in ((kind, args.width) for kind in args.models.split(",")):
-        results = run_ranks(_steps_rank, 4, kind, width, args.layers, args.steps, args.ring_rs, timeout_s=1500)
+        results = run_ranks(_steps_rank, 4, kind, width, args.layers, args.steps, args.ring_rs, args.ring_ag,
+                            timeout_s=1500)
         for name in ("gloo", "mccl"):
             # a step's time is the slowest rank's
             walls = [max(r["times"][name][i][0] for r in results) for i in range(args.steps)]
@@ -190,6 +193,8 @@ def main() -> None:
     parser.add_argument("--models", default="ddp,fsdp2", help="steps: ddp, fsdp2 or both")
     parser.add_argument("--ring-rs", action="store_true",
                         help="steps: a ring ReduceScatter adding in its own order (not gloo's), for comparison")
+    parser.add_argument("--ring-ag", action="store_true",
+                        help="steps: a ring AllGather (the eager driver) instead of the direct one, for comparison")
     parser.add_argument("--ops", default="", help="calls: comma-separated subset of " + ",".join(OPS))
     parser.add_argument("--sizes", default="", help="calls: comma-separated sizes in bytes")
     args = parser.parse_args()

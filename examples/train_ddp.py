@@ -15,7 +15,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from mccl_setup import ring_setup
+from mccl_setup import direct_setup
 from torch.nn.parallel import DistributedDataParallel
 
 import mccl.runtime.backend as mb
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
-    mb.register(ring_setup)  # makes "mccl" known to torch.distributed; harmless for other backends
+    mb.register(direct_setup)  # makes "mccl" known to torch.distributed; harmless for other backends
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     model, optimizer = build(None, args.width, args.layers)

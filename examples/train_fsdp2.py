@@ -16,7 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from mccl_setup import ring_setup
+from mccl_setup import direct_setup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from train_ddp import batch_for, mlp, step
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
-    mb.register(ring_setup)
+    mb.register(direct_setup)
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     model, optimizer = build(None, args.width, args.layers)

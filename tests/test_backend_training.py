@@ -23,16 +23,17 @@ STEPS = 4
 
 
 def schedules_for(rank, n):
-    """The backend's ``setup``: a single switch, ring AllGather, direct ReduceScatter and AllToAll (a
+    """The backend's ``setup``: a single switch, an AllGather, direct ReduceScatter and AllToAll (a
     direct ReduceScatter hands every contribution to its owner unsummed, so the owner adds them in
-    gloo's order: :mod:`mccl.runtime.reduction_order`)."""
-    from mccl.synth.direct import direct_alltoall, direct_reducescatter
+    gloo's order: :mod:`mccl.runtime.reduction_order`). The AllGather: on 4 ranks the examples' direct
+    one (one gloo alltoallv per call, the exchange driver), on 2 a ring in two chunks."""
+    from mccl.synth.direct import direct_allgather, direct_alltoall, direct_reducescatter
     from mccl.synth.ring import naive_ring
     from mccl.topology import single_switch
 
     topology = single_switch(n, 100)
-    return topology, [naive_ring(topology, "allgather", chunks=2), direct_reducescatter(topology),
-                      direct_alltoall(topology)]
+    allgather = direct_allgather(topology) if n > 2 else naive_ring(topology, "allgather", chunks=2)
+    return topology, [allgather, direct_reducescatter(topology), direct_alltoall(topology)]
 
 
 def _mlp():

@@ -29,7 +29,14 @@ Two transport groups live under it, both built from the group's store:
 
 Which path ran each call: ``communicator(group).calls`` (:mod:`mccl.runtime.calls`).
 Mismatched sizes or dtypes across ranks: :class:`~mccl.runtime.agreement.CollectiveMismatch`
-on every rank before data moves (``MCCL_CHECK=0`` turns the check off).
+on every rank before data moves (``MCCL_CHECK=0`` turns the check off); the check is one
+small AllToAll per call on the schedule transport (BENCHMARKS.md says what it costs).
+
+Per-call CPU on gloo (what decides the step time when ranks share cores): the executor
+cuts chunks into slices of gloo's own segment size, 1 MiB, not the 64 KiB meant for
+NCCL-like transports (:func:`_slice_bytes`; ``MCCL_SLICE_BYTES`` overrides, rank 0's value
+holds for the group), and one-step schedules (direct AllGather, ReduceScatter, AllToAll)
+run as one gloo alltoallv, its waits in C++ (:func:`mccl.runtime.executor.default_driver`).
 
 The NCCL branch (:func:`_transport_backend`, :func:`_delegates`) is the same two calls
 with ``ProcessGroupNCCL``, and the executor drives it with the stepwise driver through the
@@ -41,6 +48,7 @@ call, so there is no fixed order to match.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -52,8 +60,10 @@ from mccl.errors import MCCLError
 from mccl.runtime import torch_private
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
+from mccl.runtime.reduction_order import GLOO_MAX_SEGMENT_BYTES
 from mccl.runtime.transport import Transport
 from mccl.schedule import Schedule
+from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
 __all__ = ["BACKEND", "MCCLProcessGroup", "Setup", "communicator", "register"]
@@ -93,6 +103,36 @@ def _transport_backend(store: dist.Store, rank: int, size: int, timeout: timedel
     raise MCCLError(f"MCCL_TRANSPORT must be gloo or nccl, not {name!r}")
 
 
+def _slice_bytes(transport_name: str) -> float:
+    """The executor's pipelining grain on this group's transport (``MCCL_SLICE_BYTES`` overrides).
+
+    gloo: gloo's own segment size (1 MiB, what its ring allreduce pipelines in). Every slice is one
+    gloo message, and one message costs the CPU a fixed ~50-100 µs (a Python post and wait, a wake-up of
+    gloo's I/O thread) against ~10 µs to move 64 KiB over loopback: at the executor's default 64 KiB a
+    ring all-gather of FSDP2's 4 MiB took 1.7–1.9× gloo's CPU, at 1 MiB 0.97–1.16×
+    (``benchmarks/backend_probe.py slices``, BENCHMARKS.md 2026-12-01 third session). NCCL: the default (:data:`~mccl.schedule.slicing.SLICE_BYTES`), where a slice is a kernel's
+    step, not a CPU round trip."""
+    configured = os.environ.get("MCCL_SLICE_BYTES")
+    if configured:
+        try:
+            value = float(configured)
+        except ValueError:
+            value = 0.0
+        if not (value > 0 and math.isfinite(value)):
+            raise MCCLError(f"MCCL_SLICE_BYTES must be a positive number of bytes, not {configured!r}")
+        return value
+    return GLOO_MAX_SEGMENT_BYTES if transport_name == "gloo" else SLICE_BYTES
+
+
+def _group_slice_bytes(store: dist.Store, rank: int, transport_name: str) -> float:
+    """Rank 0's :func:`_slice_bytes`, adopted by every rank (through the group's store, once): ranks that
+    cut chunks differently would post messages of different sizes under one tag, which gloo aborts on."""
+    key = "mccl-config/slice_bytes"
+    if rank == 0:
+        store.set(key, repr(_slice_bytes(transport_name)))
+    return float(store.get(key).decode())
+
+
 def _delegates(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dict[str, tuple[object, object]]:
     """device type -> (c10d backend, its BackendType): gloo for cpu, NCCL for cuda where there is CUDA."""
     found = {"cpu": (dist.ProcessGroupGloo(dist.PrefixStore("mccl-delegate/cpu/", store), rank, size, timeout),
@@ -119,7 +159,8 @@ class MCCLProcessGroup(dist.ProcessGroup):
         name = f"mccl:{group_name}" if group_name else "mccl"
         transport = Transport(inner, backend=transport_name, store=dist.PrefixStore("mccl-liveness/", store))
         self.communicator = Communicator(transport, name=name, control=control,
-                                         check=os.environ.get("MCCL_CHECK", "1") != "0")
+                                         check=os.environ.get("MCCL_CHECK", "1") != "0",
+                                         slice_bytes=_group_slice_bytes(store, rank, transport_name))
         # sums bit-identical to gloo's where the ReduceScatter schedule allows (mccl.runtime.reduction_order);
         # NCCL picks its own algorithm and order per call, so there is no order to match
         self.communicator.reduction_order = "gloo" if transport_name == "gloo" else None

@@ -25,6 +25,7 @@ __all__ = ["Buffers", "Reducer", "REDUCERS", "exact_order", "all_gather_buffers"
            "all_reduce_buffers", "even_blocks"]
 
 Combine = Callable[[torch.Tensor, torch.Tensor], None]
+Span = tuple[int, int, int]  # (tensor index, start, length) in elements
 Reducer = Callable[[torch.Tensor, torch.Tensor, int], None]
 """``reducer(partial_sum_view, incoming, peer)``: what a driver calls for every reducing receive, in the
 plan's canonical order (``peer``: who sent ``incoming``)."""
@@ -35,6 +36,15 @@ COMBINE: dict[object, Combine] = {
     dist.ReduceOp.MIN: lambda acc, incoming: torch.minimum(acc, incoming, out=acc),
     dist.ReduceOp.MAX: lambda acc, incoming: torch.maximum(acc, incoming, out=acc),
     dist.ReduceOp.AVG: lambda acc, incoming: acc.add_(incoming),  # a sum, divided by n when copied out
+}
+
+# the same operations out of place, ``(a, b, out)``: a fold's first addition writes its result without a copy
+BINARY: dict[object, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = {
+    dist.ReduceOp.SUM: lambda a, b, out: torch.add(a, b, out=out),
+    dist.ReduceOp.PRODUCT: lambda a, b, out: torch.mul(a, b, out=out),
+    dist.ReduceOp.MIN: lambda a, b, out: torch.minimum(a, b, out=out),
+    dist.ReduceOp.MAX: lambda a, b, out: torch.maximum(a, b, out=out),
+    dist.ReduceOp.AVG: lambda a, b, out: torch.add(a, b, out=out),
 }
 
 REDUCERS: dict[object, Reducer] = {op: (lambda acc, incoming, _peer, combine=combine: combine(acc, incoming))
@@ -63,9 +73,13 @@ class Buffers:
     template: torch.Tensor | None = None  # a tensor of the call's dtype and device (new_empty, element_size)
     # AllToAll: this rank's own block in the input and the output, (tensor index, start, length);
     # the executor copies it across (or lets gloo's alltoallv do so, see drivers.exchange)
-    self_segments: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-    # where a reducing receive of (partial-sum view, peer) lands; None: a temporary of its own
-    landing: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    self_segments: tuple[Span, Span] | None = None
+    # where a reducing receive lands, ``landing(start, length, peer) -> span``, given the receive's span in
+    # tensor 0 (a function of the block sizes only, like the regions); None: a temporary of its own
+    landing: Callable[[int, int, int], Span] | None = None
+    # the own slot of an alltoallv (drivers.exchange): a span of the sends' tensor and one of the receives'
+    # that gloo may copy between, so that a step's regions are contiguous around this rank's own place
+    slots: tuple[Span, Span] | None = None
 
 
 def even_blocks(total: int, n: int) -> np.ndarray:
@@ -103,8 +117,10 @@ def all_gather_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor
     if own.data_ptr() != inp.data_ptr():
         own.copy_(inp)
     source = plan.chunk_source
+    own_block = (0, rank * per_rank, per_rank)
     return Buffers("all_gather", [out], np.full(n, per_rank, dtype=np.int64),
-                   lambda chunk, _layout: (0, int(source[chunk]) * per_rank), template=out)
+                   lambda chunk, _layout: (0, int(source[chunk]) * per_rank), template=out,
+                   slots=(own_block, own_block))
 
 
 def all_to_all_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor,
@@ -132,8 +148,9 @@ def all_to_all_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor
         if cache is not None and geometry.reusable:
             cache[shape_key] = geometry
     in_start, out_start, own = geometry.in_offset[rank], geometry.out_offset[rank], geometry.own
+    own_blocks = ((_IN, in_start, own), (_OUT, out_start, own))
     return Buffers("all_to_all", [inp, out, None], geometry.block_elems, geometry.region, template=out,
-                   self_segments=((_IN, in_start, own), (_OUT, out_start, own)))
+                   self_segments=own_blocks, slots=own_blocks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,9 +237,12 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
     n, rank = plan.n_ranks, plan.rank
     out, inp = _flat(output, "output"), _flat(input, "input")
     per_rank = _check_gathered("reduce_scatter", whole=(inp, "input"), part=(out, "output"), n=n)
-    work = inp.clone()
     average = op == dist.ReduceOp.AVG
-    folded = _FoldInOrder(work, rank, n, per_rank, order, _combine(op)) if exact_order(plan, order) else None
+    in_order = exact_order(plan, order)
+    # the schedule's own order adds into a work copy; the fold only reads the input (sends, this rank's own
+    # contribution), so it works on the input itself unless the output lies in it (written while read)
+    work = inp.clone() if not in_order or _overlap(out, inp) else inp
+    folded = _FoldInOrder(work, rank, n, per_rank, order, _combine(op), BINARY[op]) if in_order else None
 
     def finish() -> None:
         if folded is not None:
@@ -232,10 +252,24 @@ def reduce_scatter_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Te
         if average:  # the sum of the n contributions, divided once at the end as gloo's AVG does
             out.div_(n)
 
-    return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64),
-                   lambda chunk, _layout: (0, int(plan.chunk_block[chunk]) * per_rank), finish,
-                   _reducer(op) if folded is None else folded.collect, work,
-                   landing=None if folded is None else folded.landing)
+    def region(chunk: int, _layout: Layout) -> tuple[int, int]:
+        return 0, int(plan.chunk_block[chunk]) * per_rank
+
+    if folded is None:
+        return Buffers("reduce_scatter", [work], np.full(n, per_rank, dtype=np.int64), region, finish,
+                       _reducer(op), work)
+    # (a kind of its own: the drivers' programs, cached by kind and sizes, know where receives land)
+    return Buffers("reduce_scatter:in_order", [work, folded.stack.view(-1)], np.full(n, per_rank, dtype=np.int64),
+                   region, finish, folded.collect, work, landing=folded.landing_span,
+                   slots=((0, rank * per_rank, per_rank), (1, rank * per_rank, per_rank)))
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any memory."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    return a_start < b_start + b.numel() * b.element_size() and b_start < a_start + a.numel() * a.element_size()
 
 
 def exact_order(plan: RankPlan, order: ReductionOrder | None) -> bool:
@@ -247,28 +281,30 @@ class _FoldInOrder:
     """The reducer of a ReduceScatter that adds in a given order: every contribution to this rank's
     block is kept as it arrives (``collect``, the drivers' reducer), and ``fold_into`` adds them in
     the order's sequence, range by range (the same arithmetic as gloo: one binary operation per
-    contribution, left to right). The point-to-point drivers receive straight into the stack
-    (``landing``); the cost is one copy of the first operand per range (memory only: the bytes on
-    the wire are the schedule's); the additions are the same number as on the schedule's path."""
+    contribution, left to right; the first one written straight into the output). The point-to-point
+    drivers receive straight into the stack (``landing``); the additions are the same number as on the
+    schedule's path, and nothing is copied (the bytes on the wire are the schedule's)."""
 
     def __init__(self, work: torch.Tensor, rank: int, n: int, per_rank: int, order: ReductionOrder,
-                 combine: Combine) -> None:
+                 combine: Combine, binary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
         self.work, self.rank, self.n, self.per_rank = work, rank, n, per_rank
         self.block_start = rank * per_rank
         self.ranges = order.ranges(self.block_start, self.block_start + per_rank, n, work.element_size())
-        self.combine = combine
-        self.stack = work.new_empty((n, per_rank))  # row ``rank`` unused: this rank's own is in ``work``
+        self.combine, self.binary = combine, binary
+        # row ``rank`` unused (this rank's own is in ``work``; an alltoallv may copy it there, its own slot)
+        self.stack = work.new_empty((n, per_rank))
 
-    def landing(self, acc: torch.Tensor, peer: int) -> torch.Tensor:
-        """Where ``peer``'s contribution to ``acc`` (a view of this rank's block) is received: its row
-        of the stack, so that the point-to-point drivers need no copy."""
-        offset = acc.storage_offset() - self.work.storage_offset() - self.block_start
-        if offset < 0 or offset + acc.numel() > self.per_rank:
+    def landing_span(self, start: int, length: int, peer: int) -> Span:
+        """Where ``peer``'s contribution to elements ``[start, start + length)`` of ``work`` (in this rank's
+        block) is received: its row of the stack (tensor 1 of the buffers), so the drivers need no copy."""
+        offset = start - self.block_start
+        if offset < 0 or offset + length > self.per_rank:
             raise MCCLError("a contribution arrived for a block this rank does not own (the schedule relays sums)")
-        return self.stack[peer, offset:offset + acc.numel()]
+        return 1, peer * self.per_rank + offset, length
 
     def collect(self, acc: torch.Tensor, incoming: torch.Tensor, peer: int) -> None:
-        target = self.landing(acc, peer)
+        _, start, length = self.landing_span(acc.storage_offset() - self.work.storage_offset(), acc.numel(), peer)
+        target = self.stack.view(-1)[start:start + length]
         if target.data_ptr() != incoming.data_ptr():  # received elsewhere (the exchange driver's staging)
             target.copy_(incoming)
 
@@ -278,8 +314,11 @@ class _FoldInOrder:
         for lo, hi, ranks in self.ranges:
             rows = [own if contributor == self.rank else self.stack[contributor] for contributor in ranks]
             target = out[lo - start:hi - start]
-            target.copy_(rows[0][lo - start:hi - start])
-            for row in rows[1:]:
+            if len(rows) == 1:
+                target.copy_(rows[0][lo - start:hi - start])
+                continue
+            self.binary(rows[0][lo - start:hi - start], rows[1][lo - start:hi - start], target)
+            for row in rows[2:]:
                 self.combine(target, row[lo - start:hi - start])
 
 

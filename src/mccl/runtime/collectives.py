@@ -76,8 +76,15 @@ class Collectives:
     def _agree(self, signature: Signature, op: str, seq: int) -> None:
         if self.check:
             device = torch.device("cuda") if self.transport.backend == "nccl" else torch.device("cpu")
-            agree(signature, self.size, self.transport.native_all_gather, device,
-                  f"{op} #{seq} on communicator {self.name!r}")
+            agree(signature, self.size, self._gather_signatures, device, f"{op} #{seq} on communicator {self.name!r}")
+
+    def _gather_signatures(self, output: torch.Tensor, mine: torch.Tensor) -> None:
+        """The agreement's AllGather of one small vector, as an AllToAll of that vector sent to every rank:
+        the same matrix, but gloo posts an AllToAll's messages all at once (one round trip), where its
+        AllGather of a small buffer takes n − 1 in sequence: measured on 4 ranks, 0.2–0.8 ms CPU per
+        call against 0.9–1.2 ms, and 1.0–4.4 ms wall against 5.1–6.9 ms, depending on the machine's load
+        (``benchmarks/backend_probe.py small``, BENCHMARKS.md 2026-12-01 third session)."""
+        self.transport.native_all_to_all(output, mine.repeat(self.size), [], [])
 
     def _collective(self, kind: Collective, op: str, output: torch.Tensor, input: torch.Tensor,
                     signature: Callable[[torch.Tensor, torch.Tensor], Signature],

@@ -9,6 +9,8 @@ installed schedule runs torch's own collective on the transport group (the vendo
 path; also what ReduceScatter keeps, §3). The collectives themselves (tensor shapes,
 reductions, the pre-flight agreement) are in :mod:`mccl.runtime.collectives`;
 :attr:`Communicator.calls` records which path ran each one (:mod:`mccl.runtime.calls`).
+``slice_bytes``: the executor's pipelining grain (:mod:`mccl.schedule.slicing`), the same on
+every rank; the torch backend sets it per transport (:func:`mccl.runtime.backend._slice_bytes`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetryS
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
 from mccl.runtime.transport import Transport
 from mccl.schedule import Collective, Schedule, loads_schedule, validate
+from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
 __all__ = ["Communicator", "Installed"]
@@ -58,7 +61,7 @@ class Communicator(Collectives):
                  schedules: Sequence[Schedule] = (), source: ScheduleSource | None = None,
                  sink: TelemetrySink | None = None, telemetry: TelemetryConfig | None = None,
                  control: ControlChannel | None = None, driver: str | None = None, poll_s: float = 0.02,
-                 check: bool = False) -> None:
+                 check: bool = False, slice_bytes: float = SLICE_BYTES) -> None:
         self.transport = transport
         self.name = name
         self.rank = transport.rank
@@ -66,6 +69,8 @@ class Communicator(Collectives):
         self.topology = topology
         self.driver = driver
         self.check = check  # the pre-flight agreement of every collective (mccl.runtime.agreement)
+        # the executor's pipelining grain (mccl.schedule.slicing); every rank of the group must use the same
+        self.slice_bytes = slice_bytes
         self.send_gate: SendGate | None = None  # a time-shared tenant's gate (mccl.runtime.sendgate, MCCS TS)
         self.calls = CallLog()  # which path ran each call (mccl.runtime.calls)
         self._installed: dict[Collective, Installed] = {}
@@ -277,7 +282,8 @@ class Communicator(Collectives):
         if self._meters is not None:
             self._meters.seq = seq
         executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
-                         layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate)
+                         layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate,
+                         slice_bytes=self.slice_bytes)
 
     # ---- telemetry and shutdown -------------------------------------------------------
     @property

@@ -16,8 +16,8 @@ slices in order, a relay forwarding slice ``j`` as soon as it has arrived; strea
 wait for each other (the eager driver queues per stream),
 so two trees that use one link each get their share of it. No stream is paced or
 weighted: the tree packing cuts a source's data into equal trees, so equal shares are
-the planned ones. The exchange driver (one gloo alltoallv per step) is not sliced: a
-bulk exchange has nothing to pipeline. What the model does not see: gloo sends all
+the planned ones. The exchange driver (one gloo alltoallv per step; the default on gloo for
+AllToAll and one-step plans) is not sliced: a bulk exchange has nothing to pipeline. What the model does not see: gloo sends all
 messages between two ranks over one socket, in posting order; on the loopback test
 transport there is no fabric to share.
 """
@@ -83,12 +83,13 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
 
 
 def default_driver(transport: Transport, plan: RankPlan) -> str:
-    """NCCL: stepwise. gloo: exchange for AllToAll (a step is one gloo alltoallv, all waits in C++;
-    individual gloo sends measured 1.5–2× slower than gloo's own alltoall), eager otherwise
-    (forwarding chunk by chunk pipelines rings and trees)."""
+    """NCCL: stepwise. gloo: exchange for AllToAll and for one-step plans (direct AllGather and
+    ReduceScatter): a step is one gloo alltoallv, all waits in C++; individual gloo sends measured
+    1.5–2× slower than gloo's own alltoall, and a plan that forwards nothing has nothing to pipeline.
+    Eager otherwise (forwarding chunk by chunk pipelines rings and trees)."""
     if not transport.dependency_driven:
         return "stepwise"
-    return "exchange" if plan.collective is Collective.ALLTOALL else "eager"
+    return "exchange" if plan.collective is Collective.ALLTOALL or plan.n_steps == 1 else "eager"
 
 
 def call_slices(bound: Bound, buffers: Buffers, slice_bytes: float = SLICE_BYTES,

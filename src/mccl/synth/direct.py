@@ -1,4 +1,5 @@
-"""NCCL-style AllToAll: every rank sends every other rank its block directly.
+"""NCCL-style AllToAll: every rank sends every other rank its block directly (and the same one-step
+AllGather and ReduceScatter, :func:`direct_allgather`, :func:`direct_reducescatter`).
 
 One flow per (source, destination), all started at once, each on the ECMP-chosen
 shortest route of its flow. With ``pxn=True`` (the default, as NCCL ≥ 2.12 does on
@@ -23,7 +24,7 @@ from mccl.topology import Topology
 from mccl.topology.routebatch import crc32_of_concatenation, crc32_parts
 from mccl.topology.routing import router_for
 
-__all__ = ["direct_alltoall", "direct_reducescatter"]
+__all__ = ["direct_allgather", "direct_alltoall", "direct_reducescatter"]
 
 
 def _relays(topology: Topology, ranks: Sequence[str], source: np.ndarray, destination: np.ndarray) -> np.ndarray:
@@ -117,6 +118,53 @@ def direct_alltoall(topology: Topology, ranks: Sequence[str] | None = None, *, c
     return describe_on(schedule, topology)
 
 
+def _one_step(topology: Topology, ranks: Sequence[str] | None, chunks: int, collective: Collective,
+              what: str) -> Schedule:
+    """Every rank sends every other rank one block straight, all in step 0: rank ``s``'s own block
+    (AllGather: it is the block's source) or its contribution to rank ``d``'s block (ReduceScatter:
+    ``d`` owns it), ``chunks`` pieces each."""
+    chosen = check_ranks(topology, ranks)
+    if chunks < 1:
+        raise SynthesisError(f"chunks must be >= 1, got {chunks}")
+    n = len(chosen)
+    gather = collective is Collective.ALLGATHER
+    tag, method = ("ag", "allgather.direct") if gather else ("rs", "reducescatter.direct")
+    router = router_for(topology)
+    chunk_col, sender, receiver, offsets, links = [], [], [], [0], []
+    for distance in range(1, n):  # every rank's first send goes to its neighbour, none all to one rank
+        for source in range(n):
+            peer = (source + distance) % n
+            route = route_or_infeasible(router, chosen[source], chosen[peer], f"{tag}:{source}>{peer}",
+                                        f"{what} (rank {source} -> rank {peer})")
+            for piece in range(chunks):
+                chunk_col.append((source if gather else peer) * chunks + piece)
+                sender.append(source)
+                receiver.append(peer)
+                links.extend(route)
+                offsets.append(len(links))
+    count = len(chunk_col)
+    op = np.zeros(count) if gather else np.ones(count)  # TransferOp.COPY / TransferOp.REDUCE
+    transfers = Transfers(np.array(chunk_col), np.array(sender), np.array(receiver), np.zeros(count), op,
+                          np.array(offsets), np.array(links))
+    blocks = np.repeat(np.arange(n, dtype=np.int32), chunks)
+    unset = np.full(n * chunks, -1, dtype=np.int32)
+    chunk_table = Chunks(blocks if gather else unset, unset if gather else blocks, np.full(n * chunks, 1.0 / chunks))
+    schedule = Schedule(collective, chosen, chunk_table, transfers,
+                        ScheduleMeta(method, topology=topology.name, inputs=(("chunks", str(chunks)),)))
+    return describe_on(schedule, topology)
+
+
+def direct_allgather(topology: Topology, ranks: Sequence[str] | None = None, *, chunks: int = 1) -> Schedule:
+    """Every rank sends its block straight to every other rank, all in one step.
+
+    The ring's bytes per rank (``n − 1`` blocks out, ``n − 1`` in) and nothing to forward, so
+    nothing to pipeline: on gloo the executor runs it as one alltoallv, every wait in C++
+    (:func:`mccl.runtime.executor.default_driver`). Where every pair has its own full-bandwidth
+    path (one switch, one host) that is also the fastest AllGather; on a fabric without full
+    bisection a ring or a tree packing loads the links less."""
+    return _one_step(topology, ranks, chunks, Collective.ALLGATHER, "direct AllGather")
+
+
 def direct_reducescatter(topology: Topology, ranks: Sequence[str] | None = None, *, chunks: int = 1) -> Schedule:
     """Every rank sends its contribution to block ``b`` straight to rank ``b``, all in one step.
 
@@ -124,28 +172,4 @@ def direct_reducescatter(topology: Topology, ranks: Sequence[str] | None = None,
     partial sum in flight: the owner receives every contribution unsummed, so it can add them in
     any order it must (the torch backend adds them in gloo's, :mod:`mccl.runtime.reduction_order`).
     On a fabric without full bisection a ring or a tree loads the links less."""
-    chosen = check_ranks(topology, ranks)
-    if chunks < 1:
-        raise SynthesisError(f"chunks must be >= 1, got {chunks}")
-    n = len(chosen)
-    router = router_for(topology)
-    chunk_col, sender, receiver, offsets, links = [], [], [], [0], []
-    for distance in range(1, n):  # every rank's first send goes to its neighbour, none all to one rank
-        for source in range(n):
-            owner = (source + distance) % n
-            route = route_or_infeasible(router, chosen[source], chosen[owner], f"rs:{source}>{owner}",
-                                        f"direct ReduceScatter (rank {source} -> rank {owner})")
-            for piece in range(chunks):
-                chunk_col.append(owner * chunks + piece)
-                sender.append(source)
-                receiver.append(owner)
-                links.extend(route)
-                offsets.append(len(links))
-    count = len(chunk_col)
-    transfers = Transfers(np.array(chunk_col), np.array(sender), np.array(receiver), np.zeros(count),
-                          np.ones(count), np.array(offsets), np.array(links))
-    owners = np.repeat(np.arange(n, dtype=np.int32), chunks)
-    chunk_table = Chunks(np.full(n * chunks, -1, dtype=np.int32), owners, np.full(n * chunks, 1.0 / chunks))
-    schedule = Schedule(Collective.REDUCESCATTER, chosen, chunk_table, transfers,
-                        ScheduleMeta("reducescatter.direct", topology=topology.name, inputs=(("chunks", str(chunks)),)))
-    return describe_on(schedule, topology)
+    return _one_step(topology, ranks, chunks, Collective.REDUCESCATTER, "direct ReduceScatter")

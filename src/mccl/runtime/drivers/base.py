@@ -65,12 +65,18 @@ class PointToPoint:
     ops: tuple[Op, ...]
     spans: list[tuple[int, int, int] | None]
     reducing: tuple[int, ...]
+    landings: dict[int, tuple[int, int, int]]  # where a reducing receive lands, when the buffers say (Buffers.landing)
 
 
-def point_to_point(plan: RankPlan, bound: Bound) -> PointToPoint:
+def point_to_point(plan: RankPlan, bound: Bound, buffers: Buffers) -> PointToPoint:
     reducing = tuple(op.index for op in plan.ops
                      if bound.spans[op.index] is not None and not op.is_send and op.op is TransferOp.REDUCE)
-    return PointToPoint(plan.ops, bound.spans, reducing)
+    landings = {}
+    if buffers.landing is not None:
+        for index in reducing:
+            _, start, length = bound.spans[index]
+            landings[index] = buffers.landing(start, length, plan.ops[index].peer)
+    return PointToPoint(plan.ops, bound.spans, reducing, landings)
 
 
 def call_views(program: PointToPoint, tensors: list[torch.Tensor],
@@ -78,8 +84,8 @@ def call_views(program: PointToPoint, tensors: list[torch.Tensor],
     """One call's operation views and reduce temporaries; AllToAll's own block copied across first."""
     copy_own_block(buffers, tensors)
     views = [None if span is None else tensors[span[0]][span[1]:span[1] + span[2]] for span in program.spans]
-    if buffers.landing is not None:  # the reduction keeps every contribution (an order to add them in)
-        return views, {index: buffers.landing(views[index], program.ops[index].peer) for index in program.reducing}
+    if program.landings:  # the reduction keeps every contribution (an order to add them in)
+        return views, {index: tensors[span[0]][span[1]:span[1] + span[2]] for index, span in program.landings.items()}
     return views, {index: torch.empty_like(views[index]) for index in program.reducing}
 
 

@@ -74,7 +74,7 @@ class EagerDriver:
         for op in ops:
             queues.setdefault((op.is_send, op.peer, op.chunk), []).append(op.index)
         return EagerProgram(
-            p2p=point_to_point(plan, bound),
+            p2p=point_to_point(plan, bound, buffers),
             empty=empty,
             live=len(ops) - sum(empty),
             dependents=tuple(tuple(items) for items in dependents),

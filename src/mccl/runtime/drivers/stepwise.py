@@ -47,7 +47,7 @@ class StepwiseDriver:
     gloo_only = False
 
     def prepare(self, plan: RankPlan, bound: Bound, buffers: Buffers) -> StepwiseProgram:
-        base = point_to_point(plan, bound)
+        base = point_to_point(plan, bound, buffers)
         reducing = set(base.reducing)
         steps = []
         for step_ops in plan.steps:
