@@ -32,7 +32,7 @@ best steady rate, however small its gain. On the 8×8 HPN at 1 GiB the flow-leve
 puts the packing of 6 trees per source (43 slices, depth 17) at 0.951 of the bound, and the
 packings of 3 / 2 / 1 trees (86–128 slices) at 0.975 / 0.985 / 0.976 for a steady state at most
 1.2 % lower (BENCHMARKS.md, 2026-12-01 third session). So each packing candidate is also built
-with :data:`FEWER_CHUNKS` trees per source (``<name>-k<c>``) wherever the estimate says one could
+with at most c of :data:`FEWER_CHUNKS` trees per source (``<name>-k<c>``) wherever the estimate says one could
 win: with the full packing's steady state and depth and its own slices it must beat the best
 estimate so far (else it is not built; this leaves every case where the slices are capped at
 128 or are 1 anyway, e.g. the 2×8 HPN at 1 MiB and 1 GiB, as it was).
