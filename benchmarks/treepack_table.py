@@ -15,10 +15,12 @@ all in one process, one row each:
   refuses a route that visits a node twice; counted independently here too);
 * α-β algbw (:func:`mccl.sim.evaluate`) at 16 MiB and 1 GiB of the packing, the depth-2/3 rail
   hierarchy (:mod:`mccl.synth.treepack.hierarchical`) and the NCCL ring (8 channels), and which of
-  packing / rail / host-rail :mod:`mccl.synth.treepack.depth` would choose at each size;
+  packing / rail / host-rail the estimate of :mod:`mccl.synth.treepack.depth` prefers at each size
+  (``chosen_<size>``: among those three only);
 * with ``--flow-gpus``: flow-level algbw at 1 GiB (``SimOptions.executor()``: the executor's slicing,
-  equal streams) of the packing, the rail hierarchy, ``treepack.depth``'s choice at 1 GiB
-  (``chosen``) and the ring, each one's ratio to the bound and the packing's and the choice's to the
+  equal streams) of the packing, the rail hierarchy, what ``optimize(..., method="treepack.depth",
+  size_bytes=1 GiB)`` returns (``chosen``; its shape in ``depth_choice_1GiB``: the packing, a
+  hierarchy, the latency-aware packing or a packing with fewer trees per source) and the ring, each one's ratio to the bound and the packing's and the choice's to the
   ring (the issue's bars: ≥ 0.95 and > 1). A collective alone under equal streams runs on the
   grouped engine (:mod:`mccl.sim.grouped`), which makes 128 and 512 GPUs a matter of minutes;
 * Phase 2 (switch removal, with the lower-rate search of :mod:`mccl.synth.treepack.balance`) and
@@ -111,7 +113,15 @@ def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = T
         row[f"chosen_{label}"] = min(estimates, key=estimates.__getitem__)
     if flow:
         size = SIZES["1GiB"]
-        chosen = candidates[str(row["chosen_1GiB"])]
+        chosen = None
+        if "chosen" in flow:  # what optimize(method="treepack.depth", size_bytes=1 GiB) returns
+            started = time.process_time()
+            picked = optimize(topology, "allgather", method="treepack.depth", size_bytes=size).schedule
+            row["depth_choice_1GiB"] = dict(picked.meta.inputs)["shape"]
+            row["depth_choice_cpu_s"] = round(time.process_time() - started, 1)
+            validate(picked, topology)
+            named = {"packing": candidates.get("packing"), "rail": rail, "host-rail": candidates.get("host-rail")}
+            chosen = named.get(str(row["depth_choice_1GiB"])) or picked  # simulated once if it is one of those
         done: dict[int, tuple[float, float]] = {}
         for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("chosen", chosen),
                                 ("ring", ring)):
@@ -133,7 +143,7 @@ def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = T
 COLUMNS = ["gpus", "fault", "solve_cpu_s", "validate_cpu_s", "bound_gbs", "steady_gbs", "depth", "route_max",
            "route_mean", "loop_transfers", "transfers", "phase2_s", "phase3_s", "rail_depth", "rail_steady_gbs",
            *[f"{name}_ab_{label}" for label in SIZES for name in ("pack", "rail", "ring")],
-           *[f"chosen_{label}" for label in SIZES],
+           *[f"chosen_{label}" for label in SIZES], "depth_choice_1GiB", "depth_choice_cpu_s",
            "pack_flow_1GiB", "rail_flow_1GiB", "chosen_flow_1GiB", "ring_flow_1GiB", "pack_flow_vs_bound",
            "rail_flow_vs_bound", "chosen_flow_vs_bound", "ring_flow_vs_bound", "pack_flow_vs_ring",
            "chosen_flow_vs_ring", "pack_flow_cpu_s", "rail_flow_cpu_s", "chosen_flow_cpu_s", "ring_flow_cpu_s",
