@@ -3,8 +3,8 @@
 What it computes is what :mod:`mccl.sim.engine` computes for ``simulate_schedule(schedule,
 topology, size, options=SimOptions.executor(...))`` — the same connections, dependencies,
 slices, event batching and max-min fair rates (tests compare the two on small fabrics) — but
-in a time that lets the tree packing at 512 GPUs and 1 GiB (≈ 2.6 M transfers, 4 slices
-each) be simulated in minutes instead of hours:
+far faster (BENCHMARKS.md, 2026-12-01 third session: the 128-GPU packing at 1 GiB, 2.2 M
+flows, in ~2 min CPU; 5–13× the general engine's speed where both were run):
 
 * rates are solved per *hop* (sender, receiver, route) with the number of flows it carries,
   not per flow (equal weights give every flow of a hop the same rate; see

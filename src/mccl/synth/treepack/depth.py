@@ -24,7 +24,8 @@ packing the simulator runs at 157); 0.04 chooses as the simulator ranks in every
 but one (2×8 Fail2 at 16 MiB: the latency-aware trees at 301.5 GB/s over the packing's 305.1;
 BENCHMARKS.md, 2026-12-01). The synth layer cannot run the simulator (DESIGN.md layering), so
 this is α-β; ``benchmarks/treepack_table.py`` checks the choice against the flow-level simulation.
-At 128+ GPUs no flow-level check was affordable: there the weight is an extrapolation.
+At 128 GPUs the choice is checked flow-level (grouped engine, BENCHMARKS.md 2026-12-01 third
+session: 0.995–0.998 of the bound in every fault case); at 512+ the weight is an extrapolation.
 
 Fewer trees per source. With k trees per source a chunk is 1/k of a block, so it has k times
 fewer slices to fill its tree's pipeline with; the rounding (:mod:`.rounding`) keeps the k of the
