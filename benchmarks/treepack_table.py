@@ -4,6 +4,7 @@
     python benchmarks/treepack_table.py --gpus 128 --flow-gpus 128 --faults healthy
     python benchmarks/treepack_table.py --gpus 512 --faults healthy,fail2    # solve + α-β only
     python benchmarks/treepack_table.py --gpus 2048 --no-packing             # hierarchies and ring only
+    python benchmarks/treepack_table.py --gpus 128,512 --flow-gpus 128,512 --flow-methods pack,chosen,ring
 
 Per fabric (HPN ``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8, 2048 = 16×16×8) and fault,
 all in one process, one row each:
@@ -14,12 +15,18 @@ all in one process, one row each:
   refuses a route that visits a node twice; counted independently here too);
 * α-β algbw (:func:`mccl.sim.evaluate`) at 16 MiB and 1 GiB of the packing, the depth-2/3 rail
   hierarchy (:mod:`mccl.synth.treepack.hierarchical`) and the NCCL ring (8 channels), and which of
-  packing / rail / host-rail :mod:`mccl.synth.treepack.depth` would choose at each size;
+  packing / rail / host-rail the estimate of :mod:`mccl.synth.treepack.depth` prefers at each size
+  (``chosen_<size>``: among those three only);
 * with ``--flow-gpus``: flow-level algbw at 1 GiB (``SimOptions.executor()``: the executor's slicing,
-  equal streams) of the packing, the rail hierarchy and the ring, the packing's ratio to its bound
-  and to the ring (the issue's bars: ≥ 0.95 and > 1).
+  equal streams) of the packing, the rail hierarchy, what ``optimize(..., method="treepack.depth",
+  size_bytes=1 GiB)`` returns (``chosen``; its shape in ``depth_choice_1GiB``: the packing, a
+  hierarchy, the latency-aware packing or a packing with fewer trees per source) and the ring, each one's ratio to the bound and the packing's and the choice's to the
+  ring (the issue's bars: ≥ 0.95 and > 1). A collective alone under equal streams runs on the
+  grouped engine (:mod:`mccl.sim.grouped`), which makes 128 and 512 GPUs a matter of minutes;
+* Phase 2 (switch removal, with the lower-rate search of :mod:`mccl.synth.treepack.balance`) and
+  Phase 3 (tree construction) times from the packing's stats (wall, ``perf_counter``).
 
-Rows print as they finish (markdown) and are appended to ``benchmarks/results/treepack_table.csv``.
+Rows print as they finish (markdown) and are appended to ``benchmarks/results/treepack_table_flow.csv``.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from mccl.topology import Topology, apply_fault, rail_optimized
 MiB = 1 << 20
 SIZES = {"16MiB": 16 * MiB, "1GiB": 1024 * MiB}
 SHAPES = {16: (1, 2, 8), 128: (1, 16, 8), 512: (4, 16, 8), 2048: (16, 16, 8)}
-CSV = Path(__file__).resolve().parent / "results" / "treepack_table.csv"
+# (treepack_table.csv holds the rows of the first session, before the chosen / phase columns)
+CSV = Path(__file__).resolve().parent / "results" / "treepack_table_flow.csv"
 
 
 def loop_count(schedule: Schedule, topology: Topology) -> int:
@@ -88,7 +96,8 @@ def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = T
             "bound_gbs": round(packing.bound_gbs or 0.0, 2), "steady_gbs": round(packing.achieved_gbs, 2),
             "depth": int(schedule.meta.stat("max_depth")), "route_max": int(lengths.max()),
             "route_mean": round(float(lengths.mean()), 3), "loop_transfers": loop_count(schedule, topology),
-            "transfers": len(lengths)})
+            "transfers": len(lengths), "phase2_s": round(float(schedule.meta.stat("phase2_s", 0.0)), 2),
+            "phase3_s": round(float(schedule.meta.stat("phase3_s", 0.0)), 2)})
     rail = candidates["rail"] = describe_on(hierarchical_allgather(topology, topology.gpus, "rail"), topology)
     validate(rail, topology)
     if gpus <= 512:  # 8 chunks per source: 33 M transfers at 2048 GPUs, more memory than this machine spares
@@ -104,25 +113,41 @@ def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = T
         row[f"chosen_{label}"] = min(estimates, key=estimates.__getitem__)
     if flow:
         size = SIZES["1GiB"]
-        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("ring", ring)):
+        chosen = None
+        if "chosen" in flow:  # what optimize(method="treepack.depth", size_bytes=1 GiB) returns
+            started = time.process_time()
+            picked = optimize(topology, "allgather", method="treepack.depth", size_bytes=size).schedule
+            row["depth_choice_1GiB"] = dict(picked.meta.inputs)["shape"]
+            row["depth_choice_cpu_s"] = round(time.process_time() - started, 1)
+            validate(picked, topology)
+            named = {"packing": candidates.get("packing"), "rail": rail, "host-rail": candidates.get("host-rail")}
+            chosen = named.get(str(row["depth_choice_1GiB"])) or picked  # simulated once if it is one of those
+        done: dict[int, tuple[float, float]] = {}
+        for name, candidate in (("pack", candidates.get("packing")), ("rail", rail), ("chosen", chosen),
+                                ("ring", ring)):
             if name not in flow or candidate is None:
                 continue
-            gbs, cpu = flow_algbw(candidate, topology, size)
+            if id(candidate) not in done:  # the choice is one of the others: simulated once
+                done[id(candidate)] = flow_algbw(candidate, topology, size)
+            gbs, cpu = done[id(candidate)]
             row[f"{name}_flow_1GiB"] = round(gbs, 2)
             row[f"{name}_flow_cpu_s"] = round(cpu, 1)
-        if "pack" in flow and with_packing:
-            row["pack_flow_vs_bound"] = round(float(row["pack_flow_1GiB"]) / float(row["bound_gbs"]), 4)
-        if "pack" in flow and "ring" in flow and with_packing:
-            row["pack_flow_vs_ring"] = round(float(row["pack_flow_1GiB"]) / float(row["ring_flow_1GiB"]), 3)
+            if with_packing:
+                row[f"{name}_flow_vs_bound"] = round(gbs / float(row["bound_gbs"]), 4)
+        for name in ("pack", "chosen"):
+            if name in flow and "ring" in flow and f"{name}_flow_1GiB" in row:
+                row[f"{name}_flow_vs_ring"] = round(float(row[f"{name}_flow_1GiB"]) / float(row["ring_flow_1GiB"]), 3)
     return row
 
 
 COLUMNS = ["gpus", "fault", "solve_cpu_s", "validate_cpu_s", "bound_gbs", "steady_gbs", "depth", "route_max",
-           "route_mean", "loop_transfers", "transfers", "rail_depth", "rail_steady_gbs",
+           "route_mean", "loop_transfers", "transfers", "phase2_s", "phase3_s", "rail_depth", "rail_steady_gbs",
            *[f"{name}_ab_{label}" for label in SIZES for name in ("pack", "rail", "ring")],
-           *[f"chosen_{label}" for label in SIZES],
-           "pack_flow_1GiB", "rail_flow_1GiB", "ring_flow_1GiB", "pack_flow_vs_bound", "pack_flow_vs_ring",
-           "pack_flow_cpu_s", "rail_flow_cpu_s", "ring_flow_cpu_s", "finished_utc"]
+           *[f"chosen_{label}" for label in SIZES], "depth_choice_1GiB", "depth_choice_cpu_s",
+           "pack_flow_1GiB", "rail_flow_1GiB", "chosen_flow_1GiB", "ring_flow_1GiB", "pack_flow_vs_bound",
+           "rail_flow_vs_bound", "chosen_flow_vs_bound", "ring_flow_vs_bound", "pack_flow_vs_ring",
+           "chosen_flow_vs_ring", "pack_flow_cpu_s", "rail_flow_cpu_s", "chosen_flow_cpu_s", "ring_flow_cpu_s",
+           "finished_utc"]
 
 
 def main() -> None:
@@ -130,7 +155,8 @@ def main() -> None:
     parser.add_argument("--gpus", default="16,128", help="comma-separated, of 16, 128, 512, 2048")
     parser.add_argument("--faults", default="healthy,fail1,fail2,fail3")
     parser.add_argument("--flow-gpus", default="16", help="sizes that also get the flow-level simulation ('' for none)")
-    parser.add_argument("--flow-methods", default="pack,rail,ring", help="which schedules the flow level simulates")
+    parser.add_argument("--flow-methods", default="pack,rail,chosen,ring",
+                        help="which schedules the flow level simulates (of pack, rail, chosen, ring)")
     parser.add_argument("--no-packing", action="store_true", help="hierarchies and ring only (no packing columns)")
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()

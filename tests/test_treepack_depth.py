@@ -94,3 +94,26 @@ def test_depth_options_are_checked():
         optimize(topology, "allgather", method="treepack.depth", size_bytes=0)
     only = optimize(topology, "allgather", method="treepack.depth", candidates=("rail",))
     assert dict(only.schedule.meta.inputs)["shape"] == "rail"
+
+
+@pytest.mark.slow  # ~5 s: two packings simulated flow-level
+def test_fewer_trees_per_source_when_the_pipeline_fill_costs_more_than_the_rounding():
+    """On 1×4×8 Fail2 at 128 MiB the packing's 10 trees a source leave 4 slices a chunk; a candidate with
+    fewer trees (more slices to fill each tree's pipeline) is estimated faster, and the flow-level
+    simulation (the executor's model) agrees that it is."""
+    from mccl.sim import SimOptions, simulate_schedule
+
+    topology = apply_fault(rail_optimized(1, 4, 8), "fail2")
+    size = float(128 * MiB)
+    chosen = optimize(topology, "allgather", method="treepack.depth", size_bytes=size).schedule
+    validate(chosen, topology)
+    shape = dict(chosen.meta.inputs)["shape"]
+    full = optimize(topology, "allgather").schedule
+    assert "-k" in shape and chosen.meta.stat("trees_per_source") < full.meta.stat("trees_per_source")
+    estimates = {name: value for name, value in chosen.meta.stats if name.startswith("estimate_")}
+    assert f"estimate_{shape.replace('-', '_')}_gbs" in estimates
+    assert chosen.meta.stat("estimated_algbw_gbs") == pytest.approx(max(estimates.values()))
+    options = SimOptions.executor(keep_chain=False)
+    fewer = simulate_schedule(chosen, topology, size, options=options).algbw_gbs
+    packing = simulate_schedule(full, topology, size, options=options).algbw_gbs
+    assert fewer > packing

@@ -35,6 +35,7 @@ import numpy as np
 
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule
+from mccl.sim import grouped
 from mccl.sim.closedloop import ControlHook, ControlView, PathSample
 from mccl.sim.compiled import CompiledSchedule, compile_schedule
 from mccl.sim.ecmp import routes_for
@@ -88,7 +89,15 @@ def simulate_schedule(
     options: SimOptions = DEFAULT_OPTIONS,
     **inputs: object,
 ) -> RunResult:
-    """Simulate one collective alone on the fabric (plus ``background``/``changes`` if given)."""
+    """Simulate one collective alone on the fabric (plus ``background``/``changes`` if given).
+
+    Alone and under equal streams it runs on the grouped engine (:mod:`mccl.sim.grouped`,
+    ``SimOptions.engine``), which computes the same result far faster."""
+    alone = not any(inputs.values())
+    if options.engine == "grouped" or (options.engine == "auto" and alone and grouped.applies(options)):
+        if not alone:
+            raise MCCLError(f"the grouped engine runs a collective alone; got {sorted(k for k, v in inputs.items() if v)}")
+        return grouped.simulate_grouped(schedule, topology, size_bytes, options)
     result = simulate(topology, [Job.single(schedule, size_bytes)], options=options, **inputs)  # type: ignore[arg-type]
     return result.only()
 

@@ -26,8 +26,10 @@ result is always packable; the loss against the rounded rate is reported as
 ``switch_balance_loss`` in the schedule's stats and is part of its
 ``rounding_gap`` (the Phase 1 optimum stays the reported bound).
 
-Cost: one :func:`remove_switches` per candidate; balanced fabrics (every healthy
-or symmetric-fault fabric) split at the first try and pay nothing.
+Cost: one :func:`remove_switches` per candidate, unstraightened (the logical graph, hence
+the fit, does not depend on the routes); only the split kept has its routes straightened
+(:func:`~.switch_removal.straighten_logical`). Balanced fabrics (every healthy or
+symmetric-fault fabric) split at the first try and pay nothing more.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.rounding import IntegralRate, units_at
-from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches
+from mccl.synth.treepack.switch_removal import LogicalGraph, packing_ok, remove_switches, straighten_logical
 
 __all__ = ["Split", "split_switches", "trees_that_fit"]
 
@@ -77,13 +79,14 @@ def split_switches(fabric: Fabric, integral: IntegralRate) -> Split:
     k = integral.k
 
     def attempt(rate: float, units: np.ndarray | None = None) -> tuple[LogicalGraph, int]:
-        logical = remove_switches(fabric, units_at(fabric, k, rate) if units is None else units, k, fabric.groups)
+        logical = remove_switches(fabric, units_at(fabric, k, rate) if units is None else units, k, fabric.groups,
+                                  straighten=False)
         return logical, trees_that_fit(logical, k)
 
     logical, fit = attempt(integral.rate_gbps, integral.units)
     best = Split(logical, fit, integral.rate_gbps, 0)
     if fit == k:
-        return best
+        return Split(straighten_logical(fabric, logical), fit, integral.rate_gbps, 0)
     retries = 0
     rate = integral.rate_gbps
     worse = rate  # the lowest rate tried that split worse than ``best``
@@ -114,4 +117,4 @@ def split_switches(fabric: Fabric, integral: IntegralRate) -> Split:
             low = mid
         else:
             high = mid
-    return Split(best.logical, best.k, best.rate_gbps, retries)
+    return Split(straighten_logical(fabric, best.logical), best.k, best.rate_gbps, retries)

@@ -24,7 +24,19 @@ packing the simulator runs at 157); 0.04 chooses as the simulator ranks in every
 but one (2×8 Fail2 at 16 MiB: the latency-aware trees at 301.5 GB/s over the packing's 305.1;
 BENCHMARKS.md, 2026-12-01). The synth layer cannot run the simulator (DESIGN.md layering), so
 this is α-β; ``benchmarks/treepack_table.py`` checks the choice against the flow-level simulation.
-At 128+ GPUs no flow-level check was affordable: there the weight is an extrapolation.
+At 128 GPUs the choice is checked flow-level (grouped engine, BENCHMARKS.md 2026-12-01 third
+session: 0.995–0.998 of the bound in every fault case); at 512+ the weight is an extrapolation.
+
+Fewer trees per source. With k trees per source a chunk is 1/k of a block, so it has k times
+fewer slices to fill its tree's pipeline with; the rounding (:mod:`.rounding`) keeps the k of the
+best steady rate, however small its gain. On the 8×8 HPN at 1 GiB the flow-level simulation
+puts the packing of 6 trees per source (43 slices, depth 17) at 0.951 of the bound, and the
+packings of 3 / 2 / 1 trees (86–128 slices) at 0.975 / 0.985 / 0.976 for a steady state at most
+1.2 % lower (BENCHMARKS.md, 2026-12-01 third session). So each packing candidate is also built
+with at most c of :data:`FEWER_CHUNKS` trees per source (``<name>-k<c>``) wherever the estimate says one could
+win: with the full packing's steady state and depth and its own slices it must beat the best
+estimate so far (else it is not built; this leaves every case where the slices are capped at
+128 or are 1 anyway, e.g. the 2×8 HPN at 1 MiB and 1 GiB, as it was).
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from mccl.topology import Topology
 __all__ = ["FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
 
 FILL_WEIGHT = 0.04
+FEWER_CHUNKS = (4, 2, 1)  # trees per source also tried for the packings (module docstring)
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,15 @@ def estimate(schedule: Schedule, topology: Topology, size_bytes: float) -> Estim
     return Estimate(total, bandwidth, latency, fill, depth, slices, size_bytes / total / 1e9)
 
 
+def _could_win(full: Estimate, schedule: Schedule, chunks: int, size_bytes: float, best_s: float) -> bool:
+    """Whether a packing of ``chunks`` trees per source could beat ``best_s``: the full packing's steady
+    state and depth (an optimistic bound: fewer trees never raise the steady rate), its own slices."""
+    n = schedule.n_ranks
+    slices = slice_count(size_bytes / n / chunks)
+    fill = FILL_WEIGHT * full.bandwidth_s * (full.depth - 1) / slices
+    return full.bandwidth_s + full.latency_s + fill < best_s * (1 - 1e-9)
+
+
 def _candidate(name: str, topology: Topology, ranks: tuple[str, ...], chunks: int) -> Schedule:
     if name in ("packing", "latency_aware"):
         return synthesize(topology, ranks, chunks=chunks, latency_aware=name == "latency_aware").schedule
@@ -104,6 +126,18 @@ def choose_by_time(topology: Topology, ranks: Sequence[str] | None, options: Dep
             first_error = first_error or error
             continue
         built[name] = (schedule, estimate(schedule, topology, options.size_bytes))
+    for name in [name for name in ("packing", "latency_aware") if name in built]:
+        full_schedule, full = built[name]
+        trees = int(full_schedule.meta.stat("trees_per_source", options.chunks) or options.chunks)
+        for chunks in (c for c in FEWER_CHUNKS if c < trees):
+            best_s = min(item[1].time_s for item in built.values())
+            if not _could_win(full, full_schedule, chunks, options.size_bytes, best_s):
+                continue
+            try:
+                schedule = _candidate(name, topology, chosen_ranks, chunks)
+            except MCCLError:
+                continue
+            built[f"{name}-k{chunks}"] = (schedule, estimate(schedule, topology, options.size_bytes))
     if not built:
         assert first_error is not None
         raise first_error

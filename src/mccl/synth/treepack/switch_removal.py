@@ -38,7 +38,7 @@ from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.straighten import straighten_routes
 
-__all__ = ["LogicalGraph", "remove_switches", "packing_ok"]
+__all__ = ["LogicalGraph", "remove_switches", "packing_ok", "straighten_logical"]
 
 Path = tuple[int, ...]  # physical link ids
 Pool = dict[Path, int]  # route -> units, in order of arrival
@@ -52,6 +52,18 @@ class LogicalGraph:
     units: dict[tuple[int, int], int]
     routes: dict[tuple[int, int], list[tuple[Path, int]]]
     careful: bool  # whether the fast split failed its check
+    split_units: np.ndarray | None = None  # the integer link units split (after pruning), for straighten_logical
+    straight: bool = True  # whether the routes are straightened (simple and short)
+
+
+def straighten_logical(fabric: Fabric, logical: LogicalGraph) -> LogicalGraph:
+    """``logical`` with its routes straightened (:mod:`.straighten`), if they are not yet.
+
+    Lets a caller that tries several splits (:mod:`.balance`) straighten only the one it keeps."""
+    if logical.straight or logical.split_units is None:
+        return logical
+    routes = straighten_routes(fabric, logical.split_units, logical.routes)
+    return LogicalGraph(logical.n_ranks, logical.units, routes, logical.careful, logical.split_units, True)
 
 
 def _take(pool: Pool, amount: int) -> list[tuple[Path, int]]:
@@ -361,7 +373,8 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
 
     ``k``: trees per rank still to pack (uniform, or per rank for a warm start's residual).
     ``straighten``: make the routes simple and short (:mod:`.straighten`); False keeps the raw
-    concatenations of the splits (for comparison only: they may visit a switch twice).
+    concatenations of the splits (they may visit a switch twice): for comparison, or for a caller
+    that straightens only the split it keeps (:func:`straighten_logical`).
     """
     if groups is None:
         groups = np.full(fabric.n_nodes, -1, dtype=np.int64)
@@ -392,7 +405,7 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     routes = {key: list(pool.items()) for key, pool in pools.items()}
     if straighten:
         routes = straighten_routes(fabric, units, routes)
-    return LogicalGraph(fabric.n_ranks, units_out, routes, careful)
+    return LogicalGraph(fabric.n_ranks, units_out, routes, careful, units, straighten)
 
 
 def _switch_distance(fabric: Fabric) -> np.ndarray:

@@ -1,0 +1,630 @@
+"""Compiled (numba) event loop of the grouped engine (:mod:`mccl.sim.grouped`): one collective, equal streams.
+
+Why grouped. Under the executor's model (``SimOptions.executor()``: equal weights) every
+flow on one hop (sender, receiver, route) has the same links, so in the unique max-min
+fair allocation it has the same rate as every other flow of that hop. The rates are
+therefore a function of how many flows each hop carries: the max-min problem is solved
+over hops ("classes", a few thousand at 512 GPUs) with multiplicities, not over flows
+(millions). A slice that finishes and the next slice that starts on the same hop in one
+batch leave the multiplicities, hence every rate, unchanged: no re-solve at all.
+
+Virtual time. A class's flows all progress at the class rate, so each class keeps its
+served bytes per flow ``V`` (``V += rate · dt``); a flow started at ``V0`` with ``b``
+bytes finishes when ``V`` reaches its tag ``V0 + b``. Its flows sit on a per-class heap
+of tags, the classes on an indexed heap of their next finish time: a rate change
+re-keys one class, not its flows.
+
+Incremental exact max-min, as :mod:`mccl.sim.kernels` (Bertsekas & Gallager §6.5.2),
+over classes weighted by their multiplicity: re-solve the set S of classes whose
+multiplicity changed and those bottlenecked on a link whose load changed, by exact
+progressive filling on what the other classes leave; then check feasibility and the
+bottleneck condition on every link whose rates changed and add violators to S; repeat
+(S becomes every class once it holds a quarter of the live ones).
+
+Events are handled in the order and with the batching of :mod:`mccl.sim.engine`:
+flows whose last byte leaves by ``now + tolerance``, then arrivals by then, then every
+free connection with a ready slice starts its first one (in queue order), then rates.
+Slices are implicit: transfer t (a schedule transfer) moves slices 0..T-1 in order on
+its connection; slice j of t is ready once slice j of every transfer t waits for has
+arrived.
+
+One compile unit: every jitted helper is in this file (numba's cache checks only the
+file of the function it compiled; see :mod:`mccl.sim.kernels`).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["run_grouped"]
+
+_jit = numba.njit(cache=True, nogil=True)
+_WHOLE = 0.25  # once S holds this share of the live classes, S becomes all of them
+_SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan instead of a heap
+_LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause
+# run_grouped's status codes
+OK, STALLED, TOO_LONG = 0, 1, 2
+
+
+# -- indexed heap (links by share; classes by next finish) ------------------------------------------
+@_jit
+def _sift_up(hp, hpos, hkey, at):
+    item = hp[at]
+    key = hkey[item]
+    while at > 0:
+        parent = (at - 1) >> 1
+        up = hp[parent]
+        if hkey[up] <= key:
+            break
+        hp[at] = up
+        hpos[up] = at
+        at = parent
+    hp[at] = item
+    hpos[item] = at
+
+
+@_jit
+def _sift_down(hp, hpos, hkey, at, size):
+    item = hp[at]
+    key = hkey[item]
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and hkey[hp[child + 1]] < hkey[hp[child]]:
+            child += 1
+        down = hp[child]
+        if hkey[down] >= key:
+            break
+        hp[at] = down
+        hpos[down] = at
+        at = child
+    hp[at] = item
+    hpos[item] = at
+
+
+@_jit
+def _heap_set(hp, hpos, hkey, item, key, size):
+    """Insert ``item`` with ``key`` or move it to ``key``; return the new size."""
+    at = hpos[item]
+    if at < 0:
+        hkey[item] = key
+        hp[size] = item
+        hpos[item] = size
+        _sift_up(hp, hpos, hkey, size)
+        return size + 1
+    old = hkey[item]
+    hkey[item] = key
+    if key < old:
+        _sift_up(hp, hpos, hkey, at)
+    elif key > old:
+        _sift_down(hp, hpos, hkey, at, size)
+    return size
+
+
+@_jit
+def _heap_pop(hp, hpos, hkey, size):
+    top = hp[0]
+    hpos[top] = -1
+    size -= 1
+    if size > 0:
+        hp[0] = hp[size]
+        hpos[hp[0]] = 0
+        _sift_down(hp, hpos, hkey, 0, size)
+    return size
+
+
+# -- plain binary heaps: a class's flows (tag, transfer); arrivals (time, seq, slice id) -------------
+@_jit
+def _tag_push(tags, items, base, size, tag, item):
+    at = size
+    while at > 0:
+        parent = (at - 1) >> 1
+        if tags[base + parent] <= tag:
+            break
+        tags[base + at] = tags[base + parent]
+        items[base + at] = items[base + parent]
+        at = parent
+    tags[base + at] = tag
+    items[base + at] = item
+
+
+@_jit
+def _tag_pop(tags, items, base, size):
+    """Drop the top of a heap of ``size`` entries at ``base`` (the caller read it)."""
+    size -= 1
+    if size == 0:
+        return
+    tag = tags[base + size]
+    item = items[base + size]
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and tags[base + child + 1] < tags[base + child]:
+            child += 1
+        if tags[base + child] >= tag:
+            break
+        tags[base + at] = tags[base + child]
+        items[base + at] = items[base + child]
+        at = child
+    tags[base + at] = tag
+    items[base + at] = item
+
+
+@_jit
+def _arr_less(a_time, a_seq, i, j):
+    return a_time[i] < a_time[j] or (a_time[i] == a_time[j] and a_seq[i] < a_seq[j])
+
+
+@_jit
+def _arr_push(a_time, a_seq, a_id, size, when, seq, item):
+    at = size
+    a_time[at] = when
+    a_seq[at] = seq
+    a_id[at] = item
+    while at > 0:
+        parent = (at - 1) >> 1
+        if not _arr_less(a_time, a_seq, at, parent):
+            break
+        a_time[at], a_time[parent] = a_time[parent], a_time[at]
+        a_seq[at], a_seq[parent] = a_seq[parent], a_seq[at]
+        a_id[at], a_id[parent] = a_id[parent], a_id[at]
+        at = parent
+
+
+@_jit
+def _arr_pop(a_time, a_seq, a_id, size):
+    size -= 1
+    a_time[0], a_seq[0], a_id[0] = a_time[size], a_seq[size], a_id[size]
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and _arr_less(a_time, a_seq, child + 1, child):
+            child += 1
+        if not _arr_less(a_time, a_seq, child, at):
+            break
+        a_time[at], a_time[child] = a_time[child], a_time[at]
+        a_seq[at], a_seq[child] = a_seq[child], a_seq[at]
+        a_id[at], a_id[child] = a_id[child], a_id[at]
+        at = child
+
+
+@_jit
+def _mark(item, marked, items, count):
+    if not marked[item]:
+        marked[item] = True
+        items[count] = item
+        return count + 1
+    return count
+
+
+# -- max-min over classes ---------------------------------------------------------------------------
+@_jit
+def _share(resid, cnt, link):
+    if cnt[link] <= 0:
+        return np.inf
+    return max(resid[link], 0.0) / cnt[link]
+
+
+@_jit
+def _recompute(now, eps, cap, mult, rate, bneck, vserv, tserv, c_lo, c_links, l_lo, l_cls, load,
+               dlist, n_dirty, dmark, clist, n_changed, cmark, n_live, s_in, s_frozen, s_rate, s_bneck,
+               members, touched, l_mark, resid, cnt, hp, hpos, hkey, need, checked, exact, rekey, n_rekey, rmark, counters):
+    """Re-solve the rates after the marked changes; return the new length of the ``rekey`` list."""
+    n_classes = len(mult)
+    m = 0
+    for j in range(n_dirty):
+        k = dlist[j]
+        dmark[k] = False
+        if mult[k] > 0 and not s_in[k]:
+            s_in[k] = True
+            members[m] = k
+            m += 1
+    for j in range(n_changed):
+        link = clist[j]
+        cmark[link] = False
+        for q in range(l_lo[link], l_lo[link + 1]):
+            k = l_cls[q]
+            if mult[k] > 0 and not s_in[k] and (bneck[k] == link or bneck[k] < 0):
+                s_in[k] = True
+                members[m] = k
+                m += 1
+    n_checked = 0
+    nt = 0
+    while True:
+        counters[3] += 1
+        nt = 0
+        for j in range(m):
+            k = members[j]
+            s_frozen[k] = False
+            for q in range(c_lo[k], c_lo[k + 1]):
+                link = c_links[q]
+                if not l_mark[link]:
+                    l_mark[link] = True
+                    touched[nt] = link
+                    nt += 1
+        use_heap = nt > _SCAN_LINKS
+        counters[4] += m
+        counters[5] += nt
+        size = 0
+        for j in range(nt):
+            link = touched[j]
+            r = cap[link] - load[link]
+            c = 0
+            for q in range(l_lo[link], l_lo[link + 1]):
+                k = l_cls[q]
+                if s_in[k] and mult[k] > 0:
+                    r += rate[k] * mult[k]
+                    c += mult[k]
+            resid[link] = r
+            cnt[link] = c
+            if use_heap:
+                size = _heap_set(hp, hpos, hkey, link, _share(resid, cnt, link), size)
+        while True:
+            if use_heap:
+                if size == 0:
+                    break
+                link = hp[0]
+                share = hkey[link]
+                size = _heap_pop(hp, hpos, hkey, size)
+                if cnt[link] == 0:
+                    continue
+            else:
+                link = -1
+                share = np.inf
+                for j in range(nt):
+                    other = touched[j]
+                    if cnt[other] > 0:
+                        value = _share(resid, cnt, other)
+                        if link < 0 or value < share:
+                            share = value
+                            link = other
+                if link < 0:
+                    break
+            for q in range(l_lo[link], l_lo[link + 1]):
+                k = l_cls[q]
+                if not s_in[k] or s_frozen[k] or mult[k] == 0:
+                    continue
+                s_frozen[k] = True
+                s_rate[k] = share
+                s_bneck[k] = link
+                for p in range(c_lo[k], c_lo[k + 1]):
+                    other = c_links[p]
+                    resid[other] -= share * mult[k]
+                    cnt[other] -= mult[k]
+            if use_heap:
+                for q in range(l_lo[link], l_lo[link + 1]):
+                    k = l_cls[q]
+                    if s_in[k] and s_bneck[k] == link and s_frozen[k]:
+                        for p in range(c_lo[k], c_lo[k + 1]):
+                            other = c_links[p]
+                            if hpos[other] >= 0:
+                                size = _heap_set(hp, hpos, hkey, other, _share(resid, cnt, other), size)
+        for j in range(n_changed):
+            need[clist[j]] = True
+        for j in range(m):
+            k = members[j]
+            if s_bneck[k] >= 0:
+                need[s_bneck[k]] = True
+            if s_rate[k] != rate[k]:
+                for q in range(c_lo[k], c_lo[k + 1]):
+                    need[c_links[q]] = True
+        grown = m
+        n_checked = 0
+        for j in range(nt + n_changed):
+            link = touched[j] if j < nt else clist[j - nt]
+            if not need[link]:
+                continue
+            need[link] = False
+            total = 0.0
+            top = 0.0
+            low_s = np.inf
+            top_kept = 0.0
+            low_kept_b = np.inf
+            for q in range(l_lo[link], l_lo[link + 1]):
+                k = l_cls[q]
+                if mult[k] == 0:
+                    continue
+                if s_in[k]:
+                    level = s_rate[k]
+                    if s_bneck[k] == link and level < low_s:
+                        low_s = level
+                else:
+                    level = rate[k]
+                    if level > top_kept:
+                        top_kept = level
+                    if bneck[k] == link and level < low_kept_b:
+                        low_kept_b = level
+                total += level * mult[k]
+                if level > top:
+                    top = level
+            checked[n_checked] = link
+            exact[n_checked] = total
+            n_checked += 1
+            saturated = total >= cap[link] * (1.0 - eps)
+            overloaded = total > cap[link] * (1.0 + eps)
+            if not (overloaded or top_kept > low_s * (1.0 + eps)
+                    or (low_kept_b < np.inf and (not saturated or low_kept_b < top * (1.0 - eps)))):
+                continue
+            for q in range(l_lo[link], l_lo[link + 1]):
+                k = l_cls[q]
+                if mult[k] == 0 or s_in[k]:
+                    continue
+                level = rate[k]
+                bad = overloaded or level > low_s * (1.0 + eps)
+                if bneck[k] == link and (not saturated or level < top * (1.0 - eps)):
+                    bad = True
+                if bad:
+                    s_in[k] = True
+                    members[grown] = k
+                    grown += 1
+        if grown == m:
+            break
+        m = grown
+        if m > _WHOLE * n_live:
+            for k in range(n_classes):
+                if mult[k] > 0 and not s_in[k]:
+                    s_in[k] = True
+                    members[m] = k
+                    m += 1
+        for j in range(nt):
+            l_mark[touched[j]] = False
+    for j in range(m):
+        k = members[j]
+        s_in[k] = False
+        bneck[k] = s_bneck[k]
+        new = s_rate[k]
+        if new != rate[k]:
+            vserv[k] += rate[k] * (now - tserv[k])
+            tserv[k] = now
+            for q in range(c_lo[k], c_lo[k + 1]):
+                load[c_links[q]] += (new - rate[k]) * mult[k]
+            rate[k] = new
+            n_rekey = _mark(k, rmark, rekey, n_rekey)
+    for j in range(n_checked):
+        load[checked[j]] = exact[j]
+    for j in range(nt):
+        l_mark[touched[j]] = False
+    return n_rekey
+
+
+# -- the event loop -----------------------------------------------------------------------------
+@_jit
+def _start_slice(t, now, c, cls_of, size, nxt, busy, mult, rate, vserv, tserv, c_lo, c_links, load, f_tag, f_item,
+                 f_base, f_size):
+    """Start slice ``nxt[t]`` of transfer t on its (free) connection c: one more flow of t's class."""
+    k = cls_of[t]
+    nxt[t] += 1
+    busy[c] = True
+    vserv[k] += rate[k] * (now - tserv[k])
+    tserv[k] = now
+    _tag_push(f_tag, f_item, f_base[k], f_size[k], vserv[k] + size[t], t)
+    f_size[k] += 1
+    mult[k] += 1
+    for q in range(c_lo[k], c_lo[k + 1]):
+        load[c_links[q]] += rate[k]
+
+
+@_jit
+def _next_finish(k, mult, rate, vserv, tserv, f_tag, f_base):
+    if mult[k] == 0 or rate[k] <= 0.0:
+        return np.inf
+    return tserv[k] + (f_tag[f_base[k]] - vserv[k]) / rate[k]
+
+
+@_jit
+def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, in_lo, in_src, c_lo, c_links, l_lo,
+                l_cls, f_base, cap, tol_rel, max_time, eps, keep_chain, t_ready, t_start, t_sent, t_arrive, last_dep,
+                enabler, cause, t_bneck, counters):
+    """Run one collective launched at time 0 to its last arrival; return (status, end time).
+
+    Transfers are in connection order (``conn_lo`` CSR); slice j of transfer t is ``t * n_slices + j``
+    in the chain arrays (written only when ``keep_chain``). ``counters``: batches, re-solves, flows, solver rounds, classes and links solved."""
+    n = len(cls_of)
+    n_conn = len(conn_lo) - 1
+    n_classes = len(c_lo) - 1
+    n_links = len(cap)
+    total = n * n_slices
+    # per transfer
+    nxt = np.zeros(n, dtype=np.int64)  # slices started
+    arrived = np.zeros(n, dtype=np.int64)  # slices arrived
+    avail = np.zeros(n, dtype=np.int64)  # slices ready (held by the sender)
+    # per connection
+    busy = np.zeros(n_conn, dtype=np.bool_)
+    scan = conn_lo[:-1].copy()  # first transfer with slices left to start
+    last_sent = np.full(n_conn, -1, dtype=np.int64)
+    cand = np.zeros(n_conn, dtype=np.int64)
+    cand_mark = np.zeros(n_conn, dtype=np.bool_)
+    n_cand = 0
+    # per class
+    mult = np.zeros(n_classes, dtype=np.int64)
+    rate = np.zeros(n_classes)
+    bneck = np.full(n_classes, -1, dtype=np.int64)
+    vserv = np.zeros(n_classes)
+    tserv = np.zeros(n_classes)
+    f_size = np.zeros(n_classes, dtype=np.int64)
+    f_tag = np.zeros(n)
+    f_item = np.zeros(n, dtype=np.int64)
+    c_hp = np.arange(n_classes)
+    c_hpos = np.arange(n_classes)
+    c_hkey = np.full(n_classes, np.inf)
+    # rates: work lists and scratch
+    load = np.zeros(n_links)
+    dlist = np.zeros(n_classes, dtype=np.int64)
+    dmark = np.zeros(n_classes, dtype=np.bool_)
+    clist = np.zeros(n_links, dtype=np.int64)
+    cmark = np.zeros(n_links, dtype=np.bool_)
+    rekey = np.zeros(n_classes, dtype=np.int64)
+    rmark = np.zeros(n_classes, dtype=np.bool_)
+    s_in = np.zeros(n_classes, dtype=np.bool_)
+    s_frozen = np.zeros(n_classes, dtype=np.bool_)
+    s_rate = np.zeros(n_classes)
+    s_bneck = np.full(n_classes, -1, dtype=np.int64)
+    members = np.zeros(n_classes, dtype=np.int64)
+    touched = np.zeros(n_links, dtype=np.int64)
+    l_mark = np.zeros(n_links, dtype=np.bool_)
+    resid = np.zeros(n_links)
+    cnt = np.zeros(n_links, dtype=np.int64)
+    hp = np.zeros(n_links, dtype=np.int64)
+    hpos = np.full(n_links, -1, dtype=np.int64)
+    hkey = np.zeros(n_links)
+    need = np.zeros(n_links, dtype=np.bool_)
+    checked = np.zeros(n_links, dtype=np.int64)
+    exact = np.zeros(n_links)
+    # arrivals
+    a_cap = max(1024, 2 * n_conn)
+    a_time = np.zeros(a_cap)
+    a_seq = np.zeros(a_cap, dtype=np.int64)
+    a_id = np.zeros(a_cap, dtype=np.int64)
+    a_size = 0
+    seq = 0
+    n_live = 0
+    n_arrived = 0
+    # launch: transfers that wait for nothing hold every slice
+    for t in range(n):
+        if in_lo[t + 1] == in_lo[t]:
+            avail[t] = n_slices
+            if keep_chain:
+                for j in range(n_slices):
+                    t_ready[t * n_slices + j] = 0.0
+            n_cand = _mark(conn_of[t], cand_mark, cand, n_cand)
+    now = 0.0
+    tol = tol_rel * 1e-6
+    n_dirty = 0
+    n_changed = 0
+    n_rekey = 0
+    while True:
+        # -- start: every free candidate connection starts its first ready slice ------------------
+        for j in range(n_cand):
+            c = cand[j]
+            cand_mark[c] = False
+            if busy[c]:
+                continue
+            t = scan[c]
+            end = conn_lo[c + 1]
+            while t < end and nxt[t] == n_slices:
+                t += 1
+            scan[c] = t
+            while t < end and nxt[t] >= avail[t]:
+                t += 1
+            if t == end:
+                continue
+            sid = t * n_slices + nxt[t]
+            if keep_chain:
+                t_start[sid] = now
+                if t_ready[sid] < now - tol:
+                    enabler[sid] = last_sent[c]
+                    cause[sid] = _QUEUE
+                else:
+                    enabler[sid] = last_dep[sid]
+                    cause[sid] = _CHUNK if last_dep[sid] >= 0 else _LAUNCH
+            k = cls_of[t]
+            if mult[k] == 0:
+                n_live += 1
+            _start_slice(t, now, c, cls_of, size, nxt, busy, mult, rate, vserv, tserv, c_lo, c_links, load, f_tag,
+                         f_item, f_base, f_size)
+            counters[2] += 1
+            n_dirty = _mark(k, dmark, dlist, n_dirty)
+            for q in range(c_lo[k], c_lo[k + 1]):
+                n_changed = _mark(c_links[q], cmark, clist, n_changed)
+            n_rekey = _mark(k, rmark, rekey, n_rekey)
+        n_cand = 0
+        # -- rates ------------------------------------------------------------------------------------
+        if n_dirty or n_changed:
+            n_rekey = _recompute(now, eps, cap, mult, rate, bneck, vserv, tserv, c_lo, c_links, l_lo, l_cls, load,
+                                 dlist, n_dirty, dmark, clist, n_changed, cmark, n_live, s_in, s_frozen, s_rate,
+                                 s_bneck, members, touched, l_mark, resid, cnt, hp, hpos, hkey, need, checked, exact,
+                                 rekey, n_rekey, rmark, counters)
+            counters[1] += 1
+            n_dirty = 0
+            n_changed = 0
+        for j in range(n_rekey):
+            k = rekey[j]
+            rmark[k] = False
+            _heap_set(c_hp, c_hpos, c_hkey, k, _next_finish(k, mult, rate, vserv, tserv, f_tag, f_base), n_classes)
+        n_rekey = 0
+        if n_arrived == total:
+            return OK, now
+        # -- the next time --------------------------------------------------------------------------
+        upcoming = c_hkey[c_hp[0]]
+        if a_size and a_time[0] < upcoming:
+            upcoming = a_time[0]
+        if upcoming == np.inf:
+            return STALLED, now
+        if upcoming > max_time:
+            return TOO_LONG, now
+        if upcoming > now:
+            now = upcoming
+        tol = tol_rel * max(now, 1e-6)
+        limit = now + tol
+        counters[0] += 1
+        # -- flows whose last byte leaves by the limit ------------------------------------------------
+        while c_hkey[c_hp[0]] <= limit:
+            k = c_hp[0]
+            base = f_base[k]
+            while f_size[k] > 0 and tserv[k] + (f_tag[base] - vserv[k]) / rate[k] <= limit:
+                t = f_item[base]
+                _tag_pop(f_tag, f_item, base, f_size[k])
+                f_size[k] -= 1
+                c = conn_of[t]
+                busy[c] = False
+                sid = t * n_slices + nxt[t] - 1
+                last_sent[c] = sid
+                if keep_chain:
+                    t_sent[sid] = now
+                    t_bneck[sid] = bneck[k]
+                if a_size == len(a_time):
+                    grown = 2 * len(a_time)
+                    a_time2 = np.zeros(grown)
+                    a_seq2 = np.zeros(grown, dtype=np.int64)
+                    a_id2 = np.zeros(grown, dtype=np.int64)
+                    a_time2[:a_size] = a_time
+                    a_seq2[:a_size] = a_seq
+                    a_id2[:a_size] = a_id
+                    a_time, a_seq, a_id = a_time2, a_seq2, a_id2
+                seq += 1
+                _arr_push(a_time, a_seq, a_id, a_size, now + lat[t], seq, sid)
+                a_size += 1
+                n_cand = _mark(c, cand_mark, cand, n_cand)
+                vserv[k] += rate[k] * (now - tserv[k])
+                tserv[k] = now
+                mult[k] -= 1
+                for q in range(c_lo[k], c_lo[k + 1]):
+                    load[c_links[q]] -= rate[k]
+                    n_changed = _mark(c_links[q], cmark, clist, n_changed)
+                if mult[k] == 0:
+                    rate[k] = 0.0
+                    bneck[k] = -1
+                    n_live -= 1
+                else:
+                    n_dirty = _mark(k, dmark, dlist, n_dirty)
+            _heap_set(c_hp, c_hpos, c_hkey, k, _next_finish(k, mult, rate, vserv, tserv, f_tag, f_base), n_classes)
+        # -- arrivals by the limit --------------------------------------------------------------------
+        while a_size and a_time[0] <= limit:
+            sid = a_id[0]
+            _arr_pop(a_time, a_seq, a_id, a_size)
+            a_size -= 1
+            t = sid // n_slices
+            j = sid - t * n_slices
+            arrived[t] = j + 1
+            n_arrived += 1
+            if keep_chain:
+                t_arrive[sid] = now
+            for q in range(dep_lo[t], dep_lo[t + 1]):
+                d = dep_tg[q]
+                low = n_slices
+                for p in range(in_lo[d], in_lo[d + 1]):
+                    if arrived[in_src[p]] < low:
+                        low = arrived[in_src[p]]
+                if low > avail[d]:
+                    if keep_chain:
+                        for r in range(avail[d], low):
+                            t_ready[d * n_slices + r] = now
+                            last_dep[d * n_slices + r] = sid
+                    avail[d] = low
+                    n_cand = _mark(conn_of[d], cand_mark, cand, n_cand)
