@@ -38,8 +38,12 @@ def service():
 
 
 def raw_socket(endpoint: str, secret: JobSecret | None) -> zmq.Socket:
+    """A DEALER to the service. A send that cannot go out within 10 s raises zmq.Again instead of
+    blocking forever: a DEALER whose only connection failed the CURVE handshake has no peer left, and
+    a blocking send then waits for one that never comes (the 120 s timeouts this file had under load)."""
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 10_000)
     if secret is not None:
         secret.make_client(socket)
     socket.connect(endpoint)
@@ -155,10 +159,17 @@ def test_without_the_secret_nothing_is_acted_on(service, who):
     forged = ControllerClient(service.address, "job", 0, secret=intruder_secret, timeout_s=0.5)
     try:
         rows = [telemetry_row(seq=seq, bytes=10**5) for seq in range(1, 50)]
+        deadline = time.monotonic() + 30  # the intruder's handshake fails first: what made a blocking send hang
+        while status(service)["stats"]["auth_failures"] == 0:
+            assert time.monotonic() < deadline, "the intruder's failed handshake was never counted"
+            time.sleep(0.02)
         for frame in (encode("telemetry", samples=rows), encode("register", communicator="job",
                       schedule=dumps_schedule(SCHEDULE.with_meta(version=9))),
                       encode("register", communicator="squat", schedule=dumps_schedule(SCHEDULE)), encode("stop")):
-            intruder.send(frame)
+            try:  # once the handshake has failed, libzmq drops the connection: nothing can go out at all
+                intruder.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         assert not intruder.poll(1500)  # no answer, not even to status
         forged.submit([Sample("inter", "job", 0, 2, 10**5, 0.01, time.time(), 9)] * 10)
         with pytest.raises(ControllerError, match="did not answer"):
