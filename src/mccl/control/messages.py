@@ -205,9 +205,9 @@ class Requests:
             version = self.manager.register(communicator, loads_schedule(message["schedule"]))
         else:
             schedule = registration.schedule
+            # kept first: a refresh that saw the new version without its reply would encode it here (1.9 s)
+            self._keep_reply(communicator, schedule.collective, int(schedule.meta.version), registration.reply)
             version = self.manager.register(communicator, schedule, prepared=registration.prepared)
-            if version == int(schedule.meta.version):  # it became the active one: serve the reply encoded there
-                self._keep_reply(communicator, schedule.collective, version, registration.reply)
         self.communicators.add(communicator)
         self.refresh([communicator])
         self.stats["registrations"] += 1

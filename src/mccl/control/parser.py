@@ -21,6 +21,7 @@ memory) is replaced for the next message.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import tempfile
@@ -110,9 +111,16 @@ def parse_message(frame: bytes, max_bytes: int, topology: Topology) -> tuple[dic
 _TOPOLOGY: Topology | None = None  # in the helper process: the manager's topology
 
 
+HELPER_NICENESS = 10
+"""How much lower the helper's CPU priority is than the service's: on a loaded host its seconds of parsing
+must not take the CPU from the socket thread's polls (a registration may take longer instead)."""
+
+
 def _start(topology: Topology) -> None:
     global _TOPOLOGY
     _TOPOLOGY = topology
+    with contextlib.suppress(OSError):
+        os.nice(HELPER_NICENESS)
 
 
 def _parse_in_helper(frame_path: str, max_bytes: int) -> tuple[dict[str, Any], tuple[Schedule, PreparedSchedule, str] | None]:
