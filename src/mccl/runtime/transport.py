@@ -177,6 +177,11 @@ class Transport:
                 return  # expired (or refused after the break): the context carries the error now
         return
 
+    def explain_loss(self, error: Exception, peer: int | None = None) -> PeerLost:
+        """``error`` (a failure of something that needs every rank, such as the hot-swap control channel)
+        as :class:`PeerLost` named like the transport's own (:meth:`_peer_lost`)."""
+        return self._peer_lost(error, peer)
+
     def _peer_lost(self, error: Exception, peer: int | None) -> PeerLost:
         """A backend error as :class:`PeerLost`, named after the first rank the watcher lost, else a
         rank that left (``peer``, or any for a collective), else ``peer``. gloo may see a broken
