@@ -208,7 +208,12 @@ class ControllerService:
     def _count_handshakes(self) -> None:
         failed = self._curve.failed_handshakes()
         if failed and self.stats["auth_failures"] == 0:
-            log.warning("mccl controller: a peer failed the authentication handshake; further ones are counted")
+            # Who, libzmq does not say (its event names this end). Seen from "unknown peers": a client of an
+            # earlier job on this host, reconnecting forever to the port this service now holds (reproduced:
+            # ~13 failed handshakes a second per stray socket), or a rank without the job's secret.
+            log.warning("mccl controller: a peer failed the authentication handshake (a rank without the job's "
+                        "secret, or a client of another job reconnecting to this reused port); further ones are "
+                        "counted")
         self.stats["auth_failures"] += failed
 
     def _run_step(self) -> None:
