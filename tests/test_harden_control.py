@@ -19,7 +19,7 @@ from mccl.control import ControlConfig, ControllerClient, ControllerService, Sam
 from mccl.control.auth import JobSecret, new_secret, read_secret_file, secret_from_env, write_secret_file
 from mccl.control.protocol import decode, encode
 from mccl.errors import ControllerError
-from mccl.schedule import dumps_schedule
+from mccl.schedule import dumps_schedule, loads_schedule
 from mccl.synth import optimize
 from mccl.topology import rail_optimized
 
@@ -257,6 +257,7 @@ def test_a_client_that_declared_the_controller_lost_recovers_when_it_answers_aga
             second.stop()
 
 
+@pytest.mark.multiprocess  # the parser process
 def test_polls_are_answered_while_a_large_registration_is_validated(service):
     """The socket thread stays responsive while a large ``register`` is parsed and validated."""
     big = optimize(rail_optimized(1, 2, 2), "allgather").schedule.with_meta(version=5)
@@ -276,6 +277,9 @@ def test_polls_are_answered_while_a_large_registration_is_validated(service):
             worst = max(worst, time.perf_counter() - start)
         assert registrar.poll(20_000)
         assert decode(registrar.recv()) == {"v": 1, "op": "ok", "version": 5}
+        served = ask(poller, encode("poll", communicator="job", rank=0, have={}))  # the parser process's reply
+        assert (served["op"], served["version"]) == ("schedule", 5)
+        assert loads_schedule(served["schedule"]).transfers == big.transfers
         assert worst < 2.0  # the client's default timeout; the 100 ms bar is measured in benchmarks/harden.py
     finally:
         registrar.close()
