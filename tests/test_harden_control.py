@@ -5,6 +5,7 @@ Real ZeroMQ sockets on loopback, the inputs of the issue's report, then a fixed-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -18,7 +19,7 @@ from mccl.control import ControlConfig, ControllerClient, ControllerService, Sam
 from mccl.control.auth import JobSecret, new_secret, read_secret_file, secret_from_env, write_secret_file
 from mccl.control.protocol import decode, encode
 from mccl.errors import ControllerError
-from mccl.schedule import dumps_schedule
+from mccl.schedule import dumps_schedule, loads_schedule
 from mccl.synth import optimize
 from mccl.topology import rail_optimized
 
@@ -38,8 +39,12 @@ def service():
 
 
 def raw_socket(endpoint: str, secret: JobSecret | None) -> zmq.Socket:
+    """A DEALER to the service. A send that cannot go out within 10 s raises zmq.Again instead of
+    blocking forever: a DEALER whose only connection failed the CURVE handshake has no peer left, and
+    a blocking send then waits for one that never comes (the 120 s timeouts this file had under load)."""
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 10_000)
     if secret is not None:
         secret.make_client(socket)
     socket.connect(endpoint)
@@ -155,10 +160,15 @@ def test_without_the_secret_nothing_is_acted_on(service, who):
     forged = ControllerClient(service.address, "job", 0, secret=intruder_secret, timeout_s=0.5)
     try:
         rows = [telemetry_row(seq=seq, bytes=10**5) for seq in range(1, 50)]
+        deadline = time.monotonic() + 30  # the intruder's handshake fails first: what made a blocking send hang
+        while status(service)["stats"]["auth_failures"] == 0:
+            assert time.monotonic() < deadline, "the intruder's failed handshake was never counted"
+            time.sleep(0.02)
         for frame in (encode("telemetry", samples=rows), encode("register", communicator="job",
                       schedule=dumps_schedule(SCHEDULE.with_meta(version=9))),
                       encode("register", communicator="squat", schedule=dumps_schedule(SCHEDULE)), encode("stop")):
-            intruder.send(frame)
+            with contextlib.suppress(zmq.Again):  # the handshake failed: libzmq may have no connection to send on
+                intruder.send(frame, zmq.NOBLOCK)
         assert not intruder.poll(1500)  # no answer, not even to status
         forged.submit([Sample("inter", "job", 0, 2, 10**5, 0.01, time.time(), 9)] * 10)
         with pytest.raises(ControllerError, match="did not answer"):
@@ -247,6 +257,7 @@ def test_a_client_that_declared_the_controller_lost_recovers_when_it_answers_aga
             second.stop()
 
 
+@pytest.mark.multiprocess  # the parser process
 def test_polls_are_answered_while_a_large_registration_is_validated(service):
     """The socket thread stays responsive while a large ``register`` is parsed and validated."""
     big = optimize(rail_optimized(1, 2, 2), "allgather").schedule.with_meta(version=5)
@@ -266,6 +277,9 @@ def test_polls_are_answered_while_a_large_registration_is_validated(service):
             worst = max(worst, time.perf_counter() - start)
         assert registrar.poll(20_000)
         assert decode(registrar.recv()) == {"v": 1, "op": "ok", "version": 5}
+        served = ask(poller, encode("poll", communicator="job", rank=0, have={}))  # the parser process's reply
+        assert (served["op"], served["version"]) == ("schedule", 5)
+        assert loads_schedule(served["schedule"]).transfers == big.transfers
         assert worst < 2.0  # the client's default timeout; the 100 ms bar is measured in benchmarks/harden.py
     finally:
         registrar.close()

@@ -77,6 +77,7 @@ from mccl.control.drift import (
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
+from mccl.control.prepared import PreparedSchedule
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, bottleneck_cut, validate
@@ -120,20 +121,24 @@ class ScheduleManager:
         self.events.append(Event(time.time(), kind, comm, collective.value, version, value, text))
 
     def _activate(self, comm: _Communicator, schedule: Schedule, result: SynthesisResult | None, version: int,
-                  on: Topology, text: str | None = None) -> _Active:
-        covered = overlay_map(schedule, on)
+                  on: Topology, text: str | None = None, prepared: PreparedSchedule | None = None) -> _Active:
+        covered = overlay_map(schedule, on) if prepared is None else prepared.coverage
         comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
         if self.config.guard:
             self.guard.prepare(schedule)  # a cache hit for a candidate the guard just predicted
-        return _Active(schedule, result, version, profile(schedule, len(on.links)),
+        cut = profile(schedule, len(on.links)) if prepared is None else prepared.cut
+        return _Active(schedule, result, version, cut,
                        judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text,
                        schedule_format=self.config.schedule_format)
 
     def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
-                 size_bytes: float | None = None, text: str | None = None) -> int:
+                 size_bytes: float | None = None, text: str | None = None,
+                 prepared: PreparedSchedule | None = None) -> int:
         """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
         ``text``: ``dumps_schedule(schedule)`` when the caller has it (the service computes it in its
-        parser process: 1.7 s of GIL-holding work for a 38 MiB schedule, issue 13).
+        parser process: 1.7 s of GIL-holding work for a 38 MiB schedule, issue 13). ``prepared``: the
+        schedule validated and its overlay map and profile computed (:mod:`.prepared`; the service's parser
+        process does it, another ~0.75 s for 38 MiB), taken instead of computing them here.
 
         A version not newer than the active one is ignored (every rank may register). ``result``: the
         synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
@@ -143,7 +148,10 @@ class ScheduleManager:
             raise ControllerError("register: result= must be the synthesis result of the registered schedule")
         if size_bytes is not None and not (size_bytes > 0 and math.isfinite(size_bytes)):
             raise ControllerError(f"register: size_bytes must be a positive number of bytes, got {size_bytes}")
-        validate(schedule, self.topology)
+        if prepared is None:
+            validate(schedule, self.topology)
+        else:
+            prepared.check(schedule, self.topology)
         version = int(schedule.meta.version)
         if self.config.guard:  # the NCCL-style baseline is built now, at start-up, not in the first decision
             try:
@@ -168,7 +176,8 @@ class ScheduleManager:
                 return current.version
             if current is not None:  # a newer version registered by a rank: its own references
                 self._relearn(comm, comm.base if comm.base is not None else self._nominal)
-            comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology, text)
+            comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology, text,
+                                                             prepared)
             self._event("registered", communicator, schedule.collective, version)
             return version
 

@@ -9,32 +9,32 @@ latest call totals of each rank (``max_call_rows`` rows in all), ``status`` even
 (``max_status_events``). Any failure of a message becomes an ``error`` reply and a
 count; nothing a message holds ends the service (issue 13).
 
-The parser process. ``json.loads`` of a 38 MiB schedule is one C call that holds the GIL
-for ~2 s, and re-encoding it for the ranks another ~1.7 s (measured, 2026-12-01); in the
-service's process either would stall the socket thread's polls. So a frame above
-``subprocess_bytes`` is decoded in a spawned helper process, which for a ``register`` also
-parses the schedule and writes its canonical text; both come back pickled (arrays and one
-string: milliseconds) and the manager takes the text instead of encoding it again. A
-client's own ``schedule_text`` field is always dropped: only the helper sets it.
+The parser process (:mod:`.parser`). ``json.loads`` of a 38 MiB schedule is one C call that
+holds the GIL for ~2 s; re-encoding it, validating it and its overlay map another ~2.5 s
+(measured, 2026-12-01); in the service's process any of it would stall the socket thread's
+polls. So a frame above ``subprocess_bytes`` is decoded in a spawned helper process, which for
+a ``register`` also parses, validates and prepares the schedule (:mod:`.prepared`) and encodes the
+poll reply that serves it; the manager takes the prepared pieces instead of computing them
+(``ScheduleManager.register(prepared=)``), and the service never needs the schedule's text.
 
 Polls are answered from a snapshot of the active versions (:meth:`Requests.refresh`,
 called off the socket thread after every change), so the socket thread never waits for
-the manager's lock.
+the manager's lock. A ``schedule`` reply is encoded once per version and kept (``json.dumps`` of
+a 38 MiB text is ~0.16 s holding the GIL; before, it ran on the socket thread for every rank
+that fetched it); a registration from the parser process comes with its reply encoded there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 from mccl.control.manager import ScheduleManager
+from mccl.control.parser import ParsedRegistration, ParserProcess
 from mccl.control.protocol import (
     MAX_MESSAGE_BYTES,
     CallReport,
@@ -48,7 +48,7 @@ from mccl.control.protocol import (
 )
 from mccl.control.tenancy.live import windows_reply
 from mccl.errors import ControllerError
-from mccl.schedule import Collective, Schedule, dumps_schedule, loads_schedule
+from mccl.schedule import Collective, loads_schedule
 
 __all__ = ["Limits", "Requests", "looks_heavy"]
 
@@ -69,9 +69,9 @@ class Limits:
     max_call_rows: int = 1 << 20  # call-total rows kept in all
 
 
-def looks_heavy(frame: bytes, limits: Limits) -> bool:
+def looks_heavy(frame: bytes | memoryview, limits: Limits) -> bool:
     """Whether a frame goes to the heavy-message thread: a large one, or any ``register``."""
-    return len(frame) > limits.inline_bytes or b'"register"' in frame[:4096]
+    return len(frame) > limits.inline_bytes or b'"register"' in bytes(frame[:4096])
 
 
 class Requests:
@@ -86,28 +86,42 @@ class Requests:
         self.stats = stats
         self._take_telemetry = take_telemetry
         self._on_stop = on_stop
-        self._parser: ProcessPoolExecutor | None = None
+        self._parser = ParserProcess(manager.topology, limits.max_message_bytes)
         self.communicators: set[str] = set()  # registered here (bounded by max_communicators)
         self._watched: set[str] = set()  # polled here: the snapshot covers them too (bounded likewise)
-        self._snapshot: dict[str, dict[Collective, tuple[int, str]]] = {}  # replaced whole, never mutated
+        self._snapshot: dict[str, dict[Collective, int]] = {}  # active versions; replaced whole, never mutated
+        # encoded ``schedule`` replies, the two newest versions of each (communicator, kind) that has an active
+        # schedule here (bounded like the snapshot): {(communicator, kind): ((version, frame), ...)}
+        self._replies: dict[tuple[str, Collective], tuple[tuple[int, bytes], ...]] = {}
         # which path ran each rank's calls: {communicator: {rank: rows}}, the latest report of each rank
         self._calls: dict[str, dict[int, list[tuple[str, str, int | None, int]]]] = {}
         self._call_rows = 0  # rows kept in all (bounded by max_call_rows)
         self._calls_lock = threading.Lock()  # the heavy-message thread may take a large telemetry message
 
     def close(self) -> None:
-        if self._parser is not None:
-            self._parser.shutdown(wait=True, cancel_futures=True)
+        self._parser.close()
 
     def known(self) -> list[str]:
         """The communicators the snapshot covers: registered or polled here."""
         return list(self.communicators | self._watched)
 
     def refresh(self, communicators: list[str]) -> None:
-        """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread)."""
+        """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread), each
+        with its encoded ``schedule`` reply ready: a registration's comes from the parser process; one the
+        manager issued is encoded here, once (the socket thread only sends)."""
         fresh = {}
         for name in communicators:
-            entry = {kind: latest for kind in Collective if (latest := self.manager.latest(name, kind)) is not None}
+            entry = {}
+            for kind_name, version in self.manager.versions(name).items():
+                kind = Collective(kind_name)
+                if not any(kept == version for kept, _ in self._replies.get((name, kind), ())):
+                    latest = self.manager.latest(name, kind)
+                    if latest is None:
+                        continue
+                    version = latest[0]
+                    self._keep_reply(name, kind, version, encode("schedule", collective=kind.value, version=version,
+                                                                 schedule=latest[1]))
+                entry[kind] = version
             if entry or name in self._snapshot:
                 fresh[name] = entry
         if fresh:
@@ -133,25 +147,16 @@ class Requests:
         with self._calls_lock:
             return {name: dict(ranks) for name, ranks in self._calls.items()}
 
-    def _parse_elsewhere(self, frame: bytes) -> dict[str, Any]:
-        """decode() (and a register's schedule parsed) in the helper process; see module docstring."""
-        if self._parser is None:
-            self._parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            return self._parser.submit(_parse_message, frame, self.limits.max_message_bytes).result()
-        except BrokenProcessPool:  # the helper died (memory?): a fresh one for the next message
-            self._parser = None
-            raise ControllerError("the controller could not parse that message (its parser process died)") from None
-
-    def handle(self, frame: bytes) -> bytes | None:
-        """The reply to one message (None: no reply). Never raises: any failure is an error reply."""
+    def handle(self, frame: bytes | memoryview) -> bytes | None:
+        """The reply to one message (None: no reply). Never raises: any failure is an error reply. ``frame``
+        may be libzmq's buffer (a large one is handed to the parser process without a copy here)."""
         op: str | None = None
         try:
-            if len(frame) > self.limits.subprocess_bytes:
-                message = self._parse_elsewhere(frame)
+            registration: ParsedRegistration | None = None
+            if len(frame) > self.limits.subprocess_bytes:  # in the parser process (module docstring)
+                message, registration = self._parser.parse(frame)
             else:
-                message = decode(frame, max_bytes=self.limits.max_message_bytes)
-                message.pop("schedule_text", None)  # a client's text is never served unparsed
+                message = decode(bytes(frame), max_bytes=self.limits.max_message_bytes)
             op = message["op"]
             if op == "telemetry":
                 samples = samples_of(message)
@@ -167,7 +172,7 @@ class Requests:
                 self.stats["polls"] += 1
                 return self._answer_poll(message)
             if op == "register":
-                return self._register(message)
+                return self._register(message, registration)
             if op == "windows":  # a time-shared tenant's send windows (issue 16, mccl.control.tenancy.live)
                 return windows_reply(self.manager, message)
             if op == "status":
@@ -193,21 +198,29 @@ class Requests:
             except Exception:  # noqa: BLE001 - an error text json cannot hold
                 return encode("error", message=type(error).__name__)
 
-    def _register(self, message: dict[str, Any]) -> bytes:
+    def _register(self, message: dict[str, Any], registration: ParsedRegistration | None) -> bytes:
         communicator = text_field(message, "communicator")
-        schedule = message.get("schedule")
-        if not isinstance(schedule, str | Schedule):
+        if registration is None and not isinstance(message.get("schedule"), str):
             raise ControllerError("register: 'schedule' must be a schedule file's text")
         if communicator not in self.communicators and len(self.communicators) >= self.limits.max_communicators:
             raise ControllerError(f"register: the controller serves at most {self.limits.max_communicators} communicators")
-        if isinstance(schedule, str):
-            schedule = loads_schedule(schedule)
-        text = message.get("schedule_text")  # the canonical text, from the parser process
-        version = self.manager.register(communicator, schedule, text=text if isinstance(text, str) else None)
+        if registration is None:  # a small one, parsed, validated and prepared here (milliseconds)
+            version = self.manager.register(communicator, loads_schedule(message["schedule"]))
+        else:
+            schedule = registration.schedule
+            # kept first: a refresh that saw the new version without its reply would encode it here (1.9 s)
+            self._keep_reply(communicator, schedule.collective, int(schedule.meta.version), registration.reply)
+            version = self.manager.register(communicator, schedule, prepared=registration.prepared)
         self.communicators.add(communicator)
         self.refresh([communicator])
         self.stats["registrations"] += 1
         return encode("ok", version=version)
+
+    def _keep_reply(self, communicator: str, kind: Collective, version: int, frame: bytes) -> None:
+        """Keep a version's encoded reply with the newest other one (a registration's lands before the snapshot
+        shows it). One assignment: the two threads that refresh may race here at worst into encoding one again."""
+        kept = [entry for entry in self._replies.get((communicator, kind), ()) if entry[0] != version]
+        self._replies[(communicator, kind)] = tuple(sorted([*kept, (version, frame)], key=lambda entry: entry[0])[-2:])
 
     def _answer_poll(self, message: dict[str, Any]) -> bytes:
         """From the snapshot: the socket thread never waits for the manager (see module docstring)."""
@@ -217,20 +230,10 @@ class Requests:
             self._watched.add(communicator)
         active = self._snapshot.get(communicator, {})
         for kind in Collective:
-            latest = active.get(kind)
-            if latest is not None and latest[0] > have.get(kind.value, 0):
-                self.stats["schedules_sent"] += 1
-                return encode("schedule", collective=kind.value, version=latest[0], schedule=latest[1])
-        return encode("idle", versions={kind.value: latest[0] for kind, latest in active.items()})
-
-
-
-def _parse_message(frame: bytes, max_bytes: int) -> dict[str, Any]:
-    """In the helper process: the decoded message; a register's schedule as a Schedule and its canonical
-    text (what the manager serves to ranks), both pickled back (arrays and one string: milliseconds)."""
-    message = decode(frame, max_bytes=max_bytes)
-    message.pop("schedule_text", None)  # only this process sets it
-    if message["op"] == "register" and isinstance(message.get("schedule"), str):
-        message["schedule"] = loads_schedule(message["schedule"])
-        message["schedule_text"] = dumps_schedule(message["schedule"])
-    return message
+            version = active.get(kind)
+            if version is not None and version > have.get(kind.value, 0):
+                for kept, frame in self._replies.get((communicator, kind), ()):
+                    if kept == version:  # always, but for a refresh racing the next: then the next poll has it
+                        self.stats["schedules_sent"] += 1
+                        return frame
+        return encode("idle", versions={kind.value: version for kind, version in active.items()})

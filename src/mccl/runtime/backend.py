@@ -61,7 +61,7 @@ from mccl.runtime import torch_private
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
 from mccl.runtime.reduction_order import GLOO_MAX_SEGMENT_BYTES
-from mccl.runtime.transport import Transport
+from mccl.runtime.transport import Transport, nccl_group, nccl_timeout
 from mccl.schedule import Schedule
 from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
@@ -97,7 +97,7 @@ def _transport_backend(store: dist.Store, rank: int, size: int, timeout: timedel
         if not (torch.cuda.is_available() and dist.is_nccl_available()):
             raise MCCLError("MCCL_TRANSPORT=nccl needs CUDA and a torch built with NCCL; this process has "
                             f"cuda available={torch.cuda.is_available()}, nccl built={dist.is_nccl_available()}")
-        return dist.ProcessGroupNCCL(prefix, rank, size), name
+        return nccl_group(prefix, rank, size, nccl_timeout(timeout)), name
     if name == "gloo":
         return dist.ProcessGroupGloo(prefix, rank, size, timeout), name
     raise MCCLError(f"MCCL_TRANSPORT must be gloo or nccl, not {name!r}")

@@ -21,22 +21,30 @@ Collectives of one communicator execute in sequence order, so two schedules neve
 run at once and none is dropped or duplicated; other communicators swap on their
 own. The control channel is a :class:`StoreControl` (the job's TCPStore: a 16-byte
 exchange costs ~0.6–0.9 ms at 8 ranks here, a gloo AllGather ~10 ms).
+
+A rank lost ends the thread. The store lives in one process (rank 0's under torch's
+``env://`` rendezvous); when it dies, every store call fails (``DistNetworkError``) or times
+out (``DistStoreError``). :class:`StoreControl` raises :class:`~mccl.errors.PeerLost` for
+either, and the thread names the rank the liveness watcher lost first (the communicator's
+transport, :mod:`mccl.runtime.liveness`), records the failure and stops: no later round can
+be agreed with a rank gone, and the group is broken anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
 import torch.distributed as dist
 
-from mccl.errors import ControllerError, MCCLError
+from mccl.errors import ControllerError, MCCLError, PeerLost
 from mccl.schedule.serialize import schedule_digest
 
 __all__ = ["ControlChannel", "StoreControl", "SwapRecord", "SwapConflict", "agree", "conflicts", "staged_payload"]
@@ -69,19 +77,34 @@ class StoreControl:
         self._sleep = threading.Event()
 
     def ready(self, round_id: int, stop: Callable[[], bool]) -> bool:
-        self.store.set(f"ready/{round_id}/{self.rank}", b"1")
-        keys = [f"ready/{round_id}/{rank}" for rank in range(self.size)]
-        while not self.store.check(keys):
-            if stop():
-                return False
-            self._sleep.wait(self.poll_s)  # idle: no GIL-holding spin (it slows gloo 5–14×)
+        with _store_failures(f"round {round_id}, ready"):
+            self.store.set(f"ready/{round_id}/{self.rank}", b"1")
+            keys = [f"ready/{round_id}/{rank}" for rank in range(self.size)]
+            while not self.store.check(keys):
+                if stop():
+                    return False
+                self._sleep.wait(self.poll_s)  # idle: no GIL-holding spin (it slows gloo 5–14×)
         return True
 
     def allgather(self, round_id: int, payload: bytes) -> list[bytes]:
-        self.store.set(f"sync/{round_id}/{self.rank}", payload)
-        keys = [f"sync/{round_id}/{rank}" for rank in range(self.size)]
-        self.store.wait(keys, self.timeout)
-        return [bytes(value) for value in self.store.multi_get(keys)]
+        with _store_failures(f"round {round_id}, exchange"):
+            self.store.set(f"sync/{round_id}/{self.rank}", payload)
+            keys = [f"sync/{round_id}/{rank}" for rank in range(self.size)]
+            self.store.wait(keys, self.timeout)
+            return [bytes(value) for value in self.store.multi_get(keys)]
+
+
+@contextlib.contextmanager
+def _store_failures(what: str) -> Iterator[None]:
+    """A store call that fails (its process died: ``DistNetworkError``) or times out (a rank never
+    published: ``DistStoreError``) as :class:`PeerLost` (module docstring)."""
+    try:
+        yield
+    except dist.DistError as error:
+        text = str(error).strip()
+        detail = text.splitlines()[0][:200] if text else type(error).__name__
+        raise PeerLost(f"the hot-swap control channel ({what}) failed: the job's store stopped answering "
+                       f"({type(error).__name__}: {detail})") from error
 
 
 @dataclass(frozen=True)
@@ -187,12 +210,23 @@ class SwapThread:
                 continue
             try:
                 self._round(schedule)
+            except PeerLost as error:  # a rank is gone: no round can be agreed any more (module docstring)
+                lost = self._name_lost(error)
+                log.error("mccl: hot swap round %d: %s; hot swap stops, the last schedule stays", self.round, lost)
+                comm._swap_failed(str(lost))
+                return
             except MCCLError as error:  # fail-static: report, keep the old schedule, keep running
                 log.error("mccl: hot swap round %d failed: %s; keeping the last schedule", self.round, error)
                 comm._swap_failed(str(error))
             except Exception as error:
                 log.exception("mccl: hot swap round %d failed", self.round)
                 comm._swap_failed(repr(error))
+
+    def _name_lost(self, error: PeerLost) -> PeerLost:
+        """``error`` named after the rank the communicator's liveness watcher lost first, when it knows one."""
+        transport = getattr(self.communicator, "transport", None)
+        explain = getattr(transport, "explain_loss", None)
+        return explain(error) if explain is not None else error
 
     def _round(self, schedule: object) -> None:
         comm = self.communicator

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from mccl.errors import MCCLError, PeerLost
 from mccl.runtime import torch_private
-from mccl.runtime.liveness import Liveness
+from mccl.runtime.liveness import Liveness, peer_timeout_s
 from mccl.runtime.throttle import Pacer
 
 __all__ = ["P2P", "Transport", "TAG_SPAN"]
@@ -61,6 +61,29 @@ class P2P:
     tensor: torch.Tensor
     peer: int
     tag: int
+
+
+NCCL_TIMEOUT_PEERS = 6
+"""The NCCL transport group's timeout, in peer timeouts (``MCCL_PEER_TIMEOUT``): 60 s by default."""
+
+
+def nccl_timeout(group_timeout: timedelta | None = None, peer_timeout: float | str | None = None) -> timedelta:
+    """The NCCL transport group's timeout: the group's own (``init_process_group``'s), at most
+    ``NCCL_TIMEOUT_PEERS`` × ``MCCL_PEER_TIMEOUT``. Why bounded: on NCCL the liveness watcher cannot end a
+    wait (the stream waits, not the CPU; :meth:`Transport._break`), so NCCL's watchdog is the only bound on
+    a lost peer, and torch's default for it is 10 minutes. A multiple of the peer timeout, not the peer
+    timeout itself: the watchdog times one operation, and a step of a large collective may rightly take
+    longer than a heartbeat gap."""
+    bound = timedelta(seconds=NCCL_TIMEOUT_PEERS * peer_timeout_s(peer_timeout))
+    return bound if group_timeout is None else min(group_timeout, bound)
+
+
+def nccl_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> object:
+    """A ProcessGroupNCCL whose operations time out after ``timeout`` (:func:`nccl_timeout`). Not run here:
+    the machines this was written on have no CUDA."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, options)
 
 
 class Transport:
@@ -179,6 +202,11 @@ class Transport:
             except RuntimeError:
                 return  # expired (or refused after the break): the context carries the error now
         return
+
+    def explain_loss(self, error: Exception, peer: int | None = None) -> PeerLost:
+        """``error`` (a failure of something that needs every rank, such as the hot-swap control channel)
+        as :class:`PeerLost` named like the transport's own (:meth:`_peer_lost`)."""
+        return self._peer_lost(error, peer)
 
     def _peer_lost(self, error: Exception, peer: int | None) -> PeerLost:
         """A backend error as :class:`PeerLost`, named after the first rank the watcher lost, else a
