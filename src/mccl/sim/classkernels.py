@@ -37,6 +37,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from mccl.sim.indexheap import heap_pop as _heap_pop
+from mccl.sim.indexheap import heap_set as _heap_set
+
 __all__ = ["run_grouped"]
 
 _jit = numba.njit(cache=True, nogil=True)
@@ -45,74 +48,6 @@ _SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan inste
 _LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause
 # run_grouped's status codes
 OK, STALLED, TOO_LONG = 0, 1, 2
-
-
-# -- indexed heap (links by share; classes by next finish) ------------------------------------------
-@_jit
-def _sift_up(hp, hpos, hkey, at):
-    item = hp[at]
-    key = hkey[item]
-    while at > 0:
-        parent = (at - 1) >> 1
-        up = hp[parent]
-        if hkey[up] <= key:
-            break
-        hp[at] = up
-        hpos[up] = at
-        at = parent
-    hp[at] = item
-    hpos[item] = at
-
-
-@_jit
-def _sift_down(hp, hpos, hkey, at, size):
-    item = hp[at]
-    key = hkey[item]
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            break
-        if child + 1 < size and hkey[hp[child + 1]] < hkey[hp[child]]:
-            child += 1
-        down = hp[child]
-        if hkey[down] >= key:
-            break
-        hp[at] = down
-        hpos[down] = at
-        at = child
-    hp[at] = item
-    hpos[item] = at
-
-
-@_jit
-def _heap_set(hp, hpos, hkey, item, key, size):
-    """Insert ``item`` with ``key`` or move it to ``key``; return the new size."""
-    at = hpos[item]
-    if at < 0:
-        hkey[item] = key
-        hp[size] = item
-        hpos[item] = size
-        _sift_up(hp, hpos, hkey, size)
-        return size + 1
-    old = hkey[item]
-    hkey[item] = key
-    if key < old:
-        _sift_up(hp, hpos, hkey, at)
-    elif key > old:
-        _sift_down(hp, hpos, hkey, at, size)
-    return size
-
-
-@_jit
-def _heap_pop(hp, hpos, hkey, size):
-    top = hp[0]
-    hpos[top] = -1
-    size -= 1
-    if size > 0:
-        hp[0] = hp[size]
-        hpos[hp[0]] = 0
-        _sift_down(hp, hpos, hkey, 0, size)
-    return size
 
 
 # -- plain binary heaps: a class's flows (tag, transfer); arrivals (time, seq, slice id) -------------

@@ -84,6 +84,9 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from mccl.sim.indexheap import heap_pop as _heap_pop
+from mccl.sim.indexheap import heap_set as _heap_set
+
 __all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "SlotBook", "WorkList", "add_flows",
            "due", "next_finish", "rebuild_finish_heap", "recompute", "relink", "remove_flows"]
 
@@ -465,74 +468,6 @@ def _share(resid, cnt_lev, link, wtab):
     if total <= 0.0:
         return np.inf
     return max(resid[link], 0.0) / total
-
-
-@_jit
-def _sift_up(hp, hpos, hkey, at):
-    link = hp[at]
-    key = hkey[link]
-    while at > 0:
-        parent = (at - 1) >> 1
-        up = hp[parent]
-        if hkey[up] <= key:
-            break
-        hp[at] = up
-        hpos[up] = at
-        at = parent
-    hp[at] = link
-    hpos[link] = at
-
-
-@_jit
-def _sift_down(hp, hpos, hkey, at, size):
-    link = hp[at]
-    key = hkey[link]
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            break
-        if child + 1 < size and hkey[hp[child + 1]] < hkey[hp[child]]:
-            child += 1
-        down = hp[child]
-        if hkey[down] >= key:
-            break
-        hp[at] = down
-        hpos[down] = at
-        at = child
-    hp[at] = link
-    hpos[link] = at
-
-
-@_jit
-def _heap_set(hp, hpos, hkey, link, key, size):
-    """Insert ``link`` with ``key`` or move it to ``key``; return the new size (an indexed binary heap)."""
-    at = hpos[link]
-    if at < 0:
-        hkey[link] = key
-        hp[size] = link
-        hpos[link] = size
-        _sift_up(hp, hpos, hkey, size)
-        return size + 1
-    old = hkey[link]
-    hkey[link] = key
-    if key < old:
-        _sift_up(hp, hpos, hkey, at)
-    elif key > old:
-        _sift_down(hp, hpos, hkey, at, size)
-    return size
-
-
-@_jit
-def _heap_pop(hp, hpos, hkey, size):
-    """Remove the link of lowest key (``hp[0]``); return the new size."""
-    top = hp[0]
-    hpos[top] = -1
-    size -= 1
-    if size > 0:
-        hp[0] = hp[size]
-        hpos[hp[0]] = 0
-        _sift_down(hp, hpos, hkey, 0, size)
-    return size
 
 
 @_jit
