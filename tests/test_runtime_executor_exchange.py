@@ -58,6 +58,16 @@ def _cases(rank, n):
         chosen = executor.default_driver(transport, build_plan(schedule, rank))
         if chosen != "exchange":
             failures.append(f"rank {rank}: {schedule.meta.synthesizer} defaults to {chosen}")
+        # telemetry on, a paced peer or a send gate: sends one by one (an alltoallv would bypass them)
+        metered = executor.default_driver(transport, build_plan(schedule, rank), metered=True)
+        transport.throttle([(rank + 1) % n], 100.0)
+        paced = executor.default_driver(transport, build_plan(schedule, rank))
+        transport.throttle([(rank + 1) % n], None)
+        transport.before_send = lambda: None
+        gated = executor.default_driver(transport, build_plan(schedule, rank))
+        transport.before_send = None
+        if (metered, paced, gated) != ("eager", "eager", "eager"):
+            failures.append(f"rank {rank}: metered/paced/gated default to {metered}/{paced}/{gated}")
 
     def check(label, got, want):
         if not torch.equal(got, want):

@@ -61,7 +61,7 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
     """
     if plan.n_ranks != transport.size:
         raise MCCLError(f"the schedule has {plan.n_ranks} ranks, the transport group {transport.size}")
-    chosen = driver or default_driver(transport, plan)
+    chosen = driver or default_driver(transport, plan, metered=meters is not None)
     runner = DRIVERS.get(chosen)
     if runner is None:
         raise MCCLError(f"unknown driver {chosen!r}: eager, exchange (gloo) or stepwise")
@@ -82,14 +82,22 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
         buffers.finish()
 
 
-def default_driver(transport: Transport, plan: RankPlan) -> str:
+def default_driver(transport: Transport, plan: RankPlan, *, metered: bool = False) -> str:
     """NCCL: stepwise. gloo: exchange for AllToAll and for one-step plans (direct AllGather and
     ReduceScatter): a step is one gloo alltoallv, all waits in C++; individual gloo sends measured
     1.5–2× slower than gloo's own alltoall, and a plan that forwards nothing has nothing to pipeline.
-    Eager otherwise (forwarding chunk by chunk pipelines rings and trees)."""
+    Eager otherwise (forwarding chunk by chunk pipelines rings and trees), and always while a peer is
+    paced or a send gate holds sends (:attr:`Transport.sends_one_by_one`): one alltoallv would bypass them.
+    ``metered`` (telemetry on): one-step AllGather/ReduceScatter stay eager, sliced, so the receive-side
+    windows see several receives in flight (one unsliced alltoallv gives them one per peer and no arrival
+    times); AllToAll keeps the exchange, as before."""
     if not transport.dependency_driven:
         return "stepwise"
-    return "exchange" if plan.collective is Collective.ALLTOALL or plan.n_steps == 1 else "eager"
+    if transport.sends_one_by_one:
+        return "eager"
+    if plan.collective is Collective.ALLTOALL:
+        return "exchange"
+    return "exchange" if plan.n_steps == 1 and not metered else "eager"
 
 
 def call_slices(bound: Bound, buffers: Buffers, slice_bytes: float = SLICE_BYTES,

@@ -125,6 +125,12 @@ class Transport:
             pacer.close()
 
     @property
+    def sends_one_by_one(self) -> bool:
+        """Some sends must go through :meth:`post` one at a time: a peer is paced (an emulated slow
+        link) or a send gate holds sends (time sharing). gloo's alltoallv would bypass both."""
+        return bool(self._pacers) or self.before_send is not None
+
+    @property
     def dependency_driven(self) -> bool:
         """gloo: the CPU must wait for a chunk before forwarding it (see module docstring)."""
         return self.backend == "gloo"
