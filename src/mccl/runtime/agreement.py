@@ -5,11 +5,12 @@ on gloo a message larger than the posted receive aborts the receiving process (S
 no Python exception) and a smaller one leaves the peer with part of a block of stale
 memory. So before a collective's first transfer every rank contributes one small
 int64 vector — operation, dtype, element counts, reduction, and for AllToAll its split
-sizes — to one AllGather on the transport group, and every rank checks the same
+sizes — to every rank (an AllGather of the vectors; the communicator runs it as one small
+AllToAll, a single round trip on gloo), and every rank checks the same
 gathered matrix with the same rules. Hence either every rank raises
 :class:`CollectiveMismatch` naming the disagreement, or none does.
 
-Cost: one extra small AllGather per collective (5 + 2n int64 per rank); measured per
+Cost: one extra small exchange per collective (5 + 2n int64 per rank); measured per
 call in BENCHMARKS.md (benchmarks/backend.py). A communicator created with
 ``check=False`` (or the backend with ``MCCL_CHECK=0``) skips it and trusts the caller.
 """
@@ -67,7 +68,8 @@ def _dtype_name(code: int) -> str:
 
 def agree(signature: Signature, n: int, gather: Callable[[torch.Tensor, torch.Tensor], None],
           device: torch.device, where: str) -> np.ndarray:
-    """Exchange ``signature`` with every rank (``gather(output, input)``: an AllGather on the transport)
+    """Exchange ``signature`` with every rank (``gather(output, input)`` leaves every rank's vector in
+    ``output``, rank order: an AllGather's result, however the transport runs it)
     and raise :class:`CollectiveMismatch` where the ranks disagree; returns the n × (5 + 2n) matrix."""
     mine = torch.tensor(signature.encode(n), dtype=torch.int64, device=device)
     everyone = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
