@@ -17,6 +17,11 @@ encode its text only if someone asked ``latest()``).
 A message that fails here (not JSON, an invalid schedule) raises in the helper and the
 exception is re-raised in the caller, as if parsed in place. A helper that dies (out of
 memory) is replaced for the next message.
+
+The temporary files live in one directory per parser, named after the service's pid
+(``mccl-parser-<pid>-*``): :meth:`ParserProcess.close` removes it, and a parser that starts
+removes the directories of services that no longer run (a service killed mid-parse left
+its 38 MiB frame behind, until now for good).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
+import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -56,6 +63,14 @@ class ParserProcess:
         self.topology = topology
         self.max_message_bytes = max_message_bytes
         self._executor: ProcessPoolExecutor | None = None
+        self._directory: str | None = None
+
+    def _scratch(self) -> str:
+        """This parser's directory for frames and replies (made on first use, after sweeping dead services')."""
+        if self._directory is None or not os.path.isdir(self._directory):
+            sweep_stale_directories()
+            self._directory = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+        return self._directory
 
     def parse(self, frame: bytes | memoryview) -> tuple[dict[str, Any], ParsedRegistration | None]:
         """:func:`parse_message` of ``frame`` in the helper process (blocks the calling thread only). The frame
@@ -64,11 +79,13 @@ class ParserProcess:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_start, initargs=(self.topology,))
-        descriptor, frame_path = tempfile.mkstemp(prefix="mccl-message-")
+        scratch = self._scratch()
+        descriptor, frame_path = tempfile.mkstemp(prefix="mccl-message-", dir=scratch)
         try:
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(frame)
-            message, parsed = self._executor.submit(_parse_in_helper, frame_path, self.max_message_bytes).result()
+            message, parsed = self._executor.submit(_parse_in_helper, frame_path, self.max_message_bytes,
+                                                    scratch).result()
         except BrokenProcessPool:  # the helper died (memory?): a fresh one for the next message
             self._executor = None
             raise ControllerError("the controller could not parse that message (its parser process died)") from None
@@ -91,6 +108,41 @@ class ParserProcess:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+
+SCRATCH_PREFIX = "mccl-parser-"
+_SCRATCH_NAME = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-")
+
+
+def sweep_stale_directories(parent: str | None = None) -> list[str]:
+    """Remove the scratch directories of parsers whose service process no longer exists; the removed paths."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        match = _SCRATCH_NAME.match(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        path = os.path.join(parent, name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def parse_message(frame: bytes, max_bytes: int, topology: Topology) -> tuple[dict[str, Any], ParsedRegistration | None]:
@@ -123,13 +175,13 @@ def _start(topology: Topology) -> None:
         os.nice(HELPER_NICENESS)
 
 
-def _parse_in_helper(frame_path: str, max_bytes: int) -> tuple[dict[str, Any], tuple[Schedule, PreparedSchedule, str] | None]:
+def _parse_in_helper(frame_path: str, max_bytes: int, scratch: str) -> tuple[dict[str, Any], tuple[Schedule, PreparedSchedule, str] | None]:
     """In the helper: the message, and a registration's (schedule, prepared, path of a file holding the reply)."""
     assert _TOPOLOGY is not None, "the parser process was started without a topology"
     message, parsed = parse_message(Path(frame_path).read_bytes(), max_bytes, _TOPOLOGY)
     if parsed is None:
         return message, None
-    descriptor, path = tempfile.mkstemp(prefix="mccl-reply-")
+    descriptor, path = tempfile.mkstemp(prefix="mccl-reply-", dir=scratch)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(parsed.reply)
     return message, (parsed.schedule, parsed.prepared, path)
