@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mccl.schedule import Chunks, Collective, Schedule, TransferOp, Transfers
+from mccl.schedule.incremental import TransferOrigin
 
 __all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths"]
 
@@ -41,6 +42,8 @@ class Forest:
     route_links: np.ndarray  # int64 link ids, AllGather direction
     depth: np.ndarray  # int32, chunks × n: depth of each rank in the chunk's tree (valid chunks)
     valid: np.ndarray  # bool per chunk: a spanning out-tree of its root
+    transfers: Transfers | None = None  # the schedule's transfers the rows were read from
+    row_transfer: np.ndarray | None = None  # int64 per row: its transfer there (None: row i is transfer i)
 
     @property
     def n_chunks(self) -> int:
@@ -92,7 +95,8 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
     steps = transfers.step[order].astype(np.int64)
     found = _depths_from_steps(n, root, chunk, tail, head, steps, reduce)
     depth, valid = found if found is not None else tree_depths(n, root, chunk, tail, head)
-    return Forest(n, root, row_start, tail, head, offsets, links, depth, valid)
+    return Forest(n, root, row_start, tail, head, offsets, links, depth, valid, transfers,
+                  None if grouped else order.astype(np.int64))
 
 
 def _depths_from_steps(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray, head: np.ndarray,
@@ -159,8 +163,10 @@ def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
 
 def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
                row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
-               new_routes: list[list[int]], depth: np.ndarray) -> Schedule:
-    """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows.
+               new_routes: list[list[int]], depth: np.ndarray) -> tuple[Schedule, TransferOrigin | None]:
+    """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows,
+    and (AllGather) which of its transfers copy the previous schedule's: a kept row whose sender sits at
+    the same depth as before (same step), :mod:`mccl.schedule.incremental`.
 
     ``rows``/``row_chunk``: forest rows kept and the new chunk each belongs to; ``new_*``: tree edges
     added by the warm start (AllGather direction) with routes; ``depth``: (n·k) × n tree depths.
@@ -199,4 +205,20 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     fractions = np.full(n * k, 1.0 / k)
     none = np.full(n * k, -1)
     table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
-    return Schedule(collective, ranks, table, transfers)
+    origin = None
+    if not reduce and forest.transfers is not None:
+        # A repaired tree seeded from a kept one repeats some of its rows: only the first use (the
+        # kept chunk's, listed first) counts as the copy, the others are checked as new.
+        first_use = np.empty(len(forest.tail), dtype=np.int64)
+        first_use[rows[::-1]] = np.arange(len(rows) - 1, -1, -1)
+        claimed = np.where(first_use[rows] == np.arange(len(rows)), rows, -1)
+        previous_row = np.concatenate([claimed, np.full(len(new_tail), -1, dtype=np.int64)])[order]
+        copied = np.flatnonzero(previous_row >= 0)
+        from_rows = previous_row[copied]
+        old_chunk = np.searchsorted(forest.row_start, from_rows, side="right") - 1
+        same_step = forest.depth[old_chunk, forest.tail[from_rows]] == step[copied]
+        source = np.full(len(chunk), -1, dtype=np.int64)
+        mapped = from_rows if forest.row_transfer is None else forest.row_transfer[from_rows]
+        source[copied[same_step]] = mapped[same_step]
+        origin = TransferOrigin(forest.transfers, source)
+    return Schedule(collective, ranks, table, transfers), origin

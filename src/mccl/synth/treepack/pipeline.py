@@ -104,6 +104,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     n = len(ranks)
     stats: dict[str, float] = {}
     warm = None
+    origin = None  # which transfers copy the previous schedule's (warm repair only)
     if forest is not None:
         warm = warm_pack(forest, fabric, integral.units, integral.k, len(topology.links), checker,
                          latency_aware=latency_aware)
@@ -111,7 +112,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         # Warm Phases 2+3 (:mod:`.repair`): previous trees kept or repaired on their physical routes.
         k, split_rate = warm.k, integral.rate_gbps
         t_phase2 = t_phase3 = time.perf_counter()
-        schedule = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
+        schedule, origin = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
                               warm.new_chunk, warm.new_routes, warm.depth)
         new_root = warm.new_chunk // k
         stats.update({
@@ -168,5 +169,6 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
                    stats=tuple(sorted(stats.items())))
     bound = float(schedule.meta.throughput_bound_gbs)
     return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack", bound_gbs=bound,
-                           achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats))
+                           achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats),
+                           origin=origin)
 
