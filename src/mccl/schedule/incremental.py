@@ -86,41 +86,60 @@ def restricted(schedule: Schedule, transfers: np.ndarray, chunks: np.ndarray | N
     return Schedule(schedule.collective, schedule.ranks, table, part, schedule.meta)
 
 
+def _copies_hold_up(new: Transfers, old: Transfers, source: np.ndarray) -> bool:
+    """Whether every claimed copy has its previous transfer's sender, receiver, step, operation and route,
+    and no previous transfer is claimed twice."""
+    copied = source >= 0
+    origin = source[copied]
+    if len(origin) and (int(origin.max()) >= len(old) or int(origin.min()) < 0):
+        return False
+    if len(origin) > 1 and bool(np.all(origin[1:] > origin[:-1])):
+        # Claims in the previous order (a synthesizer that keeps transfers in order): boolean gathers,
+        # and the claims are distinct by construction.
+        was = np.zeros(len(old), dtype=bool)
+        was[origin] = True
+        for column in ("sender", "receiver", "step", "op", "route_lengths"):
+            if not np.array_equal(getattr(new, column)[copied], getattr(old, column)[was]):
+                return False
+        return np.array_equal(new.route_links[np.repeat(copied, new.route_lengths)],
+                              old.route_links[np.repeat(was, old.route_lengths)])
+    if np.any(np.bincount(origin, minlength=len(old)) > 1):
+        return False  # a previous transfer copied twice
+    indices = np.flatnonzero(copied)
+    for column in ("sender", "receiver", "step", "op"):
+        if not np.array_equal(getattr(new, column)[indices], getattr(old, column)[origin]):
+            return False
+    lengths = new.route_lengths[indices]
+    if not np.array_equal(lengths, old.route_lengths[origin]):
+        return False
+    hops = int(lengths.sum())
+    if not hops:
+        return True
+    ends = np.cumsum(lengths)
+    shift = np.repeat(old.route_offsets[:-1][origin] - new.route_offsets[:-1][indices], lengths)
+    mine = np.repeat(new.route_offsets[:-1][indices] - (ends - lengths), lengths) + np.arange(hops)
+    return bool(np.array_equal(new.route_links[mine], old.route_links[mine + shift]))
+
+
 def _copied_chunks(schedule: Schedule, previous: Schedule, source: np.ndarray) -> np.ndarray | None:
     """Mask of the new chunks that are whole previous chunks; None if a claimed copy is not one."""
     new, old = schedule.transfers, previous.transfers
-    copied = np.flatnonzero(source >= 0)
-    origin = source[copied]
-    if len(origin) and int(origin.max()) >= len(old):
+    if not _copies_hold_up(new, old, source):
         return None
-    if np.any(np.bincount(origin, minlength=len(old)) > 1):
-        return None  # a previous transfer copied twice
-    for column in ("sender", "receiver", "step", "op"):
-        if not np.array_equal(getattr(new, column)[copied], getattr(old, column)[origin]):
-            return None
-    lengths = new.route_lengths[copied]
-    if not np.array_equal(lengths, old.route_lengths[origin]):
-        return None
-    hops = int(lengths.sum())
-    if hops:
-        ends = np.cumsum(lengths)
-        shift = np.repeat(old.route_offsets[:-1][origin] - new.route_offsets[:-1][copied], lengths)
-        mine = np.repeat(new.route_offsets[:-1][copied] - (ends - lengths), lengths) + np.arange(hops)
-        if not np.array_equal(new.route_links[mine], old.route_links[mine + shift]):
-            return None
+    copied = source >= 0
     n_new, n_old = len(schedule.chunks), len(previous.chunks)
-    new_chunk = new.chunk.astype(np.int64)
-    old_chunk = old.chunk[origin].astype(np.int64)
+    new_chunk = new.chunk[copied].astype(np.int64)
+    old_chunk = old.chunk[source[copied]].astype(np.int64)
     mapped = np.full(n_new, -1, dtype=np.int64)
-    mapped[new_chunk[copied]] = old_chunk
+    mapped[new_chunk] = old_chunk
     agrees = np.ones(n_new, dtype=bool)
-    agrees[new_chunk[copied][mapped[new_chunk[copied]] != old_chunk]] = False  # copies of two previous chunks
-    count = np.bincount(new_chunk, minlength=n_new)
-    whole = (np.bincount(new_chunk[copied], minlength=n_new) == count) & (count > 0) & (mapped >= 0) & agrees
+    agrees[new_chunk[mapped[new_chunk] != old_chunk]] = False  # copies of two previous chunks
+    count = np.bincount(new.chunk, minlength=n_new)
+    whole = (np.bincount(new_chunk, minlength=n_new) == count) & (count > 0) & (mapped >= 0) & agrees
     safe = np.where(whole, mapped, 0)
     whole &= np.bincount(old.chunk, minlength=n_old)[safe] == count  # every transfer of the previous chunk
-    whole &= schedule.chunks.source[np.arange(n_new)] == previous.chunks.source[safe]
-    whole &= schedule.chunks.destination[np.arange(n_new)] == previous.chunks.destination[safe]
+    whole &= schedule.chunks.source == previous.chunks.source[safe]
+    whole &= schedule.chunks.destination == previous.chunks.destination[safe]
     return whole
 
 

@@ -161,6 +161,11 @@ def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
     return depth, valid
 
 
+def new_depth_rows(new_chunk: np.ndarray, new_head: np.ndarray, flat_depth: np.ndarray, n: int) -> np.ndarray:
+    """Depth of each new row's head in its chunk's tree."""
+    return flat_depth[new_chunk.astype(np.int64) * n + new_head]
+
+
 def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
                row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
                new_routes: list[list[int]], depth: np.ndarray) -> tuple[Schedule, TransferOrigin | None]:
@@ -186,8 +191,17 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     lengths = np.concatenate([forest.route_lengths[rows], new_lengths])
     reduce = collective is Collective.REDUCESCATTER
     flat_depth = depth.reshape(-1)
-    # Rows by chunk, then by depth (stable): one key, and timsort is near-linear on the mostly sorted rows.
-    order = np.argsort(chunk * (n + 1) + flat_depth[chunk * n + head], kind="stable")
+    within = flat_depth[chunk * n + head]  # rows by chunk, then by depth (parents first)
+    tracked = not reduce and forest.transfers is not None
+    if tracked:  # AllGather: a kept row where it was in the previous schedule (the validator compares in
+        # that order, :mod:`mccl.schedule.incremental`), new rows after them by depth; steps are explicit
+        before = np.arange(len(forest.tail)) if forest.row_transfer is None else forest.row_transfer
+        within = np.concatenate([before[rows], len(forest.tail) + new_depth_rows(new_chunk, new_head, flat_depth, n)])
+        width = len(forest.tail) + n + 1
+    else:
+        width = n + 1
+    # One key, and timsort is near-linear on the mostly sorted rows.
+    order = np.argsort(chunk * width + within, kind="stable")
     tail, head, chunk, lengths = tail[order], head[order], chunk[order], lengths[order]
     links = segments(pool, starts[order], lengths, reverse=reduce)
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
@@ -206,7 +220,7 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     none = np.full(n * k, -1)
     table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
     origin = None
-    if not reduce and forest.transfers is not None:
+    if tracked:
         # A repaired tree seeded from a kept one repeats some of its rows: only the first use (the
         # kept chunk's, listed first) counts as the copy, the others are checked as new.
         first_use = np.empty(len(forest.tail), dtype=np.int64)
@@ -220,5 +234,11 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
         source = np.full(len(chunk), -1, dtype=np.int64)
         mapped = from_rows if forest.row_transfer is None else forest.row_transfer[from_rows]
         source[copied[same_step]] = mapped[same_step]
+        # Only claims in the previous order: the validator then compares with boolean gathers. A claim
+        # out of that order (a repaired tree's row taken from another chunk) is checked as new instead.
+        claims = np.flatnonzero(source >= 0)
+        running = np.maximum.accumulate(source[claims]) if len(claims) else claims
+        out_of_order = np.r_[False, running[1:] <= running[:-1]] if len(claims) else claims.astype(bool)
+        source[claims[out_of_order]] = -1
         origin = TransferOrigin(forest.transfers, source)
     return Schedule(collective, ranks, table, transfers), origin

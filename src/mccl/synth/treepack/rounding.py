@@ -26,6 +26,7 @@ import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.synth.cutbound import CutChecker
+from mccl.synth.treepack.cutproof import violated_cut
 from mccl.synth.treepack.fabric import Fabric
 
 __all__ = ["IntegralRate", "integral_rate", "best_integral_rate", "candidate_ks"]
@@ -77,8 +78,7 @@ def integral_rate(fabric: Fabric, k: int, upper: float, checker: CutChecker) -> 
     source = np.full(n, k, dtype=np.int64)
     for _ in range(10_000):
         units = units_at(fabric, k, rate)
-        checker.set_arc_capacities(units)
-        side = checker.violated_cut(source, n * k)
+        side = violated_cut(checker, units, source, n * k)  # max-flows only where no rule proves a rank
         if side is None:
             return IntegralRate(k, rate, units)
         entering = np.flatnonzero(side[fabric.head] & ~side[fabric.tail])
