@@ -229,7 +229,7 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
         previous_row = np.concatenate([claimed, np.full(len(new_tail), -1, dtype=np.int64)])[order]
         copied = np.flatnonzero(previous_row >= 0)
         from_rows = previous_row[copied]
-        old_chunk = np.searchsorted(forest.row_start, from_rows, side="right") - 1
+        old_chunk = forest.row_chunk[from_rows]
         same_step = forest.depth[old_chunk, forest.tail[from_rows]] == step[copied]
         source = np.full(len(chunk), -1, dtype=np.int64)
         mapped = from_rows if forest.row_transfer is None else forest.row_transfer[from_rows]
