@@ -136,21 +136,21 @@ def test_stuck_repair_falls_back_to_cold_packing() -> None:
 
 
 @pytest.mark.slow  # a few seconds: out of the fast loop, run by CI
-def test_misleading_previous_arcs_fall_back_to_cold_packing() -> None:
-    """Back to the healthy fabric from a cold Fail2 schedule (64 GPUs): the repair gets stuck and the
-    previous arcs, made to route around the faults, mislead the cold packer's greedy batches (at 512
-    GPUs the exact rule then ran root after root: 539 s against cold's ~30 s). The warm budget starts
-    the packing over cold at the first failed batch: cold's trees exactly, cold's packing work plus
-    the preferred prefix (before: other trees, 1590 max-flows against cold's 1239)."""
+def test_a_recovery_is_packed_as_cold() -> None:
+    """Back to the healthy fabric from a cold Fail2 schedule (64 GPUs): the optimum rises above the
+    previous schedule's bound, where the repair gets stuck and the previous arcs, made to route around
+    the faults, mislead the cold packer (at 512 GPUs: 3.7 s of failed repair, then 3.1 s of packing
+    against cold's 1.3 s; before the warm budget, 539 s). So it is packed as cold: cold's trees exactly,
+    cold's max-flows, cold's k (the previous one is not tried first)."""
     healthy = rail_optimized(1, 8, 8)
     previous = synthesize(fail2(healthy)).schedule
     cold = synthesize(healthy).schedule
     warm = synthesize(healthy, previous=previous).schedule
     _check_warm(warm, cold, healthy, repaired=False)
-    assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("warm_prefer_dropped") == 1.0
+    assert warm.meta.stat("warm_repair") == 0.0 and warm.meta.stat("warm_prefer_dropped") is None
     for column in ("chunk", "sender", "receiver", "step", "route_links"):
         assert np.array_equal(getattr(warm.transfers, column), getattr(cold.transfers, column)), column
-    assert cold.meta.stat("max_flows") < warm.meta.stat("max_flows") <= 1.2 * cold.meta.stat("max_flows")
+    assert warm.meta.stat("max_flows") <= cold.meta.stat("max_flows") + 64  # Phase 1's hint cut: a few flows
 
 
 def test_tree_depths_flags_non_trees() -> None:
@@ -189,7 +189,7 @@ def test_forest_round_trip(hpn: Topology, reduce: bool) -> None:
     rows = np.arange(len(forest.tail))
     chunk = forest.row_chunk  # treepack numbers chunks root by root: chunk c is root c // k's
     empty = np.zeros(0, dtype=np.int64)
-    again = lower_rows(collective, schedule.ranks, k, forest, rows, chunk, empty, empty, empty, [], forest.depth)
+    again, _ = lower_rows(collective, schedule.ranks, k, forest, rows, chunk, empty, empty, empty, [], forest.depth)
     validate(again, hpn)
     assert np.array_equal(link_load(again, len(hpn.links)), link_load(schedule, len(hpn.links)))
     assert np.array_equal(np.sort(again.transfers.step), np.sort(schedule.transfers.step))

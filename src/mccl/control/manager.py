@@ -77,7 +77,7 @@ from mccl.control.drift import (
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
-from mccl.control.prepared import PreparedSchedule
+from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, bottleneck_cut, validate
@@ -305,7 +305,7 @@ class ScheduleManager:
             result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
                                       method=self.config.methods.get(kind),
                                       options=self.config.synth_options.get(kind))
-            validate(result.schedule, self.topology)
+            prepared = prepare_update(active.schedule, result, self.topology)  # validated where it changed
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))
@@ -342,7 +342,8 @@ class ScheduleManager:
             version = active.version + 1
             result = result.with_version(version)
             schedule = result.schedule
-            comm.active[kind] = self._activate(comm, schedule, result, version, measured)
+            comm.active[kind] = self._activate(comm, schedule, result, version, measured,
+                                               prepared=prepared if chosen == "candidate" else None)
             self._relearn(comm, capacities)
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms; {chosen}")

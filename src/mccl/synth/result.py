@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mccl.schedule import Schedule
 
 if TYPE_CHECKING:
+    from mccl.schedule.incremental import TransferOrigin
     from mccl.synth.alltoall.state import SolverState
 
 __all__ = [
@@ -151,6 +152,9 @@ class SynthesisResult:
     optimal: bool
     stats: Stats
     warm_state: SolverState | None = None
+    # A warm start's schedule: which transfers copy the previous schedule's (``previous``), so the
+    # controller validates and maps only the rest (:mod:`mccl.schedule.incremental`). None: all new.
+    origin: TransferOrigin | None = None
 
     @property
     def gap(self) -> float | None:

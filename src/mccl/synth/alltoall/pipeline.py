@@ -53,7 +53,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mccl.schedule import Schedule, ScheduleMeta, bottleneck_cut, link_load, steady_state_algbw
-from mccl.synth.alltoall.build import LPFlow, merged_schedule, schedule_from_placement
+from mccl.schedule.incremental import TransferOrigin
+from mccl.synth.alltoall.build import LPFlow, merged_origin, merged_schedule, schedule_from_placement
 from mccl.synth.alltoall.generation import CGOptions, CGResult, OutOfPivots, run_generation, seed_columns
 from mccl.synth.alltoall.master import Master
 from mccl.synth.alltoall.network import Network, build_network
@@ -277,7 +278,8 @@ def synthesize(
         warm_stats = stats_from_pairs(AllToAllWarmStats, stats)
     return SynthesisResult(
         schedule=final, method="alltoall.cg", bound_gbs=bound_gbs, achieved_gbs=achieved, optimal=outcome.optimal,
-        stats=replace(stats_from_pairs(AllToAllStats, stats), warm=warm_stats), warm_state=outcome.state)
+        stats=replace(stats_from_pairs(AllToAllStats, stats), warm=warm_stats), warm_state=outcome.state,
+        origin=outcome.origin)
 
 
 @dataclass(frozen=True, eq=False)
@@ -295,6 +297,7 @@ class _Outcome:
     dives: int
     warm_stats: tuple[tuple[str, float], ...]
     state: SolverState
+    origin: TransferOrigin | None = None  # the transfers copied from the previous schedule (warm paths)
 
 
 def _repairable(state: SolverState, network: Network, max_steps: int | None, grouping: str, chunks: int) -> bool:
@@ -340,8 +343,10 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
                           fresh.load)
     meta = ScheduleMeta("alltoall.cg", topology=network.topology.name, inputs=inputs,
                         throughput_bound_gbs=network.n_ranks * repaired.bound / 8.0)
+    origin = None
     if before is not None and len(before.chunks) == len(previous.block):
         schedule = merged_schedule(before, kept, schedule_from_placement(network, pool, fresh, meta), meta)
+        origin = merged_origin(before, kept, schedule)
     else:
         schedule = schedule_from_placement(network, pool, placement, meta)
     columns = len(state.master.tensor)
@@ -349,7 +354,8 @@ def _repaired(network: Network, state: SolverState, chunks: int, options: CGOpti
                   ("restarted", 1.0), ("warm_fallback", 0.0), ("warm_abandoned_pivots", 0.0), ("repaired", 1.0),
                   ("repaired_pairs", float(len(repaired.affected))), ("rerounded_pairs", float(len(again))))
     return _Outcome(schedule, flow.z, repaired.bound, repaired.link_duals, columns, repaired.iterations, 0, True,
-                    fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement, repaired.affected))
+                    fresh.dives, warm_stats, state.repaired(network.capacity, pool, flow, placement, repaired.affected),
+                    origin)
 
 
 def _generated(network: Network, previous: Schedule | None, state: SolverState | None, chunks: int, options: CGOptions, max_steps: int | None,
@@ -372,9 +378,11 @@ def _generated(network: Network, previous: Schedule | None, state: SolverState |
     else:
         flow = LPFlow.of(pool, solution.x, solution.z)
     placement: Placement | None
+    origin = None
     if reused:
         schedule = Schedule(previous.collective, previous.ranks, previous.chunks,  # type: ignore[union-attr]
                             previous.transfers, meta)  # type: ignore[union-attr]
+        origin = TransferOrigin(schedule.transfers, np.arange(len(schedule.transfers), dtype=np.int64))
         placement = before.placement if before is not None else None
     else:
         placement = deep_dive(flow.pair, flow.path, flow.share, pool.paths, network.capacity, chunks,
@@ -390,4 +398,4 @@ def _generated(network: Network, previous: Schedule | None, state: SolverState |
     taken = SolverState.take(network, max_steps, grouping, pool, master, flow, placement)
     return _Outcome(schedule, solution.z, result.bound, solution.link_duals, master.n_columns, master.iterations,
                     result.rounds, result.optimal, placement.dives if placement is not None and not reused else 0,
-                    warm_stats, taken)
+                    warm_stats, taken, origin)

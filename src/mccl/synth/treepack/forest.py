@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mccl.schedule import Chunks, Collective, Schedule, TransferOp, Transfers
+from mccl.schedule.incremental import TransferOrigin
 
 __all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths"]
 
@@ -41,6 +42,8 @@ class Forest:
     route_links: np.ndarray  # int64 link ids, AllGather direction
     depth: np.ndarray  # int32, chunks × n: depth of each rank in the chunk's tree (valid chunks)
     valid: np.ndarray  # bool per chunk: a spanning out-tree of its root
+    transfers: Transfers | None = None  # the schedule's transfers the rows were read from
+    row_transfer: np.ndarray | None = None  # int64 per row: its transfer there (None: row i is transfer i)
 
     @property
     def n_chunks(self) -> int:
@@ -92,7 +95,8 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
     steps = transfers.step[order].astype(np.int64)
     found = _depths_from_steps(n, root, chunk, tail, head, steps, reduce)
     depth, valid = found if found is not None else tree_depths(n, root, chunk, tail, head)
-    return Forest(n, root, row_start, tail, head, offsets, links, depth, valid)
+    return Forest(n, root, row_start, tail, head, offsets, links, depth, valid, transfers,
+                  None if grouped else order.astype(np.int64))
 
 
 def _depths_from_steps(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray, head: np.ndarray,
@@ -157,10 +161,17 @@ def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
     return depth, valid
 
 
+def new_depth_rows(new_chunk: np.ndarray, new_head: np.ndarray, flat_depth: np.ndarray, n: int) -> np.ndarray:
+    """Depth of each new row's head in its chunk's tree."""
+    return flat_depth[new_chunk.astype(np.int64) * n + new_head]
+
+
 def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
                row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
-               new_routes: list[list[int]], depth: np.ndarray) -> Schedule:
-    """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows.
+               new_routes: list[list[int]], depth: np.ndarray) -> tuple[Schedule, TransferOrigin | None]:
+    """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows,
+    and (AllGather) which of its transfers copy the previous schedule's: a kept row whose sender sits at
+    the same depth as before (same step), :mod:`mccl.schedule.incremental`.
 
     ``rows``/``row_chunk``: forest rows kept and the new chunk each belongs to; ``new_*``: tree edges
     added by the warm start (AllGather direction) with routes; ``depth``: (n·k) × n tree depths.
@@ -180,8 +191,17 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     lengths = np.concatenate([forest.route_lengths[rows], new_lengths])
     reduce = collective is Collective.REDUCESCATTER
     flat_depth = depth.reshape(-1)
-    # Rows by chunk, then by depth (stable): one key, and timsort is near-linear on the mostly sorted rows.
-    order = np.argsort(chunk * (n + 1) + flat_depth[chunk * n + head], kind="stable")
+    within = flat_depth[chunk * n + head]  # rows by chunk, then by depth (parents first)
+    tracked = not reduce and forest.transfers is not None
+    if tracked:  # AllGather: a kept row where it was in the previous schedule (the validator compares in
+        # that order, :mod:`mccl.schedule.incremental`), new rows after them by depth; steps are explicit
+        before = np.arange(len(forest.tail)) if forest.row_transfer is None else forest.row_transfer
+        within = np.concatenate([before[rows], len(forest.tail) + new_depth_rows(new_chunk, new_head, flat_depth, n)])
+        width = len(forest.tail) + n + 1
+    else:
+        width = n + 1
+    # One key, and timsort is near-linear on the mostly sorted rows.
+    order = np.argsort(chunk * width + within, kind="stable")
     tail, head, chunk, lengths = tail[order], head[order], chunk[order], lengths[order]
     links = segments(pool, starts[order], lengths, reverse=reduce)
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
@@ -199,4 +219,26 @@ def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     fractions = np.full(n * k, 1.0 / k)
     none = np.full(n * k, -1)
     table = Chunks(none, sources, fractions) if reduce else Chunks(sources, none, fractions)
-    return Schedule(collective, ranks, table, transfers)
+    origin = None
+    if tracked:
+        # A repaired tree seeded from a kept one repeats some of its rows: only the first use (the
+        # kept chunk's, listed first) counts as the copy, the others are checked as new.
+        first_use = np.empty(len(forest.tail), dtype=np.int64)
+        first_use[rows[::-1]] = np.arange(len(rows) - 1, -1, -1)
+        claimed = np.where(first_use[rows] == np.arange(len(rows)), rows, -1)
+        previous_row = np.concatenate([claimed, np.full(len(new_tail), -1, dtype=np.int64)])[order]
+        copied = np.flatnonzero(previous_row >= 0)
+        from_rows = previous_row[copied]
+        old_chunk = forest.row_chunk[from_rows]
+        same_step = forest.depth[old_chunk, forest.tail[from_rows]] == step[copied]
+        source = np.full(len(chunk), -1, dtype=np.int64)
+        mapped = from_rows if forest.row_transfer is None else forest.row_transfer[from_rows]
+        source[copied[same_step]] = mapped[same_step]
+        # Only claims in the previous order: the validator then compares with boolean gathers. A claim
+        # out of that order (a repaired tree's row taken from another chunk) is checked as new instead.
+        claims = np.flatnonzero(source >= 0)
+        running = np.maximum.accumulate(source[claims]) if len(claims) else claims
+        out_of_order = np.r_[False, running[1:] <= running[:-1]] if len(claims) else claims.astype(bool)
+        source[claims[out_of_order]] = -1
+        origin = TransferOrigin(forest.transfers, source)
+    return Schedule(collective, ranks, table, transfers), origin

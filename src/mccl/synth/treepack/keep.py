@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mccl.synth.cutbound import CutChecker
+from mccl.synth.treepack.cutproof import violated_cut
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest
 
@@ -121,8 +122,7 @@ class Keeper:
             total = int(need.sum())
             if total == 0:
                 return
-            checker.set_arc_capacities(np.maximum(self.residual, 0))
-            side = checker.violated_cut(need, total)
+            side = violated_cut(checker, np.maximum(self.residual, 0), need, total)
             if side is None:
                 return
             entering = side[self.fabric.head] & ~side[self.fabric.tail]

@@ -17,6 +17,8 @@ integer capacities are kept on their physical routes and the others repaired
 (:mod:`.keep`, :mod:`.regrow`), lowered with numpy gathers. If a tree cannot be repaired,
 Phases 2–3 run cold, trying each source's previous arcs first until the first greedy batch
 they mislead (:mod:`.arborescence`, ``warm_prefer_dropped``); from there on the packing is cold's.
+A recovery (the optimum above the previous schedule's bound: back to healthy) is synthesized
+as cold: there the repair got stuck and the previous arcs misled the packer every time measured.
 
 Lowering: tree edge ``u → v`` of the tree carrying chunk c is a transfer at step
 depth(u), along the physical route of the logical link. ReduceScatter runs the same
@@ -95,15 +97,26 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     forest: Forest | None = None
     if previous is not None:
         hints = warm_hints(previous, topology, ranks, collective, fabric)
-        forest = forest_of(previous, collective)
     checker = CutChecker(fabric)
     optimum = max_rate(fabric, hint_sides=hints.cut_sides if hints else (), checker=checker)
     t_phase1 = time.perf_counter()
-    integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=hints.k if hints else None)
+    # A recovery (the optimum rose above the previous schedule's bound): every integer capacity shrinks
+    # at the higher rate, the repair gets stuck (512 GPUs, back from Fail2: 3.7 s, then cold) and the
+    # previous k steers the packing to a harder count (k 8 for cold's 10: 18 s against 1.3 s). The
+    # rounding then runs as cold, the repair is not tried and the previous arcs, made to route around
+    # the fault, are not preferred either (they mislead the greedy: 3.1 s of packing against 1.3 s):
+    # a recovery is synthesized as cold.
+    bound_before = previous.meta.throughput_bound_gbs if previous is not None else None
+    recovered = bound_before is not None and len(ranks) * optimum.rate_gbps / 8.0 > bound_before * (1 + 1e-9)
+    if previous is not None and not recovered:
+        forest = forest_of(previous, collective)
+    prefer_k = hints.k if hints and not recovered else None
+    integral = best_integral_rate(fabric, chunks, optimum.rate_gbps, checker, prefer=prefer_k)
     t_rounding = time.perf_counter()
     n = len(ranks)
     stats: dict[str, float] = {}
     warm = None
+    origin = None  # which transfers copy the previous schedule's (warm repair only)
     if forest is not None:
         warm = warm_pack(forest, fabric, integral.units, integral.k, len(topology.links), checker,
                          latency_aware=latency_aware)
@@ -111,7 +124,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         # Warm Phases 2+3 (:mod:`.repair`): previous trees kept or repaired on their physical routes.
         k, split_rate = warm.k, integral.rate_gbps
         t_phase2 = t_phase3 = time.perf_counter()
-        schedule = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
+        schedule, origin = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
                               warm.new_chunk, warm.new_routes, warm.depth)
         new_root = warm.new_chunk // k
         stats.update({
@@ -142,6 +155,8 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
             stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0, "kept_fraction": trees.kept_fraction(arcs),
                           # 1: the previous arcs misled a packing check, the rest was packed cold
                           "warm_prefer_dropped": float(dropped)})
+        elif recovered:  # packed as cold (see above): nothing of the previous trees was used
+            stats.update({"warm_repair": 0.0, "reused_trees_fraction": 0.0})
     stats.update({
         "solve_time_s": time.perf_counter() - start,
         "phase1_s": t_phase1 - start,
@@ -168,5 +183,6 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
                    stats=tuple(sorted(stats.items())))
     bound = float(schedule.meta.throughput_bound_gbs)
     return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack", bound_gbs=bound,
-                           achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats))
+                           achieved_gbs=float(achieved), optimal=True, stats=stats_from_pairs(TreePackStats, stats),
+                           origin=origin)
 

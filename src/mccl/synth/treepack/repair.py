@@ -34,6 +34,8 @@ from mccl.synth.treepack.regrow import Regrower
 
 __all__ = ["WarmPacking", "warm_pack"]
 
+_MAX_GROWN = 256  # extra trees (beyond the previous forest's) above which the repair is not tried
+
 
 @dataclass(frozen=True)
 class WarmPacking:
@@ -53,11 +55,17 @@ class WarmPacking:
 
 def warm_pack(forest: Forest, fabric: Fabric, units: np.ndarray, k: int, n_links: int, checker: CutChecker, *,
               latency_aware: bool = False) -> WarmPacking | None:
-    """k trees per rank within ``units`` (per fabric arc) from the previous forest; None if repair gets stuck.
+    """k trees per rank within ``units`` (per fabric arc) from the previous forest; None if repair gets stuck
+    or would have to grow more trees than the previous forest has.
 
     ``checker``: the Phase 1 flow network of ``fabric`` (its arc capacities are overwritten).
     """
     n = fabric.n_ranks
+    if k * n - forest.n_chunks > _MAX_GROWN:
+        # More trees per rank than the previous schedule has (typically on the way back to healthy, where
+        # the rounding picks a larger k): every extra tree is grown one by one from a copy, which past a
+        # few hundred costs more than the cold packing (128 GPUs, k 6 -> 9: 1.0 s, then stuck, vs 0.6 s).
+        return None
     keeper = Keeper(forest, fabric, units.astype(np.int64).copy(), k, n_links)
     kept, tried = keeper.keep()
     keeper.settle(kept, tried, checker)

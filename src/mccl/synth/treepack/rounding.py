@@ -26,6 +26,7 @@ import numpy as np
 
 from mccl.errors import SynthesisError
 from mccl.synth.cutbound import CutChecker
+from mccl.synth.treepack.cutproof import violated_cut
 from mccl.synth.treepack.fabric import Fabric
 
 __all__ = ["IntegralRate", "integral_rate", "best_integral_rate", "candidate_ks"]
@@ -70,21 +71,25 @@ def _largest_rate_for_cut(gbps: np.ndarray, k: int, demand: int, upper: float) -
     return snapped if enough(snapped) and snapped <= upper else low
 
 
-def integral_rate(fabric: Fabric, k: int, upper: float, checker: CutChecker) -> IntegralRate:
-    """The largest rate <= ``upper`` at which k trees per rank fit integer capacities."""
+def integral_rate(fabric: Fabric, k: int, upper: float, checker: CutChecker, *,
+                  below: float = 0.0) -> IntegralRate | None:
+    """The largest rate <= ``upper`` at which k trees per rank fit integer capacities; None as soon as
+    a cut shows it is below ``below`` (every cut found bounds the answer from above: a rate that loses
+    to one already found is not searched to the end, whose check proves every rank)."""
     n = fabric.n_ranks
     rate = upper
     source = np.full(n, k, dtype=np.int64)
     for _ in range(10_000):
         units = units_at(fabric, k, rate)
-        checker.set_arc_capacities(units)
-        side = checker.violated_cut(source, n * k)
+        side = violated_cut(checker, units, source, n * k)  # max-flows only where no rule proves a rank
         if side is None:
             return IntegralRate(k, rate, units)
         entering = np.flatnonzero(side[fabric.head] & ~side[fabric.tail])
         demand = k * int(np.sum(~side[:n]))
         new_rate = _largest_rate_for_cut(fabric.gbps[entering], k, demand, rate)
         rate = min(new_rate, rate * (1 - 1e-12))
+        if rate < below:
+            return None
     raise ArithmeticError("integral rate search did not converge")  # pragma: no cover - each round lowers x
 
 
@@ -105,7 +110,11 @@ def best_integral_rate(fabric: Fabric, chunks: int, fractional: float, checker: 
         ks = [prefer] + [k for k in ks if k != prefer]
     best: IntegralRate | None = None
     for k in ks:
-        found = integral_rate(fabric, k, fractional, checker)
+        # A k that cannot reach the best rate within the tie tolerance cannot be chosen: stop it early.
+        found = integral_rate(fabric, k, fractional, checker,
+                              below=0.0 if best is None else best.rate_gbps * (1 - 1e-12))
+        if found is None:
+            continue
         if best is None or found.rate_gbps > best.rate_gbps * (1 + 1e-12) or (
                 found.rate_gbps >= best.rate_gbps * (1 - 1e-12) and k < best.k):
             best = found

@@ -105,7 +105,7 @@ def lower_trees(ranks: tuple[str, ...], collective: Collective, trees: TreeSet, 
     """Trees to chunks and transfers (see the module docstring for the order and the steps).
 
     Per tree edge first (groups × (n-1) of them), then per transfer (edges × multiplicity): the
-    transfer-level arrays are the schedule's own columns and little besides.
+    transfer-level arrays are the schedule's own columns and little besides; transfers by chunk.
     """
     n = len(ranks)
     reduce = collective is Collective.REDUCESCATTER
@@ -140,6 +140,11 @@ def lower_trees(ranks: tuple[str, ...], collective: Collective, trees: TreeSet, 
     offset = np.arange(len(edge_of_row)) - np.repeat(np.cumsum(edge_mult) - edge_mult, edge_mult)
     chunk = first[edge_group][edge_of_row] + offset
     unit = unit_start[edge_of_row] + offset
+    # Transfers grouped by chunk (edge order within it): a warm start reads them as trees without a sort
+    # (:func:`.forest.forest_of`), and its result names the ones it copies in this order.
+    by_chunk = np.argsort(chunk, kind="stable")
+    edge_of_row, chunk, unit = edge_of_row[by_chunk], chunk[by_chunk], unit[by_chunk]
+    del by_chunk
     if np.any(unit >= table.arc_base[edge_arc[edge_of_row] + 1]):
         raise SynthesisError("a logical link carries more trees than its routes allow (a bug)")
     route = np.searchsorted(table.route_end, unit, side="right")

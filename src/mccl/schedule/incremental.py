@@ -1,0 +1,179 @@
+"""Validating a schedule that copies most of its transfers from one validated before.
+
+Why. A warm re-synthesis (mccl-paper §4.3) keeps most of the previous schedule: under
+Fail2 at 512 GPUs the AllToAll repair re-rounds a few thousand of 680 k chunks and the
+tree packing repairs 512 of 5,120 trees. Validating the whole result again took 0.5–0.9 s
+of the controller's ≤ 1 s budget per flagged collective (issue 11), and the overlay map of
+its routes another 0.5–1 s, although only the new part can be wrong or cover a new link.
+
+What the synthesizer says (:class:`TransferOrigin`): for every transfer of the new
+schedule, the index of the previous transfer it copies (same sender, receiver, step,
+operation and route; its chunk renumbered), or -1. What :func:`validate_update` checks:
+
+* every rule of :func:`~mccl.schedule.validate.validate` that spans chunks, on the whole
+  schedule: ranks (rule 1), chunks and block fractions (2), transfer fields, compact steps
+  and operations (3);
+* that each claimed copy really is one — its fields and route equal the previous
+  transfer's, no previous transfer copied twice (vectorized compares, no sort);
+* a new chunk all of whose transfers copy all the transfers of one previous chunk, with
+  the same source and destination, is that previous chunk: for AllGather and AllToAll
+  (copies) rules 4–6 are per chunk — a route is checked alone, and holding is per (rank,
+  chunk) — so it passed them when the previous schedule was validated;
+* every other chunk (the new ones) gets rules 4–6 in full, on its own transfers.
+
+So every rule holds on the result exactly when :func:`validate` would pass it, provided
+``previous`` passed :func:`validate` on the same topology (the caller vouches for that: the
+controller validated the active schedule when it activated it). A violation is named by
+running the full :func:`validate`, so the message is the same. Reductions (ReduceScatter,
+AllReduce) and a schedule without an origin are validated in full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mccl.errors import InvalidSchedule
+from mccl.schedule.ir import Chunks, Collective, Schedule, Transfers
+from mccl.schedule.validate import (
+    _check_chunks,
+    _check_ranks,
+    _check_routes,
+    _check_transfers,
+    _copies_hold,
+    validate,
+)
+from mccl.topology import Topology
+
+__all__ = ["TransferOrigin", "validate_update", "restricted"]
+
+
+@dataclass(frozen=True, eq=False)
+class TransferOrigin:
+    """Which transfers of a schedule copy which of a previous schedule's (see the module docstring).
+
+    ``previous``: the previous schedule's transfers (the validator checks it is handed the
+    schedule these belong to, by identity); ``source``: per transfer of the new schedule, the
+    index of the previous transfer it copies, or -1 for a new one."""
+
+    previous: Transfers
+    source: np.ndarray
+
+    @property
+    def new_transfers(self) -> np.ndarray:
+        """Mask of the transfers that copy none of the previous schedule's (their routes may be new)."""
+        return self.source < 0
+
+
+def restricted(schedule: Schedule, transfers: np.ndarray, chunks: np.ndarray | None = None) -> Schedule:
+    """The schedule with only the transfers in the mask ``transfers``; with ``chunks`` (a mask) also only
+    those chunks, renumbered in order (the transfers must all belong to them). Not a valid schedule of
+    its collective: a view for the per-transfer and per-chunk computations (rules 4–6, overlay maps)."""
+    old = schedule.transfers
+    keep = np.flatnonzero(transfers)
+    lengths = old.route_lengths[keep]
+    offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    links = old.route_links[np.repeat(transfers, old.route_lengths)]
+    chunk = old.chunk[keep]
+    table = schedule.chunks
+    if chunks is not None:
+        renumber = np.cumsum(chunks) - 1
+        chunk = renumber[chunk]
+        table = Chunks(table.source[chunks], table.destination[chunks], table.fraction[chunks])
+    part = Transfers(chunk, old.sender[keep], old.receiver[keep], old.step[keep], old.op[keep], offsets, links)
+    return Schedule(schedule.collective, schedule.ranks, table, part, schedule.meta)
+
+
+def _copies_hold_up(new: Transfers, old: Transfers, source: np.ndarray) -> bool:
+    """Whether every claimed copy has its previous transfer's sender, receiver, step, operation and route,
+    and no previous transfer is claimed twice."""
+    copied = source >= 0
+    origin = source[copied]
+    if len(origin) and (int(origin.max()) >= len(old) or int(origin.min()) < 0):
+        return False
+    if len(origin) > 1 and bool(np.all(origin[1:] > origin[:-1])):
+        # Claims in the previous order (a synthesizer that keeps transfers in order): boolean gathers,
+        # and the claims are distinct by construction.
+        was = np.zeros(len(old), dtype=bool)
+        was[origin] = True
+        for column in ("sender", "receiver", "step", "op", "route_lengths"):
+            if not np.array_equal(getattr(new, column)[copied], getattr(old, column)[was]):
+                return False
+        return np.array_equal(new.route_links[np.repeat(copied, new.route_lengths)],
+                              old.route_links[np.repeat(was, old.route_lengths)])
+    if np.any(np.bincount(origin, minlength=len(old)) > 1):
+        return False  # a previous transfer copied twice
+    indices = np.flatnonzero(copied)
+    for column in ("sender", "receiver", "step", "op"):
+        if not np.array_equal(getattr(new, column)[indices], getattr(old, column)[origin]):
+            return False
+    lengths = new.route_lengths[indices]
+    if not np.array_equal(lengths, old.route_lengths[origin]):
+        return False
+    hops = int(lengths.sum())
+    if not hops:
+        return True
+    ends = np.cumsum(lengths)
+    shift = np.repeat(old.route_offsets[:-1][origin] - new.route_offsets[:-1][indices], lengths)
+    mine = np.repeat(new.route_offsets[:-1][indices] - (ends - lengths), lengths) + np.arange(hops)
+    return bool(np.array_equal(new.route_links[mine], old.route_links[mine + shift]))
+
+
+def _copied_chunks(schedule: Schedule, previous: Schedule, source: np.ndarray) -> np.ndarray | None:
+    """Mask of the new chunks that are whole previous chunks; None if a claimed copy is not one."""
+    new, old = schedule.transfers, previous.transfers
+    if not _copies_hold_up(new, old, source):
+        return None
+    copied = source >= 0
+    n_new, n_old = len(schedule.chunks), len(previous.chunks)
+    new_chunk = new.chunk[copied].astype(np.int64)
+    old_chunk = old.chunk[source[copied]].astype(np.int64)
+    mapped = np.full(n_new, -1, dtype=np.int64)
+    mapped[new_chunk] = old_chunk
+    agrees = np.ones(n_new, dtype=bool)
+    agrees[new_chunk[mapped[new_chunk] != old_chunk]] = False  # copies of two previous chunks
+    count = np.bincount(new.chunk, minlength=n_new)
+    whole = (np.bincount(new_chunk, minlength=n_new) == count) & (count > 0) & (mapped >= 0) & agrees
+    safe = np.where(whole, mapped, 0)
+    whole &= np.bincount(old.chunk, minlength=n_old)[safe] == count  # every transfer of the previous chunk
+    whole &= schedule.chunks.source == previous.chunks.source[safe]
+    whole &= schedule.chunks.destination == previous.chunks.destination[safe]
+    return whole
+
+
+def validate_update(schedule: Schedule, topology: Topology, previous: Schedule | None,
+                    origin: TransferOrigin | None) -> np.ndarray | None:
+    """:func:`~mccl.schedule.validate.validate` of ``schedule``, re-checking per-chunk rules only where it
+    differs from ``previous`` (which must have passed ``validate`` on ``topology``; module docstring).
+
+    Returns the mask of transfers whose routes the previous schedule does not have (for the overlay map),
+    or None when the schedule was validated in full (no usable origin: everything is new)."""
+    usable = (origin is not None and previous is not None and origin.previous is previous.transfers
+              and schedule.collective in (Collective.ALLGATHER, Collective.ALLTOALL)
+              and previous.collective is schedule.collective and previous.ranks == schedule.ranks
+              and len(origin.source) == len(schedule.transfers))
+    if not usable:
+        validate(schedule, topology)
+        return None
+    assert origin is not None and previous is not None
+    _check_ranks(schedule, topology)
+    _check_chunks(schedule)
+    _check_transfers(schedule)
+    whole = _copied_chunks(schedule, previous, np.asarray(origin.source, dtype=np.int64))
+    if whole is None:  # a claim that is not true: the origin tells nothing, check everything
+        validate(schedule, topology)
+        return None
+    fresh_chunks = ~whole
+    if fresh_chunks.any():
+        part = restricted(schedule, fresh_chunks[schedule.transfers.chunk], fresh_chunks)
+        try:
+            _check_routes(part, topology)
+            held = _copies_hold(part)
+        except InvalidSchedule:
+            held = False
+        if not held:
+            validate(schedule, topology)  # names the first violation, as the full validation would
+            return None
+    return origin.new_transfers

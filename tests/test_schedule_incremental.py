@@ -1,0 +1,140 @@
+"""Validation of a warm re-synthesis only where it changed (mccl.schedule.incremental), and the manager's use of it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from mccl.control.drift import merge_maps, overlay_map
+from mccl.control.prepared import prepare_update
+from mccl.errors import InvalidSchedule
+from mccl.schedule import Schedule, Transfers, validate
+from mccl.schedule.incremental import TransferOrigin, validate_update
+from mccl.synth import optimize
+from mccl.topology import fail2, rail_optimized
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    return rail_optimized(1, 4, 8)
+
+
+@pytest.fixture(scope="module", params=["allgather", "alltoall"])
+def warm(request, fabric):
+    """(healthy result, warm Fail2 result) on a 32-GPU rail-optimized fabric."""
+    healthy = optimize(fabric, request.param)
+    return healthy, optimize(fail2(fabric), request.param, previous=healthy)
+
+
+def _with(schedule: Schedule, **columns: np.ndarray) -> Schedule:
+    """``schedule`` with some transfer columns replaced (copies)."""
+    old = schedule.transfers
+    fields = {name: np.array(getattr(old, name)) for name in
+              ("chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links")}
+    fields.update(columns)
+    return replace(schedule, transfers=Transfers(**fields))
+
+
+def test_a_warm_result_says_what_it_copied_and_only_the_rest_is_new(warm, fabric):
+    healthy, repaired = warm
+    origin = repaired.origin
+    assert origin is not None and origin.previous is healthy.schedule.transfers
+    copied = origin.source >= 0
+    assert 0 < copied.sum() < len(copied)  # most of it kept, some of it changed
+    new, old = repaired.schedule.transfers, healthy.schedule.transfers
+    for i, j in zip(np.flatnonzero(copied)[::97].tolist(), origin.source[copied][::97].tolist(), strict=True):
+        assert new[i].route == old[j].route and (new[i].sender, new[i].step) == (old[j].sender, old[j].step)
+    fresh = validate_update(repaired.schedule, fabric, healthy.schedule, origin)
+    assert fresh is not None and np.array_equal(fresh, ~copied)
+    # The delta overlay map merged into the previous one is the new schedule's map merged into it.
+    before = overlay_map(healthy.schedule, fabric)
+    prepared = prepare_update(healthy.schedule, repaired, fabric)
+    assert prepared.delta
+    expected = merge_maps(before, overlay_map(repaired.schedule, fabric))
+    got = merge_maps(before, prepared.coverage)
+    assert np.array_equal(expected.offsets, got.offsets) and np.array_equal(expected.links, got.links)
+
+
+def test_a_broken_new_chunk_is_named_as_the_full_validation_names_it(warm, fabric):
+    """A new transfer that relays a chunk at step 0, before its sender holds it (rule 5, per chunk)."""
+    healthy, repaired = warm
+    schedule, origin = repaired.schedule, repaired.origin
+    transfers = schedule.transfers
+    fresh = np.flatnonzero(origin.source < 0)
+    relayed = fresh[(transfers.sender[fresh] != schedule.chunks.source[transfers.chunk[fresh]])
+                    & (transfers.step[fresh] > 0)]
+    assert len(relayed)
+    step = np.array(transfers.step)
+    step[int(relayed[0])] = 0
+    broken = _with(schedule, step=step)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, origin)
+    assert "before it holds it" in str(full.value) and str(incremental.value) == str(full.value)
+
+
+def test_a_copy_that_is_not_one_is_caught(warm, fabric):
+    """A claimed copy whose route differs from the previous transfer's: the claim is dropped and the whole
+    schedule validated — here the changed route breaks rule 4, so it is refused."""
+    healthy, repaired = warm
+    schedule, origin = repaired.schedule, repaired.origin
+    copied = np.flatnonzero(origin.source >= 0)
+    links = np.array(schedule.transfers.route_links)
+    start = int(schedule.transfers.route_offsets[copied[0]])
+    links[start] = (links[start] + 1) % len(fabric.links)
+    broken = _with(schedule, route_links=links)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, TransferOrigin(healthy.schedule.transfers, origin.source))
+    assert str(incremental.value) == str(full.value)
+
+
+def test_a_whole_chunk_copied_under_another_source_is_checked_in_full(warm, fabric):
+    """Relabelled chunks (the copies point at another chunk's transfers): no chunk passes as a copy."""
+    healthy, repaired = warm
+    schedule, origin = repaired.schedule, repaired.origin
+    shifted = np.where(origin.source >= 0, (origin.source + 1) % len(healthy.schedule.transfers), -1)
+    assert validate_update(schedule, fabric, healthy.schedule, TransferOrigin(healthy.schedule.transfers, shifted)) is None
+
+
+def test_without_a_usable_origin_everything_is_validated(warm, fabric):
+    healthy, repaired = warm
+    stranger = TransferOrigin(repaired.schedule.transfers, repaired.origin.source)  # not the previous schedule's
+    assert validate_update(repaired.schedule, fabric, healthy.schedule, stranger) is None
+    assert validate_update(repaired.schedule, fabric, healthy.schedule, None) is None
+
+
+@pytest.mark.parametrize("kind", ["allgather", "alltoall"])
+def test_the_manager_validates_and_maps_only_what_a_warm_resynthesis_changed(kind, monkeypatch):
+    """Through the manager (the healthy schedule registered with its result): the Fail2 re-synthesis is
+    prepared as a delta, and the communicator's overlay map is what mapping the whole schedule gives."""
+    import mccl.control.manager as manager_module
+    from mccl.control import ControlConfig, ScheduleManager
+    from test_control_manager import samples
+
+    topology = rail_optimized(1, 2, 8)
+    healthy = optimize(topology, kind).with_version(1)
+    prepared = []
+
+    def recording(previous, result, on):
+        prepared.append(prepare_update(previous, result, on))
+        return prepared[-1]
+
+    monkeypatch.setattr(manager_module, "prepare_update", recording)
+    manager = ScheduleManager(topology, ControlConfig(alpha=1.0, gamma=0.2, warmup=1, settle_collectives=1))
+    manager.register("job", healthy.schedule, result=healthy)
+    for seq in range(1, 4):
+        manager.ingest(samples(16, seq))
+    for seq in range(4, 7):
+        manager.ingest(samples(16, seq, slow_rank=0))
+    assert [event.kind for event in manager.step()] == ["flagged", "synthesized", "issued"]
+    issued = manager.active_result("job", kind)
+    assert issued.origin is not None and len(prepared) == 1 and prepared[0].delta
+    coverage = manager._comms["job"].coverage
+    expected = merge_maps(overlay_map(healthy.schedule, topology), overlay_map(issued.schedule, topology))
+    assert np.array_equal(coverage.offsets, expected.offsets) and np.array_equal(coverage.links, expected.links)
+    validate(issued.schedule, topology)
