@@ -162,25 +162,30 @@ class OverlayEWMA:
 
     def _fold(self, overlay: np.ndarray, gbps: np.ndarray, seq: np.ndarray, weight: np.ndarray) -> None:
         """The EWMA of bytes and of seconds per overlay link, in rounds (see :meth:`update_arrays`)."""
-        if len(overlay) == 0:
+        count = len(overlay)
+        if count == 0:
             return
         order = np.argsort(overlay, kind="stable")
         ordered = overlay[order]
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        occurrence = np.empty(len(overlay), dtype=np.int64)  # k: how many earlier samples of the same link
-        occurrence[order] = np.arange(len(overlay)) - np.repeat(starts, np.diff(np.r_[starts, len(overlay)]))
+        sizes = np.diff(np.r_[starts, count])
+        occurrence = np.empty(count, dtype=np.int64)  # k: how many earlier samples of the same link
+        occurrence[order] = np.arange(count) - np.repeat(starts, sizes)
+        typical = self._typical[overlay]  # no more than a typical window's weight: a slow window is not louder
+        weight = np.where(typical > 0, np.minimum(weight, typical), weight)
+        rate_weight = gbps * weight
+        first = (occurrence == 0) & (self.count[overlay] == 0)
         a = self.alpha
         for k in range(int(occurrence.max()) + 1):
-            pick = np.flatnonzero(occurrence == k)
-            index, x, w = overlay[pick], gbps[pick], weight[pick]
-            typical = self._typical[index]  # no more than a typical window's weight: a slow window is not louder
-            w = np.where(typical > 0, np.minimum(w, typical), w)
-            first = self.count[index] == 0
-            self._rate_weight[index] = np.where(first, x * w, a * x * w + (1 - a) * self._rate_weight[index])
-            self._weight[index] = np.where(first, w, a * w + (1 - a) * self._weight[index])
-            self.value[index] = self._rate_weight[index] / self._weight[index]
-            self.count[index] += 1
-            self.last_seq[index] = seq[pick]
+            pick = np.flatnonzero(occurrence == k) if k else np.flatnonzero(occurrence == 0)
+            index, fresh = overlay[pick], first[pick]
+            self._rate_weight[index] = np.where(fresh, rate_weight[pick],
+                                                a * rate_weight[pick] + (1 - a) * self._rate_weight[index])
+            self._weight[index] = np.where(fresh, weight[pick], a * weight[pick] + (1 - a) * self._weight[index])
+        links = ordered[starts]
+        self.value[links] = self._rate_weight[links] / self._weight[links]
+        self.count[links] += sizes
+        self.last_seq[links] = seq[order[starts + sizes - 1]]  # each link's last sample in arrival order
 
     def _close_window(self) -> None:
         """References from the window (module docstring); the EWMA of a referenced link restarts there."""

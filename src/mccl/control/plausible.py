@@ -49,9 +49,11 @@ class PortRates:
         if count == 0:
             return keep
         receiver = np.where(peer >= 0, peer, -2 - rank)  # an aggregate (peer -1) is a window of its own
-        order = np.lexsort((seconds, end, receiver, kind))
-        k, r, e, s = kind[order], receiver[order], end[order], seconds[order]
-        new = np.r_[True, (k[1:] != k[:-1]) | (r[1:] != r[:-1]) | (e[1:] != e[:-1]) | (s[1:] != s[:-1])]
+        port = receiver.astype(np.int64) * 4 + kind  # (receiver, kind) as one key (kind: -1, 0 or 1)
+        order = np.lexsort((end, port))  # a window's samples share their end (and duration): adjacent
+        p, e, s = port[order], end[order], seconds[order]
+        new = np.r_[True, (p[1:] != p[:-1]) | (e[1:] != e[:-1]) | (s[1:] != s[:-1])]
+        k = kind[order]
         starts = np.flatnonzero(new)
         rate = np.add.reduceat(np.where(np.isfinite(gbps[order]), gbps[order], 0.0), starts)  # per window
         window_kind = k[starts]
