@@ -329,6 +329,58 @@ def fresh(config: NetemuConfig, repeats: int) -> list[dict]:
     return rows
 
 
+def model_gain(config: NetemuConfig) -> list[dict]:
+    """Is the fault worth a swap, by the controller's own model? The α-β time (the guard's predictor) of one
+    collective of the job's size on the degraded topology, for the healthy schedule and for the schedule
+    synthesized for the degraded topology; gain = healthy schedule's time ÷ re-synthesized one's − 1. Flagging
+    is right where the gain clears Γ (the drift threshold), not flagging where it does not."""
+    from mccl.control.guard import alpha_beta_seconds
+    from mccl.schedule import Collective
+    from mccl.synth import optimize
+    from mccl.topology import parse_topology
+
+    topology = parse_topology(config.topology_spec)
+    gpu = topology.gpus[config.fault_rank]
+    degraded = topology.with_capacities(
+        [link.gbps * (config.fault_factor if gpu in (link.src, link.dst) and "tor" in (link.src + link.dst) else 1.0)
+         for link in topology.links])
+    options = _synth_options(config.chunks)
+    rows = []
+    for kind in KINDS:
+        size = config.ag_bytes * config.ranks if kind == "allgather" else config.a2a_bytes  # nccl-tests S
+        healthy = optimize(topology, kind, options=options[Collective(kind)]).schedule
+        resynth = optimize(degraded, kind, options=options[Collective(kind)]).schedule
+        before, after = alpha_beta_seconds(healthy, degraded, size), alpha_beta_seconds(resynth, degraded, size)
+        rows.append({"collective": kind, "fault_factor": config.fault_factor, "model_gain": round(before / after - 1, 3),
+                     "gamma": config.gamma, "worth_a_swap": before / after - 1 > config.gamma})
+    return rows
+
+
+def summary(rows: list[dict], fresh_rows: list[dict]) -> dict:
+    """The bars per collective, medians over runs: recovered ÷ fresh re-synthesized (≥ 0.8), restored ÷ healthy
+    (±5 %), swaps per fault / per repair / while healthy (≤ 1, ≤ 1, 0), detection in collectives (≤ 10)."""
+    out: dict = {}
+    fresh_of = {(r["collective"], r["schedule"], r["fabric"]): r["measured_MBps"] for r in fresh_rows}
+    for kind in KINDS:
+        def median(key: str) -> float | None:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            return round(statistics.median(values), 3) if values else None
+
+        recovered = [r[f"{kind}_recovered_MBps"] or r[f"{kind}_degraded_MBps"] for r in rows]
+        resynth = fresh_of.get((kind, "resynth", "degraded fabric"))
+        if resynth and all(v is not None for v in recovered):
+            out[f"{kind}_recovered_over_fresh"] = round(statistics.median(recovered) / resynth, 3)
+        ratios = [r[f"{kind}_restored_MBps"] / r[f"{kind}_healthy_MBps"] for r in rows
+                  if r[f"{kind}_restored_MBps"] and r[f"{kind}_healthy_MBps"]]
+        if ratios:
+            out[f"{kind}_restored_over_healthy"] = round(statistics.median(ratios), 3)
+        for key in ("swaps_fault", "swaps_repair", "swaps_healthy"):
+            out[f"{kind}_{key}_per_run"] = [r[f"{kind}_{key}"] for r in rows]
+        out[f"{kind}_detect_collectives_per_run"] = [r[f"{kind}_fault_detect_collectives"] for r in rows]
+        out[f"{kind}_detect_to_first_ms"] = median(f"{kind}_fault_detect_to_first_s")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -348,6 +400,8 @@ def main() -> None:
         sys.exit(f"netemu: {reason}")
     config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale)
     print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
+    for row in model_gain(config):
+        print("model:", row, flush=True)
     if args.nic_util_repeats:
         util_rows = nic_utilization(config, args.nic_util_repeats)
         for row in util_rows:
@@ -371,6 +425,7 @@ def main() -> None:
     if rows:
         write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
         write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+    fresh_rows: list[dict] = []
     if args.fresh_repeats:
         fresh_rows = fresh(config, args.fresh_repeats)
         for row in fresh_rows:
@@ -381,6 +436,7 @@ def main() -> None:
     numeric = [key for key in rows[0] if all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
                                              for r in rows)]
     print("medians over runs:", {key: round(statistics.median(r[key] for r in rows), 3) for key in numeric})
+    print("bars:", summary(rows, fresh_rows))
 
 
 if __name__ == "__main__":

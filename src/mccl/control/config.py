@@ -21,8 +21,9 @@ __all__ = ["ControlConfig"]
 class ControlConfig:
     """``alpha``: EWMA smoothing factor (§3.2; paper prototype 0.012 at one sample per chunk
     on GPUs — here a sample is a whole saturated window, so larger values fit). ``gamma``: the
-    drift threshold Γ on max δ_a. ``warmup``: samples per overlay link before its reference is
-    fixed. ``settle_collectives``: first collectives of a communicator whose samples are ignored.
+    drift threshold Γ on max δ_a. ``warmup``: collectives in each version's reference window (a link
+    sampled fewer than ⌈warmup/2⌉ times in it gets no reference, :mod:`mccl.control.ewma`).
+    ``settle_collectives``: first collectives of a communicator whose samples are ignored.
     ``methods``: the synthesizer per collective (default: :func:`mccl.synth.optimize`'s choice);
     ``alpha_level``: a second, faster EWMA of the same samples that the synthesizer's
     measured topology is taken from (None: the detection EWMA itself). Why: a slow ``alpha``

@@ -5,9 +5,10 @@ path (an attribute lookup, a version check and an EWMA update per sample) took 0
 per collective, as much as the whole ≤ 1 s budget per flagged collective. Here a batch
 costs one pass to pull its fields into arrays and a few numpy operations: which samples
 measured the active version (:func:`current_mask`, the rule of :mod:`mccl.control.manager`,
-"References per version"), the size meter, and the EWMAs
+"References per version"), the size meter, the screen of implausible windows
+(:mod:`.plausible`), and the EWMAs
 (:meth:`~mccl.control.ewma.OverlayEWMA.update_arrays`, the same values as folding the
-samples one by one in arrival order).
+samples one by one in arrival order, each weighted by its window's duration).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Batch:
     peer: np.ndarray
     nbytes: np.ndarray
     seconds: np.ndarray
+    end: np.ndarray  # wall clock when each window closed (the samples of one window share it)
     seq: np.ndarray
     tag: np.ndarray  # the collective each sample names ("" untagged), a str array
     version: np.ndarray
@@ -43,12 +45,14 @@ class Batch:
     def of(cls, samples: Sequence[Sample]) -> Batch:
         """Raises TypeError / ValueError / OverflowError on a field of the wrong type (the caller
         then folds sample by sample, which ignores such a sample)."""
-        rows = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.seq, s.collective, s.version) for s in samples]
-        kinds, ranks, peers, nbytes, seconds, seqs, tags, versions = zip(*rows, strict=True)
+        rows = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq, s.collective, s.version)
+                for s in samples]
+        kinds, ranks, peers, nbytes, seconds, ends, seqs, tags, versions = zip(*rows, strict=True)
         code = {INTER: 0, INTRA: 1}
         return cls(np.fromiter((code.get(k, -1) for k in kinds), dtype=np.int8, count=len(kinds)),
                    np.array(ranks, dtype=np.int64), np.array(peers, dtype=np.int64),
-                   np.array(nbytes, dtype=float), np.array(seconds, dtype=float), np.array(seqs, dtype=np.int64),
+                   np.array(nbytes, dtype=float), np.array(seconds, dtype=float), np.array(ends, dtype=float),
+                   np.array(seqs, dtype=np.int64),
                    np.array(tags, dtype=str), np.array(versions, dtype=np.int64))
 
     def overlay(self, n: int) -> np.ndarray:
@@ -97,9 +101,13 @@ def fold(comm: _Communicator, batch: Batch) -> tuple[int, int]:
     for tag in np.unique(tags).tolist():
         mine = tags == tag
         comm.meter.add_many(tag, seq[mine], nbytes[mine])
-    overlay = batch.overlay(comm.ewma.n_ranks)[picked]
     gbps = batch.gbps()[picked]
-    taken = comm.ewma.update_arrays(overlay, gbps, seq)
+    plausible = comm.ports.screen(batch.kind[picked], batch.rank[picked], batch.peer[picked], batch.end[picked],
+                                  batch.seconds[picked], gbps)  # windows faster than any port (plausible.py)
+    picked, gbps, seq = picked[plausible], gbps[plausible], seq[plausible]
+    overlay = batch.overlay(comm.ewma.n_ranks)[picked]
+    seconds = batch.seconds[picked]  # each sample weighted by its window's duration (ewma module docstring)
+    taken = comm.ewma.update_arrays(overlay, gbps, seq, seconds)
     if comm.level is not None:
-        comm.level.update_arrays(overlay, gbps, seq)
+        comm.level.update_arrays(overlay, gbps, seq, seconds)
     return taken, len(keep) - taken

@@ -14,6 +14,7 @@ import numpy as np
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import SizeMeter
+from mccl.control.plausible import PortRates
 from mccl.schedule import Collective, Schedule, dumps_schedule, schedule_binary_text
 from mccl.synth import SynthesisResult
 
@@ -117,3 +118,4 @@ class _Communicator:
     ignore_through: int = 0  # untagged samples of collectives up to this seq are ignored (older versions)
     sizes: dict[Collective, float] = field(default_factory=dict)  # registered collective sizes (bytes)
     meter: SizeMeter = field(default_factory=SizeMeter)
+    ports: PortRates = field(default_factory=PortRates)  # recent port rates, to drop implausible windows
