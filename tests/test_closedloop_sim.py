@@ -18,7 +18,7 @@ from mccl.experiments.closedloop_sim import LoopResult, TelemetryModel, VirtualE
 from mccl.experiments.loop_scenarios import EXPECTED_SWAPS, run_scenario
 from mccl.sim.closedloop import ControlView, PathSample
 from mccl.synth import optimize
-from mccl.telemetry import INTER, INTRA
+from mccl.telemetry import COLLECTIVE, INTER, INTRA
 from mccl.topology import rail_optimized
 
 
@@ -71,8 +71,13 @@ def test_virtual_executors_emit_runtime_keys(per_peer: bool) -> None:
     paths = (PathSample("j", g[0], g[1], (1,), 1e6, 1e-3), PathSample("j", g[0], g[1], (2,), 1e6, 5e-4),
              PathSample("j", g[0], g[2], (3,), 2e6, 2e-3), PathSample("other", g[0], g[2], (3,), 9e9, 1.0))
     assert executors.observe(ControlView(0.1, paths, (), {})) == []
-    run = type("Run", (), {"job": "j", "schedule": "alltoall.cg v2"})()  # a finished collective on version 2
+    run = type("Run", (), {"job": "j", "schedule": "alltoall.cg v2", "start_s": 0.05, "end_s": 0.2,
+                           "size_bytes": 4e6})()  # a finished collective on version 2
     samples = executors.observe(ControlView(0.2, (), (run,), {}))  # type: ignore[arg-type]
+    whole = [s for s in samples if s.kind == COLLECTIVE]  # every rank's launch-to-completion time
+    assert [(s.rank, s.peer, s.seconds, s.seq, s.version) for s in whole] == [(r, -1, pytest.approx(0.15), 1, 2)
+                                                                             for r in range(4)]
+    samples = [s for s in samples if s.kind != COLLECTIVE]
     same_host = fabric.node(g[0]).host == fabric.node(g[1]).host
     assert same_host and fabric.node(g[0]).host != fabric.node(g[2]).host
     by_kind = {(s.kind, s.peer): s for s in samples}

@@ -13,7 +13,7 @@ import numpy as np
 
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import SizeMeter
+from mccl.control.guard import CollectiveClock, SizeMeter
 from mccl.schedule import Collective, Schedule, dumps_schedule, schedule_binary_text
 from mccl.synth import SynthesisResult
 
@@ -117,3 +117,4 @@ class _Communicator:
     ignore_through: int = 0  # untagged samples of collectives up to this seq are ignored (older versions)
     sizes: dict[Collective, float] = field(default_factory=dict)  # registered collective sizes (bytes)
     meter: SizeMeter = field(default_factory=SizeMeter)
+    clock: CollectiveClock = field(default_factory=CollectiveClock)  # observed collective times (the guard)
