@@ -86,3 +86,18 @@ def test_virtual_executors_emit_runtime_keys(per_peer: bool) -> None:
     assert len(samples) == 2
     assert by_kind[(INTER, 2)].bytes == 2_000_000 and by_kind[(INTER, 2)].seq == 1
     assert {(s.collective, s.version) for s in samples} == {("alltoall", 2)}  # compared with v2's references
+
+
+@pytest.mark.slow  # two whole AllGather loops with flow-simulated guard predictions, ~5 s each
+@pytest.mark.parametrize("name", ["uniform", "fail1"])
+def test_uniform_slowdown_is_not_swapped_but_a_local_fault_is_allgather_16(name: str) -> None:
+    """Uniform halving of every GPU ingress link: per-pair rates of the tree packing blame links that were
+    never slowed, the drift test flags, but the measured fabric does not explain the collective's observed
+    time (the guard's check), so no swap. Fail1 (local, same observed slowdown ~1.8x): explained, one swap
+    in and one back."""
+    outcome = run_scenario(name, "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
+    outcome.loop.check()
+    assert outcome.swaps == EXPECTED_SWAPS[name], [(d.chosen, d.explained) for d in outcome.guard]
+    first = outcome.guard[0]
+    assert first.observed_s[1] > 1.5 * first.observed_s[0]  # both slow the trees down, and both are flagged
+    assert first.trusted is (name == "fail1")
