@@ -154,7 +154,7 @@ def size_from_bytes(schedule: Schedule, bytes_moved: float) -> float:
 @dataclass(frozen=True)
 class GuardDecision:
     """One comparison before a swap: predicted seconds per schedule on the measured topology at
-    ``size_bytes`` (from ``size_source``: "registered", "telemetry" or "default"), and which won."""
+    ``size_bytes`` (from ``size_source``: "registered", "reported", "telemetry" or "default"), and which won."""
 
     communicator: str
     collective: Collective
@@ -205,8 +205,8 @@ class CollectiveClock:
     One collective's time is the median over the ranks that reported it (robust to one rank's late
     clock); it counts once every rank has reported it, or once a later collective of the series has
     been seen (ranks report asynchronously; a late report of a counted collective is dropped).
-    ``reference``: the median of a version's first ``keep`` collectives (its telemetry references
-    are learned over the same collectives); ``now``: an EWMA of its collectives with factor
+    ``reference``: the median of a version's first ``keep`` collectives (the manager passes its
+    ``warmup``: the telemetry references are learned over the same collectives); ``now``: an EWMA of its collectives with factor
     ``alpha`` — the manager passes the factor of the estimate its measured fabric is taken from
     (``alpha_level``, else ``alpha``), so the observed and the measured stand for the same window."""
 
@@ -218,11 +218,18 @@ class CollectiveClock:
         self._open: dict[tuple[str, int], tuple[int, list[float] | None]] = {}  # None: that seq is counted
         self._first: dict[tuple[str, int], list[float]] = {}
         self._now: dict[tuple[str, int], float] = {}
+        self._size: dict[str, float] = {}  # tag -> the last reported size S
 
-    def add(self, tag: str, version: int, seq: int, seconds: float, n_ranks: int) -> None:
-        """One rank's time of collective ``seq`` (of ``n_ranks`` ranks)."""
+    def size(self, collective: Collective) -> float | None:
+        """The size S the ranks last reported for ``collective`` (tagged, else untagged samples), or None."""
+        return self._size.get(collective.value, self._size.get(""))
+
+    def add(self, tag: str, version: int, seq: int, seconds: float, n_ranks: int, size_bytes: float = 0.0) -> None:
+        """One rank's time of collective ``seq`` (of ``n_ranks`` ranks); ``size_bytes``: its size S as reported."""
         if not (seconds > 0 and math.isfinite(seconds)):
             return
+        if size_bytes > 0 and math.isfinite(size_bytes):
+            self._size[tag] = float(size_bytes)
         key = (tag, version if tag else -1)
         current = self._open.get(key)
         if current is None or seq > current[0]:
@@ -349,10 +356,14 @@ class Guard:
             self.predict(schedule, self.nominal, self.default_size_bytes)
 
     def size(self, registered: float | None, meter: SizeMeter, kind: Collective,
-             schedule: Schedule) -> tuple[float, str]:
-        """(S, where it came from): the registration's size, else telemetry's, else the default."""
+             schedule: Schedule, clock: CollectiveClock | None = None) -> tuple[float, str]:
+        """(S, where it came from): the registration's size, else the size the ranks report with their
+        collective times ("reported"), else one inferred from path telemetry's bytes, else the default."""
         if registered is not None:
             return float(registered), "registered"
+        reported = clock.size(kind) if clock is not None else None
+        if reported:
+            return reported, "reported"
         moved = meter.bytes_of(kind)
         if moved:
             return size_from_bytes(schedule, moved), "telemetry"

@@ -97,7 +97,7 @@ def fold(comm: _Communicator, batch: Batch) -> tuple[int, int]:
     if clocked:
         for index in picked[whole].tolist():
             comm.clock.add(str(batch.tag[index]), int(batch.version[index]), int(batch.seq[index]),
-                           float(batch.seconds[index]), comm.ewma.n_ranks)
+                           float(batch.seconds[index]), comm.ewma.n_ranks, float(batch.nbytes[index]))
         picked, seq = picked[~whole], seq[~whole]
         if not len(picked):
             return clocked, len(keep) - clocked

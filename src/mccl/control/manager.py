@@ -163,7 +163,7 @@ class ScheduleManager:
             if comm is None:
                 comm = self._comms[communicator] = _Communicator(
                     OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup),
-                    clock=CollectiveClock(self.config.alpha_level or self.config.alpha))
+                    clock=CollectiveClock(self.config.alpha_level or self.config.alpha, keep=self.config.warmup))
                 if self.config.alpha_level is not None:
                     comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
                 comm.startup_through = comm.ignore_through = self.config.settle_collectives
@@ -367,7 +367,7 @@ class ScheduleManager:
             if baseline is not None:
                 schedules["baseline"] = baseline.schedule
             with self._lock:
-                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule)
+                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)
                 observed = comm.clock.observed(kind, active.version)
                 base = None if comm.base is None else comm.base.copy()
             return self.guard.compare(name, kind, active.version, schedules, measured, size, observed=observed,
