@@ -164,7 +164,7 @@ class GuardDecision:
     predicted_s: MappingProxyType  # "candidate" / "active" / "baseline" -> seconds
     chosen: str
     seconds: float = 0.0  # wall time the predictions took
-    explained: float = math.nan  # predicted over observed change of the active schedule (:func:`explained`)
+    explained: float = math.nan  # predicted over observed time of the active schedule, better calibration (module doc)
     observed_s: tuple[float, float] = (math.nan, math.nan)  # the active one's observed time: reference, now
     trusted: bool = True  # False: the measured fabric did not explain the observed time, the active one was kept
 
@@ -206,9 +206,10 @@ class CollectiveClock:
     clock); it counts once every rank has reported it, or once a later collective of the series has
     been seen (ranks report asynchronously; a late report of a counted collective is dropped).
     ``reference``: the median of a version's first ``keep`` collectives (the manager passes its
-    ``warmup``: the telemetry references are learned over the same collectives); ``now``: an EWMA of its collectives with factor
-    ``alpha`` — the manager passes the factor of the estimate its measured fabric is taken from
-    (``alpha_level``, else ``alpha``), so the observed and the measured stand for the same window."""
+    ``warmup``: the telemetry references are learned over the same collectives); ``now``: an EWMA of
+    its collectives with factor ``alpha`` — the manager passes the factor of the estimate its measured
+    fabric is taken from (``alpha_level``, else ``alpha``), so observed and measured cover one window.
+    The ranks' reported size S (the sample's ``bytes``) is kept too (:meth:`size`)."""
 
     def __init__(self, alpha: float = 1.0, keep: int = 3) -> None:
         if keep < 1 or not 0.0 < alpha <= 1.0:
