@@ -37,10 +37,18 @@ now over while the references were learned (:func:`explained`; a constant bias c
 predicts a tree packing ~2× faster than the flow-level simulator runs it, on every fabric). Why
 both: a version issued for a fault was predicted on a measured fabric that may itself have been
 off (Fail3's trees: 13.3 ms predicted, 17.9 observed), and after the repair the predictor is exact
-again (3.89 vs 3.80 ms) while the change reads 1.38× off. If the better one is off by more than
+again (3.89 vs 3.80 ms) while the change reads 1.38× off. Within
 ``explain_tolerance`` (the manager passes Γ: the drift test's own threshold for a meaningful
-change) the measured fabric does not explain what the job experiences, no schedule is issued on
-it, and the active one is kept (re-based, so the same evidence does not flag it again). Where no
+change) the measured fabric explains what the job experiences and the choice is :func:`choose`'s.
+Beyond it, the predictor is off by a factor e = max(r, 1/r) (r: the better ratio) on the one
+schedule it can be checked on; a predicted gain is the ratio of two predictions on that fabric,
+each of which may be off as much, so it counts only if it is larger than e²: a schedule made for a
+fabric whose predicted slowdown nobody observes gains about that imagined slowdown back, and is not
+issued; the active one is kept (re-based, so the same evidence does not flag it again). A real
+fault that the attribution over- or under-states still swaps when its gain is large (Fail2
+AllToAll, one noise seed: the fabric predicts 1.24× the observed slowdown, the candidate 7.4×
+faster). Why not keep the active one whenever the fabric is unexplained: that seed then runs
+Fail2 at 7× the time it needs, on a telemetry error of 24 %. Where no
 collective times are reported, the check is skipped (as before). The check is only as good as
 the predictor's model of execution: with a predictor that cannot see why a schedule is slow
 (α-β on the flow simulator's tree packings: a local fault and a uniform slowdown change both
@@ -166,7 +174,7 @@ class GuardDecision:
     seconds: float = 0.0  # wall time the predictions took
     explained: float = math.nan  # predicted over observed time of the active schedule, better calibration (module doc)
     observed_s: tuple[float, float] = (math.nan, math.nan)  # the active one's observed time: reference, now
-    trusted: bool = True  # False: the measured fabric did not explain the observed time, the active one was kept
+    trusted: bool = True  # False: the measured fabric did not explain the observed time within the tolerance
 
     def speedup(self, over: str) -> float:
         """How much faster the chosen schedule is predicted to be than ``over``."""
@@ -401,7 +409,9 @@ class Guard:
             ratio = min(explained(expected[1], predicted[ACTIVE], *observed), predicted[ACTIVE] / observed[1],
                         key=lambda value: abs(math.log(value)))
             trusted = abs(math.log(ratio)) <= math.log1p(self.explain_tolerance)
-        chosen = choose(predicted, self.tolerance) if trusted else ACTIVE
+        chosen = choose(predicted, self.tolerance)
+        if not trusted and chosen != ACTIVE and predicted[ACTIVE] <= predicted[chosen] * max(ratio, 1.0 / ratio) ** 2:
+            chosen = ACTIVE  # a gain within what the predictor's error on the active one allows is no evidence
         decision = GuardDecision(communicator, kind, active_version, size[0], size[1], MappingProxyType(predicted),
                                  chosen, time.perf_counter() - start, ratio,
                                  observed or (math.nan, math.nan), trusted)
