@@ -200,7 +200,7 @@ def main() -> None:
                       f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
         write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}{tag}.csv", rows)
         timeline, events = outcome.timeline()
-        report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}",
+        report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}{tag}",
                                 f"closed loop ({args.evaluator}), {name}, {kind}, rail_optimized(1,{args.hosts},8): "
                                 "algbw per collective",
                                 (), timeline, tuple(sorted(set(events))))
