@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/closedloop.py --quick        # AllToAll only (~1 min on 2 shared cores)
     .venv/bin/python benchmarks/closedloop.py                # + AllGather (~3 min)
     .venv/bin/python benchmarks/closedloop.py --hosts 16 --evaluator fluid   # 128 GPUs, per-path rate model
-    .venv/bin/python benchmarks/closedloop.py --predictor sim   # the guard predicts by flow simulation
+    .venv/bin/python benchmarks/closedloop.py --predictor alpha-beta   # the guard predicts by α-β on the flow sim
+    .venv/bin/python benchmarks/closedloop.py --delay 0 --seeds 0,1,2 --healthy 10 --persist 14 --after 14
+        # the bars table of issue 11 (the tests' setting), 16 GPUs, three noise seeds
+    .venv/bin/python benchmarks/closedloop.py --controller-cpu   # 8-GPU CPU per flagged collective, with the check
     .venv/bin/python benchmarks/closedloop.py --hosts 128 --evaluator fluid --collectives alltoall \
         --scenarios fail2 --out benchmarks/results/closedloop1024   # 1024 GPUs (issue 11 deliverable 2)
 
@@ -14,10 +17,19 @@ time, synthesis time, time to the first collective on the new schedule, swaps (a
 bar's expectation), median algbw before / during / after; writes a CSV and one timeline
 PNG per scenario under ``--out``.
 
+``--controller-cpu`` (no loop): the 8-GPU bar "controller CPU per flagged collective ≤ 25 ms" with
+the guard's explanation check running — ``benchmarks/control.py``'s chain (healthy → Fail2 →
+healthy → Fail2, warm) whose telemetry also carries every rank's collective time (α-β of the active
+schedule on the true fabric, so the measured fabric explains it), against the same chain without
+collective times, in the same run; medians of ``--repeats``.
+
 ``--evaluator fluid`` evaluates every collective with the per-path rate model of
 :mod:`mccl.experiments.closedloop_fluid` instead of the flow-level simulator (needed at 128+
-GPUs: one flow-simulated 128-GPU collective costs ~25 s CPU). ``--predictor sim`` gives the
-manager's never-worse guard a flow-simulation predictor (default: its α-β model). The guard's
+GPUs: one flow-simulated 128-GPU collective costs ~25 s CPU). ``--predictor`` is the manager's
+never-worse guard's predictor: by default the evaluator's own model (flow simulation for "flow",
+α-β for "fluid"; why: :func:`mccl.experiments.loop_scenarios.run_scenario`). ``--delay 0`` runs the
+tests' reproducible setting (no synthesis delay, no extra compute gap); ``--seeds 0,1,2`` repeats each
+scenario with other telemetry noise. The guard's
 decisions (which schedule won, predicted speedups) are printed and written to the CSV.
 """
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +48,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
+from mccl.control.guard import AlphaBeta  # noqa: E402
+from mccl.experiments.closedloop_sim import TelemetryModel  # noqa: E402
 from mccl.experiments.loop_scenarios import (  # noqa: E402
     EXPECTED_SWAPS,
     LOOP_SCENARIOS,
@@ -49,6 +64,67 @@ def _ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value * 1e3:.1f}"
 
 
+def _predictor(name: str, evaluator: str) -> object:
+    """The guard's predictor for ``--predictor`` (None: the manager's α-β default, or run_scenario's choice)."""
+    if name == "sim":
+        return simulated_predictor()
+    if name == "alpha-beta" and evaluator == "flow":
+        return AlphaBeta()
+    return None
+
+
+def controller_cpu_with_check(repeats: int) -> list[dict]:
+    """See the module docstring (``--controller-cpu``). Swaps ``control.FabricTelemetry`` for a subclass
+    that appends the ranks' ``"collective"`` samples, so ``control.Chain`` runs unchanged."""
+    import control  # benchmarks/control.py
+
+    from mccl.control.guard import alpha_beta_seconds
+    from mccl.telemetry import COLLECTIVE, Sample
+
+    plain = control.FabricTelemetry
+    size = float(2**30)  # the guard's default size: the chain registers none
+
+    class TimedTelemetry(plain):  # type: ignore[misc, valid-type]
+        def __init__(self, topology, schedule, *args, **kwargs) -> None:
+            super().__init__(topology, schedule, *args, **kwargs)
+            self.schedule, self.truth = schedule, topology
+
+        def set_truth(self, truth) -> None:
+            super().set_truth(truth)
+            self.truth = truth
+
+        def round(self, seq: int, seconds: float = 0.01) -> list:
+            took = alpha_beta_seconds(self.schedule, self.truth, size)
+            return super().round(seq, seconds) + [Sample(COLLECTIVE, self.communicator, rank, -1, int(size), took, 0.0,
+                                                         seq) for rank in range(self.schedule.n_ranks)]
+
+    control._warm_up()
+    topology = control.fabric(8)
+    rows = []
+    for collective in ("allgather", "alltoall"):
+        synthesized = control.optimize(topology, collective).with_version(1)
+        for label, telemetry in (("without collective times", plain), ("with the check", TimedTelemetry)):
+            control.FabricTelemetry = telemetry
+            try:
+                steps = []
+                for _ in range(repeats):  # healthy v1 -> Fail2: one flagged collective, warm synthesis
+                    chain = control.Chain(topology, collective, synthesized.schedule, result=synthesized)
+                    steps.append(chain.phase(control.fail2(topology)))
+                    decision = chain.manager.guard.decisions[-1]
+            finally:
+                control.FabricTelemetry = plain
+            row = {"collective": collective, "telemetry": label, "repeats": repeats, "path": steps[-1]["path"],
+                   "explained": decision.explained, "trusted": decision.trusted}
+            for key in ("ingest_cpu_s", "check_cpu_s", "synth_cpu_s", "dispatch_cpu_s", "total_cpu_s"):
+                row[key] = statistics.median(step[key] for step in steps)
+            rows.append(row)
+            print(f"8 GPUs {collective} -> Fail2, {label}: total {row['total_cpu_s'] * 1e3:.2f} ms CPU (ingest "
+                  f"{row['ingest_cpu_s'] * 1e3:.2f}, check {row['check_cpu_s'] * 1e3:.2f}, synthesis "
+                  f"{row['synth_cpu_s'] * 1e3:.2f}, dispatch incl. guard {row['dispatch_cpu_s'] * 1e3:.2f}); "
+                  f"explained {decision.explained:.3f}, median of {repeats}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="AllToAll only")
@@ -59,9 +135,21 @@ def main() -> None:
     parser.add_argument("--persist", type=int, default=20)
     parser.add_argument("--after", type=int, default=20)
     parser.add_argument("--evaluator", choices=("flow", "fluid"), default="flow")
-    parser.add_argument("--predictor", choices=("alpha-beta", "sim"), default="alpha-beta")
+    parser.add_argument("--predictor", choices=("auto", "alpha-beta", "sim"), default="auto",
+                        help="the guard's predictor (auto: the evaluator's own model — sim for flow, α-β for fluid)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/closedloop"))
+    parser.add_argument("--delay", type=float, default=None,
+                        help="simulated synthesis delay s and least compute gap (the tests' setting: 0; default: "
+                             "the measured synthesis wall time, and a cold synthesis as the gap)")
+    parser.add_argument("--seeds", default="0", help="telemetry noise seeds, e.g. 0,1,2 (one run per seed)")
+    parser.add_argument("--no-collective-times", action="store_true",
+                        help="ranks report no collective times: the guard's explanation check is skipped (before)")
+    parser.add_argument("--controller-cpu", action="store_true", help="the 8-GPU CPU bar with the guard's check")
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
+    if args.controller_cpu:
+        write_csv(args.out / "controller-cpu-8gpu-check.csv", controller_cpu_with_check(args.repeats))
+        return
     kinds = (args.collectives or ("alltoall" if args.quick else "allgather,alltoall")).split(",")
     console = Console()
     table = Table(title=f"closed loop on rail_optimized(1,{args.hosts},8) (flow-level simulator, real controller)")
@@ -70,50 +158,55 @@ def main() -> None:
                    "ok", "guard", "wall s", "cpu s"):
         table.add_column(column)
     rows = []
-    for name in args.scenarios.split(","):
-        for kind in kinds:
-            wall, cpu = time.perf_counter(), time.process_time()
-            try:
-                outcome = run_scenario(name, kind, hosts=args.hosts, healthy=args.healthy, persist=args.persist,
-                                       after=args.after, evaluator=args.evaluator,
-                                       predict=simulated_predictor() if args.predictor == "sim" else None)
-            except ValueError as error:  # e.g. no link off the cut has slack to lose
-                table.add_row(name, kind, "n/a", str(error), *["-"] * 10)
-                continue
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            outcome.loop.check()  # raises when a collective was lost, run twice or on the wrong version
-            start, clear = outcome.phases
-            algbw = outcome.algbw_windows()
-            ok = outcome.swaps == EXPECTED_SWAPS[name]
-            guard = "; ".join(f"{d.chosen} ({' '.join(f'{k[0]}={v * 1e3:.2f}ms' for k, v in d.predicted_s.items())})"
-                              for d in outcome.guard) or "-"
-            table.add_row(name, kind, f"{outcome.swaps} ({EXPECTED_SWAPS[name]})",
-                          f"{_ms(start.detection_s)} ({start.detection_collectives})", _ms(start.synthesis_s),
-                          _ms(start.first_new_s), _ms(clear.detection_s), _ms(clear.synthesis_s),
-                          _ms(clear.first_new_s), " / ".join(f"{v:.1f}" for v in algbw), "yes" if ok else "NO",
-                          guard, f"{wall:.1f}", f"{cpu:.1f}")
-            rows.append({"scenario": name, "collective": kind, "gpus": outcome.n_gpus, "swaps": outcome.swaps,
-                         "expected_swaps": EXPECTED_SWAPS[name], "collectives": len(outcome.loop.runs),
-                         "detect_s": start.detection_s, "detect_collectives": start.detection_collectives,
-                         "synth_s": start.synthesis_s, "first_new_s": start.first_new_s,
-                         "clear_detect_s": clear.detection_s, "clear_synth_s": clear.synthesis_s,
-                         "clear_first_new_s": clear.first_new_s, "algbw_before": algbw[0],
-                         "algbw_during": algbw[1], "algbw_after": algbw[2], "wall_s": wall, "cpu_s": cpu,
-                         "evaluator": args.evaluator, "predictor": args.predictor, "guard": guard})
-            console.print(f"{name} {kind}: swaps {outcome.swaps} (bar {EXPECTED_SWAPS[name]}), detect "
-                          f"{_ms(start.detection_s)} ms, synth {_ms(start.synthesis_s)} ms, first new "
-                          f"{_ms(start.first_new_s)} ms; clear {_ms(clear.detection_s)} / {_ms(clear.synthesis_s)} / "
-                          f"{_ms(clear.first_new_s)} ms; algbw {' / '.join(f'{v:.1f}' for v in algbw)}; guard {guard}; "
-                          f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
-            write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}.csv", rows)
-            timeline, events = outcome.timeline()
-            report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}",
-                                    f"closed loop ({args.evaluator}), {name}, {kind}, rail_optimized(1,{args.hosts},8): "
-                                    "algbw per collective",
-                                    (), timeline, tuple(sorted(set(events))))
-            plot_report(report, args.out)
+    tag = ("-" + args.predictor if args.predictor != "auto" else "") + ("-nocheck" if args.no_collective_times else "")
+    runs = [(name, kind, int(seed)) for name in args.scenarios.split(",") for kind in kinds
+            for seed in args.seeds.split(",")]
+    for name, kind, seed in runs:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            outcome = run_scenario(name, kind, hosts=args.hosts, healthy=args.healthy, persist=args.persist,
+                                   after=args.after, evaluator=args.evaluator, model=TelemetryModel(seed=seed, collective_times=not args.no_collective_times),
+                                   synthesis_delay_s=args.delay, min_gap_s=args.delay,
+                                   predict=_predictor(args.predictor, args.evaluator))
+        except ValueError as error:  # e.g. no link off the cut has slack to lose
+            table.add_row(name, kind, "n/a", str(error), *["-"] * 10)
+            continue
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        outcome.loop.check()  # raises when a collective was lost, run twice or on the wrong version
+        start, clear = outcome.phases
+        algbw = outcome.algbw_windows()
+        ok = outcome.swaps == EXPECTED_SWAPS[name]
+        guard = "; ".join(f"{d.chosen} ({' '.join(f'{k[0]}={v * 1e3:.2f}ms' for k, v in d.predicted_s.items())})"
+                          for d in outcome.guard) or "-"
+        table.add_row(name, kind, f"{outcome.swaps} ({EXPECTED_SWAPS[name]})",
+                      f"{_ms(start.detection_s)} ({start.detection_collectives})", _ms(start.synthesis_s),
+                      _ms(start.first_new_s), _ms(clear.detection_s), _ms(clear.synthesis_s),
+                      _ms(clear.first_new_s), " / ".join(f"{v:.1f}" for v in algbw), "yes" if ok else "NO",
+                      guard, f"{wall:.1f}", f"{cpu:.1f}")
+        trusted = "/".join("yes" if d.trusted else f"no ({d.explained:.2f})" for d in outcome.guard) or "-"
+        rows.append({"scenario": name, "collective": kind, "seed": seed, "gpus": outcome.n_gpus,
+                     "swaps": outcome.swaps, "trusted": trusted,
+                     "expected_swaps": EXPECTED_SWAPS[name], "collectives": len(outcome.loop.runs),
+                     "detect_s": start.detection_s, "detect_collectives": start.detection_collectives,
+                     "synth_s": start.synthesis_s, "first_new_s": start.first_new_s,
+                     "clear_detect_s": clear.detection_s, "clear_synth_s": clear.synthesis_s,
+                     "clear_first_new_s": clear.first_new_s, "algbw_before": algbw[0],
+                     "algbw_during": algbw[1], "algbw_after": algbw[2], "wall_s": wall, "cpu_s": cpu,
+                     "evaluator": args.evaluator, "predictor": args.predictor, "guard": guard})
+        console.print(f"{name} {kind} seed {seed}: trusted {trusted}; swaps {outcome.swaps} (bar {EXPECTED_SWAPS[name]}), detect "
+                      f"{_ms(start.detection_s)} ms, synth {_ms(start.synthesis_s)} ms, first new "
+                      f"{_ms(start.first_new_s)} ms; clear {_ms(clear.detection_s)} / {_ms(clear.synthesis_s)} / "
+                      f"{_ms(clear.first_new_s)} ms; algbw {' / '.join(f'{v:.1f}' for v in algbw)}; guard {guard}; "
+                      f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
+        write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}{tag}.csv", rows)
+        timeline, events = outcome.timeline()
+        report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}{tag}",
+                                f"closed loop ({args.evaluator}), {name}, {kind}, rail_optimized(1,{args.hosts},8): "
+                                "algbw per collective",
+                                (), timeline, tuple(sorted(set(events))))
+        plot_report(report, args.out)
     console.print(table)
-    write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}.csv", rows)
+    write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}{tag}.csv", rows)
     console.print(f"CSV and PNGs: {args.out}")
 
 

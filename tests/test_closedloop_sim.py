@@ -18,7 +18,7 @@ from mccl.experiments.closedloop_sim import LoopResult, TelemetryModel, VirtualE
 from mccl.experiments.loop_scenarios import EXPECTED_SWAPS, run_scenario
 from mccl.sim.closedloop import ControlView, PathSample
 from mccl.synth import optimize
-from mccl.telemetry import INTER, INTRA
+from mccl.telemetry import COLLECTIVE, INTER, INTRA
 from mccl.topology import rail_optimized
 
 
@@ -71,8 +71,13 @@ def test_virtual_executors_emit_runtime_keys(per_peer: bool) -> None:
     paths = (PathSample("j", g[0], g[1], (1,), 1e6, 1e-3), PathSample("j", g[0], g[1], (2,), 1e6, 5e-4),
              PathSample("j", g[0], g[2], (3,), 2e6, 2e-3), PathSample("other", g[0], g[2], (3,), 9e9, 1.0))
     assert executors.observe(ControlView(0.1, paths, (), {})) == []
-    run = type("Run", (), {"job": "j", "schedule": "alltoall.cg v2"})()  # a finished collective on version 2
+    run = type("Run", (), {"job": "j", "schedule": "alltoall.cg v2", "start_s": 0.05, "end_s": 0.2,
+                           "size_bytes": 4e6})()  # a finished collective on version 2
     samples = executors.observe(ControlView(0.2, (), (run,), {}))  # type: ignore[arg-type]
+    whole = [s for s in samples if s.kind == COLLECTIVE]  # every rank's launch-to-completion time
+    assert [(s.rank, s.peer, s.seconds, s.seq, s.version) for s in whole] == [(r, -1, pytest.approx(0.15), 1, 2)
+                                                                             for r in range(4)]
+    samples = [s for s in samples if s.kind != COLLECTIVE]
     same_host = fabric.node(g[0]).host == fabric.node(g[1]).host
     assert same_host and fabric.node(g[0]).host != fabric.node(g[2]).host
     by_kind = {(s.kind, s.peer): s for s in samples}
@@ -81,3 +86,18 @@ def test_virtual_executors_emit_runtime_keys(per_peer: bool) -> None:
     assert len(samples) == 2
     assert by_kind[(INTER, 2)].bytes == 2_000_000 and by_kind[(INTER, 2)].seq == 1
     assert {(s.collective, s.version) for s in samples} == {("alltoall", 2)}  # compared with v2's references
+
+
+@pytest.mark.slow  # two whole AllGather loops with flow-simulated guard predictions, ~5 s each
+@pytest.mark.parametrize("name", ["uniform", "fail1"])
+def test_uniform_slowdown_is_not_swapped_but_a_local_fault_is_allgather_16(name: str) -> None:
+    """Uniform halving of every GPU ingress link: per-pair rates of the tree packing blame links that were
+    never slowed, the drift test flags, but the measured fabric does not explain the collective's observed
+    time (the guard's check), so no swap. Fail1 (local, same observed slowdown ~1.8x): explained, one swap
+    in and one back."""
+    outcome = run_scenario(name, "allgather", healthy=10, persist=14, after=14, synthesis_delay_s=0.0, min_gap_s=0.0)
+    outcome.loop.check()
+    assert outcome.swaps == EXPECTED_SWAPS[name], [(d.chosen, d.explained) for d in outcome.guard]
+    first = outcome.guard[0]
+    assert first.observed_s[1] > 1.5 * first.observed_s[0]  # both slow the trees down, and both are flagged
+    assert first.trusted is (name == "fail1")

@@ -11,13 +11,22 @@ import numpy as np
 import pytest
 
 from mccl.control import ControlConfig, ScheduleManager
-from mccl.control.guard import AlphaBeta, SizeMeter, alpha_beta_seconds, choose, size_from_bytes
+from mccl.control.guard import (
+    AlphaBeta,
+    CollectiveClock,
+    SizeMeter,
+    alpha_beta_seconds,
+    choose,
+    explained,
+    size_from_bytes,
+)
 from mccl.errors import ControllerError
 from mccl.schedule import Collective
 from mccl.sim.analytic import evaluate
 from mccl.sim.engine import simulate_schedule
 from mccl.sim.inputs import SimOptions
 from mccl.synth import optimize
+from mccl.telemetry import COLLECTIVE, Sample
 from mccl.topology import fail2, rail_optimized
 from test_control_manager import samples  # tests/ is on sys.path under pytest
 
@@ -174,3 +183,77 @@ def test_size_meter_batch_equals_sample_by_sample():
         batch.add_many("alltoall", seqs[part], nbytes[part])
     assert batch.bytes_of(Collective.ALLTOALL) == one.bytes_of(Collective.ALLTOALL) > 0
     assert batch._open == one._open
+
+
+def test_collective_clock_counts_each_collective_once_and_keeps_reference_and_level():
+    """A collective's time: the median over its ranks, counted when every rank reported (or a later seq
+    arrived); reference = median of a version's first `keep`, now = EWMA with the measured fabric's α."""
+    clock = CollectiveClock(alpha=0.5, keep=3)
+    assert clock.observed(Collective.ALLGATHER, 1) is None
+    for seq, times in ((1, (1.0, 1.2, 9.0)), (2, (1.1, 1.1, 1.1)), (3, (0.9, 1.0, 1.0))):
+        for seconds in times:
+            clock.add("allgather", 1, seq, seconds, n_ranks=3)
+    clock.add("allgather", 1, 3, 50.0, n_ranks=3)  # a duplicate after every rank reported: dropped
+    assert clock.observed(Collective.ALLGATHER, 1) == (pytest.approx(1.1), pytest.approx(0.5 * 1.0 + 0.5 * 1.15))
+    clock.add("allgather", 1, 4, 2.0, n_ranks=3)  # one rank of seq 4 so far: not counted yet
+    assert clock.observed(Collective.ALLGATHER, 1)[1] == pytest.approx(1.075)
+    clock.add("allgather", 1, 5, 3.0, n_ranks=3)  # a later seq closes seq 4 with the ranks it has
+    clock.add("allgather", 1, 4, 99.0, n_ranks=3)  # seq 4 arriving late: dropped
+    assert clock.observed(Collective.ALLGATHER, 1) == (pytest.approx(1.1), pytest.approx(0.5 * 2.0 + 0.5 * 1.075))
+    assert clock.observed(Collective.ALLGATHER, 2) is None and clock.observed(Collective.ALLTOALL, 1) is None
+    for seq in range(1, 5):  # untagged samples: one series, used for any version until forgotten
+        clock.add("", -1, seq, 4.0, n_ranks=1)
+    assert clock.observed(Collective.ALLTOALL, 7) == (4.0, 4.0)
+    clock.forget_untagged()
+    assert clock.observed(Collective.ALLTOALL, 7) is None
+    with pytest.raises(ControllerError):
+        CollectiveClock(alpha=0.0)
+
+
+def test_explained_is_the_predicted_over_the_observed_change():
+    assert explained(1.0, 2.0, 3.0, 6.0) == pytest.approx(1.0)  # predicted 2x, observed 2x: a constant bias cancels
+    assert explained(1.0, 2.0, 1.0, 1.0) == pytest.approx(2.0)  # predicted 2x slower, nothing observed
+    with pytest.raises(ControllerError, match="positive"):
+        explained(1.0, float("nan"), 1.0, 1.0)
+
+
+def _timed(seq: int, seconds: float, n: int = 16) -> list:
+    """Every rank's launch-to-completion time of collective ``seq`` (Sample kind "collective")."""
+    return [Sample(COLLECTIVE, "job", rank, -1, SIZE, seconds, 0.0, seq) for rank in range(n)]
+
+
+@pytest.mark.parametrize("slowdown", ["as predicted", "overstated", "none"])
+def test_guard_keeps_the_schedule_when_the_measured_fabric_does_not_explain_the_collective_time(hpn, slowdown):
+    """Telemetry says rank 0's NIC is at 50/400 (Fail2). If the collective really slowed as that fabric
+    predicts, the re-synthesis is issued; if it slowed 1.3x less, the fabric is not an explanation but the
+    candidate's ~7x gain is far beyond that error: issued; if it runs as fast as before, the candidate
+    would only win back a slowdown nobody observes: the active schedule is kept, and not flagged again on
+    that evidence."""
+    slows = slowdown != "none"
+    schedule = optimize(hpn, "alltoall").schedule.with_meta(version=1)
+    manager = ScheduleManager(hpn, ControlConfig(alpha=0.5, gamma=0.2, warmup=2, settle_collectives=1))
+    manager.register("job", schedule, size_bytes=SIZE)
+    healthy_s = alpha_beta_seconds(schedule, hpn, SIZE)
+    for seq in range(1, 5):  # seq 1 is start-up; every sample of the later ones is taken, collective times too
+        assert manager.ingest(samples(16, seq) + _timed(seq, healthy_s)) == (len(samples(16, seq)) + 16) * (seq > 1)
+    faulted_s = alpha_beta_seconds(schedule, fail2(hpn), SIZE) / (1.3 if slowdown == "overstated" else 1.0) \
+        if slows else healthy_s
+    for seq in range(5, 12):
+        manager.ingest(samples(16, seq, slow_rank=0) + _timed(seq, faulted_s))
+    decision_events = [event.kind for event in manager.step()]
+    decision = manager.guard.decisions[-1]
+    assert decision.observed_s == (pytest.approx(healthy_s), pytest.approx(faulted_s, rel=0.02))  # EWMA, α 0.5
+    if slows:
+        assert decision_events == ["flagged", "synthesized", "issued"]
+        assert decision.trusted is (slowdown == "as predicted")
+        assert decision.explained == pytest.approx(1.0 if decision.trusted else 1.3, abs=0.15)
+        assert manager.versions("job") == {"alltoall": 2}
+    else:
+        assert decision_events == ["flagged", "synthesized", "kept"] and not decision.trusted
+        assert decision.explained > 1.2 and decision.chosen == "active"
+        assert manager.versions("job") == {"alltoall": 1}
+        for seq in range(12, 18):
+            manager.ingest(samples(16, seq, slow_rank=0) + _timed(seq, faulted_s))
+            assert manager.step() == []
+    assert manager._comms["job"].meter.bytes_of(Collective.ALLTOALL) == sum(  # "collective" samples are no path
+        s.bytes for s in samples(16, 10, slow_rank=0))

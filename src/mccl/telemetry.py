@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["INTER", "INTRA", "Sample", "SendWindows"]
+__all__ = ["COLLECTIVE", "INTER", "INTRA", "Sample", "SendWindows"]
 
 INTER = "inter"
 INTRA = "intra"
+COLLECTIVE = "collective"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class Sample:
     measuring rank knows it ("" and -1: unknown). Why: a rank pair's rate depends on the schedule
     (how many pairs share a NIC), so the controller compares a sample only with references
     learned under the same version; untagged samples are attributed by sequence number.
+
+    ``kind="collective"`` is not a path but one rank's whole collective: ``seconds`` from its
+    launch to its completion on ``rank`` (``peer`` -1, ``bytes`` the collective's nccl-tests size
+    S). Why: the controller's never-worse guard checks its measured fabric against the time the
+    active collective is observed to take (:mod:`mccl.control.guard`, "Is the measured fabric an
+    explanation?"); per-path windows alone do not give it.
     """
 
     kind: str

@@ -19,10 +19,46 @@ the executor's sharing of a link between connections — exactly the causes of t
 healthy-fabric gap — so with the default the guard catches a schedule that is slower by
 its link loads or its step count (a candidate made for a fault that is gone, a ring
 through a slowed NIC), not one that is slower only in execution.
+
+Is the measured fabric an explanation? (:func:`explained`). Every prediction above is made on
+the *measured* topology, which the controller attributes from per-path telemetry. Where a
+path's rate is set by which flows overlap in time rather than by capacities (a tree packing
+running at half its bound in the flow-level simulator), the attribution can blame links that
+were never slowed (measured: a uniform halving of every GPU ingress link read as ToR→GPU links
+at 0.77–0.79 of nominal), and a schedule synthesized for that fabric is compared on the same
+wrong fabric. The one schedule whose real time the controller knows is the active one: ranks
+report each collective's launch-to-completion time (``Sample`` kind ``"collective"``), kept by
+:class:`CollectiveClock`. So before it trusts a comparison the guard checks that the measured
+fabric predicts what it observes, under the better of two calibrations of the predictor: none
+(the predicted time of the active schedule on the measured fabric against its observed time now
+— a predictor that models the executor), or its error on the version's *base* (the fabric the
+references stand for): the predicted change, measured over base, against the observed change,
+now over while the references were learned (:func:`explained`; a constant bias cancels: α-β
+predicts a tree packing ~2× faster than the flow-level simulator runs it, on every fabric). Why
+both: a version issued for a fault was predicted on a measured fabric that may itself have been
+off (Fail3's trees: 13.3 ms predicted, 17.9 observed), and after the repair the predictor is exact
+again (3.89 vs 3.80 ms) while the change reads 1.38× off. Within
+``explain_tolerance`` (the manager passes Γ: the drift test's own threshold for a meaningful
+change) the measured fabric explains what the job experiences and the choice is :func:`choose`'s.
+Beyond it, the predictor is off by a factor e = max(r, 1/r) (r: the better ratio) on the one
+schedule it can be checked on; a predicted gain is the ratio of two predictions on that fabric,
+each of which may be off as much, so it counts only if it is larger than e²: a schedule made for a
+fabric whose predicted slowdown nobody observes gains about that imagined slowdown back, and is not
+issued; the active one is kept (re-based, so the same evidence does not flag it again). A real
+fault that the attribution over- or under-states still swaps when its gain is large (Fail2
+AllToAll, one noise seed: the fabric predicts 1.24× the observed slowdown, the candidate 7.4×
+faster). Why not keep the active one whenever the fabric is unexplained: that seed then runs
+Fail2 at 7× the time it needs, on a telemetry error of 24 %. Where no
+collective times are reported, the check is skipped (as before). The check is only as good as
+the predictor's model of execution: with a predictor that cannot see why a schedule is slow
+(α-β on the flow simulator's tree packings: a local fault and a uniform slowdown change both
+predictions alike) it cannot tell them apart (BENCHMARKS.md, 2026-12-01 fourth session).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +70,8 @@ from mccl.errors import ControllerError, SynthesisError
 from mccl.schedule import Collective, Schedule, gbps_to_gbs, link_load
 from mccl.topology import Topology
 
-__all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "GuardDecision", "Guard", "SizeMeter", "alpha_beta_seconds", "choose",
-           "size_from_bytes"]
+__all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "CollectiveClock", "GuardDecision", "Guard", "SizeMeter",
+           "alpha_beta_seconds", "choose", "explained", "size_from_bytes"]
 
 Predictor = Callable[[Schedule, Topology, float], float]
 """``predict(schedule, topology, size_bytes) -> seconds`` of one collective of nccl-tests size S."""
@@ -126,7 +162,7 @@ def size_from_bytes(schedule: Schedule, bytes_moved: float) -> float:
 @dataclass(frozen=True)
 class GuardDecision:
     """One comparison before a swap: predicted seconds per schedule on the measured topology at
-    ``size_bytes`` (from ``size_source``: "registered", "telemetry" or "default"), and which won."""
+    ``size_bytes`` (from ``size_source``: "registered", "reported", "telemetry" or "default"), and which won."""
 
     communicator: str
     collective: Collective
@@ -136,6 +172,9 @@ class GuardDecision:
     predicted_s: MappingProxyType  # "candidate" / "active" / "baseline" -> seconds
     chosen: str
     seconds: float = 0.0  # wall time the predictions took
+    explained: float = math.nan  # predicted over observed time of the active schedule, better calibration (module doc)
+    observed_s: tuple[float, float] = (math.nan, math.nan)  # the active one's observed time: reference, now
+    trusted: bool = True  # False: the measured fabric did not explain the observed time within the tolerance
 
     def speedup(self, over: str) -> float:
         """How much faster the chosen schedule is predicted to be than ``over``."""
@@ -152,6 +191,88 @@ def choose(predicted_s: dict[str, float], tolerance: float) -> str:
         if other in predicted_s and predicted_s[other] < predicted_s[best] * (1.0 - tolerance):
             best = other
     return best
+
+
+def explained(predicted_base_s: float, predicted_now_s: float, observed_reference_s: float,
+              observed_now_s: float) -> float:
+    """How well a measured fabric explains what the active schedule experiences: its predicted change
+    (on the measured fabric over on its base) divided by its observed change (its time now over its
+    time while its references were learned). 1: fully explained; > 1: the fabric predicts more
+    slowdown than observed; < 1: less. A ratio of changes, so a predictor's constant bias cancels."""
+    values = (predicted_base_s, predicted_now_s, observed_reference_s, observed_now_s)
+    if not all(value > 0 and math.isfinite(value) for value in values):
+        raise ControllerError(f"explained() needs positive finite times, got {values}")
+    return (predicted_now_s / predicted_base_s) / (observed_now_s / observed_reference_s)
+
+
+class CollectiveClock:
+    """The observed times of a communicator's collectives, from the ranks' ``"collective"`` samples
+    (:class:`~mccl.telemetry.Sample`), per (collective tag, schedule version); untagged samples are
+    one series ("", -1) that the manager forgets when a new version takes over.
+
+    One collective's time is the median over the ranks that reported it (robust to one rank's late
+    clock); it counts once every rank has reported it, or once a later collective of the series has
+    been seen (ranks report asynchronously; a late report of a counted collective is dropped).
+    ``reference``: the median of a version's first ``keep`` collectives (the manager passes its
+    ``warmup``: the telemetry references are learned over the same collectives); ``now``: an EWMA of
+    its collectives with factor ``alpha`` — the manager passes the factor of the estimate its measured
+    fabric is taken from (``alpha_level``, else ``alpha``), so observed and measured cover one window.
+    The ranks' reported size S (the sample's ``bytes``) is kept too (:meth:`size`)."""
+
+    def __init__(self, alpha: float = 1.0, keep: int = 3) -> None:
+        if keep < 1 or not 0.0 < alpha <= 1.0:
+            raise ControllerError(f"the collective clock needs keep >= 1 and alpha in (0, 1], got {keep}, {alpha}")
+        self.alpha = alpha
+        self.keep = keep
+        self._open: dict[tuple[str, int], tuple[int, list[float] | None]] = {}  # None: that seq is counted
+        self._first: dict[tuple[str, int], list[float]] = {}
+        self._now: dict[tuple[str, int], float] = {}
+        self._size: dict[str, float] = {}  # tag -> the last reported size S
+
+    def size(self, collective: Collective) -> float | None:
+        """The size S the ranks last reported for ``collective`` (tagged, else untagged samples), or None."""
+        return self._size.get(collective.value, self._size.get(""))
+
+    def add(self, tag: str, version: int, seq: int, seconds: float, n_ranks: int, size_bytes: float = 0.0) -> None:
+        """One rank's time of collective ``seq`` (of ``n_ranks`` ranks); ``size_bytes``: its size S as reported."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        if size_bytes > 0 and math.isfinite(size_bytes):
+            self._size[tag] = float(size_bytes)
+        key = (tag, version if tag else -1)
+        current = self._open.get(key)
+        if current is None or seq > current[0]:
+            if current is not None and current[1]:
+                self._close(key, current[1])
+            current = self._open[key] = (seq, [])
+        times = current[1]
+        if seq == current[0] and times is not None:  # an older seq arriving late is dropped
+            times.append(seconds)
+            if len(times) >= n_ranks:
+                self._close(key, times)
+                self._open[key] = (seq, None)
+
+    def _close(self, key: tuple[str, int], times: list[float]) -> None:
+        value = statistics.median(times)
+        first = self._first.setdefault(key, [])
+        if len(first) < self.keep:
+            first.append(value)
+        previous = self._now.get(key)
+        self._now[key] = value if previous is None else self.alpha * value + (1.0 - self.alpha) * previous
+
+    def observed(self, collective: Collective, version: int) -> tuple[float, float] | None:
+        """(reference, now) seconds of ``version`` of ``collective`` (tagged samples, else untagged ones),
+        or None until ``keep`` of its collectives have been counted."""
+        for key in ((collective.value, version), ("", -1)):
+            first = self._first.get(key)
+            if first is not None and len(first) == self.keep:
+                return statistics.median(first), self._now[key]
+        return None
+
+    def forget_untagged(self) -> None:
+        """A new version took over: untagged samples from now on measure it, not the old one."""
+        for table in (self._open, self._first, self._now):
+            table.pop(("", -1), None)
 
 
 class SizeMeter:
@@ -202,9 +323,15 @@ class Guard:
     baseline is built (``mccl.synth.optimize``, passed by the manager); ``tolerance``: see :func:`choose`."""
 
     def __init__(self, nominal: Topology, synthesize: Callable[..., object], *, predict: Predictor | None = None,
-                 tolerance: float = 0.01, default_size_bytes: float = float(2**30)) -> None:
+                 tolerance: float = 0.01, default_size_bytes: float = float(2**30),
+                 explain_tolerance: float | None = None) -> None:
         if not (0.0 <= tolerance < 1.0):
             raise ControllerError(f"the guard's tolerance must be in [0, 1), got {tolerance}")
+        if explain_tolerance is not None and not (explain_tolerance > 0 and math.isfinite(explain_tolerance)):
+            raise ControllerError(f"the guard's explain_tolerance must be positive, got {explain_tolerance}")
+        self.explain_tolerance = explain_tolerance
+        # (communicator, collective, version) -> (size, predicted seconds on the fabric the version stands for)
+        self._expected: dict[tuple[str, Collective, int], tuple[float, float]] = {}
         self.nominal = nominal
         self.predict: Predictor = predict or AlphaBeta()
         self.tolerance = float(tolerance)
@@ -238,24 +365,55 @@ class Guard:
             self.predict(schedule, self.nominal, self.default_size_bytes)
 
     def size(self, registered: float | None, meter: SizeMeter, kind: Collective,
-             schedule: Schedule) -> tuple[float, str]:
-        """(S, where it came from): the registration's size, else telemetry's, else the default."""
+             schedule: Schedule, clock: CollectiveClock | None = None) -> tuple[float, str]:
+        """(S, where it came from): the registration's size, else the size the ranks report with their
+        collective times ("reported"), else one inferred from path telemetry's bytes, else the default."""
         if registered is not None:
             return float(registered), "registered"
+        reported = clock.size(kind) if clock is not None else None
+        if reported:
+            return reported, "reported"
         moved = meter.bytes_of(kind)
         if moved:
             return size_from_bytes(schedule, moved), "telemetry"
         return self.default_size_bytes, "default"
 
+    def expect(self, communicator: str, kind: Collective, version: int, decision: GuardDecision) -> None:
+        """Remember the issued ``version``'s predicted time on the fabric it is issued for (its base), from
+        the ``decision`` that chose it: the manager calls it at issue, so :meth:`compare` need not predict
+        it again."""
+        self._expected[(communicator, kind, version)] = (decision.size_bytes, decision.predicted_s[decision.chosen])
+
     def compare(self, communicator: str, kind: Collective, active_version: int, schedules: dict[str, Schedule],
-                measured: Topology, size: tuple[float, str]) -> GuardDecision:
-        """Predict every schedule on ``measured`` and choose; the decision is kept in ``decisions``."""
+                measured: Topology, size: tuple[float, str], *, observed: tuple[float, float] | None = None,
+                base_gbps: np.ndarray | None = None) -> GuardDecision:
+        """Predict every schedule on ``measured`` and choose; the decision is kept in ``decisions``.
+        ``observed``: the active schedule's observed (reference, now) seconds (:class:`CollectiveClock`);
+        ``base_gbps``: the capacities its references stand for (None: the nominal ones). With both and an
+        ``explain_tolerance``, a measured fabric that does not explain the observed change keeps the
+        active schedule (module docstring)."""
         start = time.perf_counter()
         predicted = {label: float(self.predict(schedule, measured, size[0])) for label, schedule in schedules.items()}
         for label, seconds in predicted.items():
             if not (seconds > 0 and np.isfinite(seconds)):
                 raise ControllerError(f"the predictor gave {seconds} s for the {label} schedule")
+        ratio, trusted = math.nan, True
+        if observed is not None and self.explain_tolerance is not None and ACTIVE in predicted:
+            key = (communicator, kind, active_version)
+            expected = self._expected.get(key)
+            if expected is None or expected[0] != size[0]:
+                base = self.nominal if base_gbps is None else self.nominal.with_capacities(base_gbps)
+                expected = self._expected[key] = (size[0], float(self.predict(schedules[ACTIVE], base, size[0])))
+            # two calibrations of the predictor: none (it models the executor: predicted time = observed time),
+            # or its error on this version's base (a constant bias cancels); the better one is the explanation
+            ratio = min(explained(expected[1], predicted[ACTIVE], *observed), predicted[ACTIVE] / observed[1],
+                        key=lambda value: abs(math.log(value)))
+            trusted = abs(math.log(ratio)) <= math.log1p(self.explain_tolerance)
+        chosen = choose(predicted, self.tolerance)
+        if not trusted and chosen != ACTIVE and predicted[ACTIVE] <= predicted[chosen] * max(ratio, 1.0 / ratio) ** 2:
+            chosen = ACTIVE  # a gain within what the predictor's error on the active one allows is no evidence
         decision = GuardDecision(communicator, kind, active_version, size[0], size[1], MappingProxyType(predicted),
-                                 choose(predicted, self.tolerance), time.perf_counter() - start)
+                                 chosen, time.perf_counter() - start, ratio,
+                                 observed or (math.nan, math.nan), trusted)
         self.decisions.append(decision)
         return decision

@@ -20,7 +20,7 @@ import numpy as np
 
 from mccl.control.records import _Communicator
 from mccl.schedule import Collective
-from mccl.telemetry import INTER, INTRA, Sample
+from mccl.telemetry import COLLECTIVE, INTER, INTRA, Sample
 
 __all__ = ["Batch", "fold", "current_mask"]
 
@@ -31,7 +31,7 @@ _KIND_BY_NAME = {kind.value: kind for kind in Collective}
 class Batch:
     """The fields of one communicator's samples as arrays, in arrival order."""
 
-    kind: np.ndarray  # 0 inter, 1 intra, -1 anything else
+    kind: np.ndarray  # 0 inter, 1 intra, 2 a rank's whole collective, -1 anything else
     rank: np.ndarray
     peer: np.ndarray
     nbytes: np.ndarray
@@ -48,7 +48,7 @@ class Batch:
         rows = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq, s.collective, s.version)
                 for s in samples]
         kinds, ranks, peers, nbytes, seconds, ends, seqs, tags, versions = zip(*rows, strict=True)
-        code = {INTER: 0, INTRA: 1}
+        code = {INTER: 0, INTRA: 1, COLLECTIVE: 2}
         return cls(np.fromiter((code.get(k, -1) for k in kinds), dtype=np.int8, count=len(kinds)),
                    np.array(ranks, dtype=np.int64), np.array(peers, dtype=np.int64),
                    np.array(nbytes, dtype=float), np.array(seconds, dtype=float), np.array(ends, dtype=float),
@@ -96,6 +96,15 @@ def fold(comm: _Communicator, batch: Batch) -> tuple[int, int]:
     picked = np.flatnonzero(keep)
     seq = batch.seq[picked]
     comm.last_seq = max(comm.last_seq, int(seq.max()))
+    whole = batch.kind[picked] == 2  # a rank's whole collective: the guard's clock, not a path
+    clocked = int(np.count_nonzero(whole))
+    if clocked:
+        for index in picked[whole].tolist():
+            comm.clock.add(str(batch.tag[index]), int(batch.version[index]), int(batch.seq[index]),
+                           float(batch.seconds[index]), comm.ewma.n_ranks, float(batch.nbytes[index]))
+        picked, seq = picked[~whole], seq[~whole]
+        if not len(picked):
+            return clocked, len(keep) - clocked
     tags = batch.tag[picked]
     nbytes = batch.nbytes[picked]
     for tag in np.unique(tags).tolist():
@@ -110,4 +119,4 @@ def fold(comm: _Communicator, batch: Batch) -> tuple[int, int]:
     taken = comm.ewma.update_arrays(overlay, gbps, seq, seconds)
     if comm.level is not None:
         comm.level.update_arrays(overlay, gbps, seq, seconds)
-    return taken, len(keep) - taken
+    return taken + clocked, len(keep) - taken - clocked

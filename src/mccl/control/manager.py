@@ -75,7 +75,7 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
+from mccl.control.guard import ACTIVE, BASELINE, CollectiveClock, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
 from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
@@ -106,7 +106,7 @@ class ScheduleManager:
             OverlayEWMA(2, self.config.alpha_level)
         self._synthesize = synthesize
         self.guard = Guard(topology, optimize, predict=predict, tolerance=self.config.guard_tolerance,
-                           default_size_bytes=self.config.guard_size_bytes)
+                           default_size_bytes=self.config.guard_size_bytes, explain_tolerance=self.config.gamma)
         self._nominal = topology.capacities_gbps
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
@@ -162,7 +162,8 @@ class ScheduleManager:
             comm = self._comms.get(communicator)
             if comm is None:
                 comm = self._comms[communicator] = _Communicator(
-                    OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup))
+                    OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup),
+                    clock=CollectiveClock(self.config.alpha_level or self.config.alpha, keep=self.config.warmup))
                 if self.config.alpha_level is not None:
                     comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
                 comm.startup_through = comm.ignore_through = self.config.settle_collectives
@@ -242,6 +243,7 @@ class ScheduleManager:
         """A new version takes over: forget the references, remember what fabric they will stand for."""
         comm.base = np.array(base, dtype=float)
         comm.ewma.reset()
+        comm.clock.forget_untagged()
         if comm.level is not None:
             comm.level.reset()
         comm.ignore_through = max(comm.ignore_through, comm.last_seq + self.config.settle_collectives)
@@ -330,16 +332,20 @@ class ScheduleManager:
             if guarded is not None:
                 verdict, baseline = guarded
                 chosen = verdict.chosen
-                if chosen == ACTIVE:  # the flagged schedule is still predicted fastest: keep it, judged from now
+                if chosen == ACTIVE:  # still predicted fastest, or the measured fabric does not explain what the
+                    # active one experiences (guard.py): keep it, judged from now
                     active.cut = self._cut_on(active.schedule, measured)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}")
+                                f"guard: {dict(verdict.predicted_s)}" + (
+                                    "" if verdict.trusted else f"; unexplained ({verdict.explained:.3f})"))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
                         bottleneck_cut=bottleneck_cut(baseline.schedule, measured)))
             version = active.version + 1
+            if guarded is not None:
+                self.guard.expect(name, kind, version, guarded[0])
             result = result.with_version(version)
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
@@ -362,8 +368,11 @@ class ScheduleManager:
             if baseline is not None:
                 schedules["baseline"] = baseline.schedule
             with self._lock:
-                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule)
-            return self.guard.compare(name, kind, active.version, schedules, measured, size), baseline
+                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)
+                observed = comm.clock.observed(kind, active.version)
+                base = None if comm.base is None else comm.base.copy()
+            return self.guard.compare(name, kind, active.version, schedules, measured, size, observed=observed,
+                                      base_gbps=base), baseline
         except MCCLError as error:
             log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
             return None

@@ -13,7 +13,7 @@ import numpy as np
 
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import SizeMeter
+from mccl.control.guard import CollectiveClock, SizeMeter
 from mccl.control.plausible import PortRates
 from mccl.schedule import Collective, Schedule, dumps_schedule, schedule_binary_text
 from mccl.synth import SynthesisResult
@@ -119,3 +119,4 @@ class _Communicator:
     sizes: dict[Collective, float] = field(default_factory=dict)  # registered collective sizes (bytes)
     meter: SizeMeter = field(default_factory=SizeMeter)
     ports: PortRates = field(default_factory=PortRates)  # recent port rates, to drop implausible windows
+    clock: CollectiveClock = field(default_factory=CollectiveClock)  # observed collective times (the guard)

@@ -185,6 +185,8 @@ def run_fluid_loop(
                  for (rank, peer), nbytes, busy, same in zip(rates.keys, rates.bytes, seconds, rates.same_host,
                                                              strict=True)
                  if nbytes > 0 and busy > 0]
+        batch += model.collective_samples(rng, job, current.n_ranks, size_bytes, rates.time_s, end, seq,
+                                          current.collective.value, version)
         samples_out += len(batch)
         driver.observe(end, batch)
         now = end + gap_s

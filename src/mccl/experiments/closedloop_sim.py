@@ -22,7 +22,10 @@ busy time once (max, not sum), as one window would. Readings of an interval that
 the end of one collective and the start of the next go to the first; keeping
 ``interval_s`` a small fraction of a collective (default 1/8) bounds that error.
 Measurement noise is multiplicative and log-normal (σ) on each window's duration, and a
-window may be hit by a telemetry microburst (probability, slowdown factor).
+window may be hit by a telemetry microburst (probability, slowdown factor). With each
+collective's windows every rank also reports the collective's own time, launch to completion
+(``Sample`` kind ``"collective"``, the same noise per rank): the guard checks its measured
+fabric against it (:mod:`mccl.control.guard`, "Is the measured fabric an explanation?").
 
 Hot swap. A schedule the manager issues becomes available after its synthesis time
 (the manager's own measured wall seconds, or a fixed delay for reproducible tests),
@@ -51,7 +54,7 @@ from mccl.sim.closedloop import ControlHook, ControlView
 from mccl.sim.engine import simulate, simulate_schedule
 from mccl.sim.inputs import CapacityChange, CollectiveOp, Job, SimOptions
 from mccl.sim.results import RunResult
-from mccl.telemetry import INTER, INTRA, Sample
+from mccl.telemetry import COLLECTIVE, INTER, INTRA, Sample
 from mccl.topology import Topology
 
 __all__ = ["TelemetryModel", "VirtualExecutors", "LoopDriver", "LoopEvent", "Swap", "LoopResult", "run_loop",
@@ -65,13 +68,25 @@ class TelemetryModel:
     chance that a window is hit by a telemetry microburst, which multiplies its duration by
     ``burst_slowdown``; ``seed``: the random stream (runs are reproducible); ``intra_per_peer``: one
     ``"intra"`` sample per same-host pair (True) or one per rank for its whole host (False, the
-    aggregate injection; why per pair: :mod:`mccl.control.drift`, "Measured topology")."""
+    aggregate injection; why per pair: :mod:`mccl.control.drift`, "Measured topology");
+    ``collective_times``: each rank also reports each collective's launch-to-completion time (kind
+    ``"collective"``, with the same noise; False: only path windows, as before)."""
 
     noise_sigma: float = 0.05
     burst_probability: float = 0.0
     burst_slowdown: float = 3.0
     seed: int = 0
     intra_per_peer: bool = True
+    collective_times: bool = True
+
+    def collective_samples(self, rng: np.random.Generator, communicator: str, n_ranks: int, nbytes: float,
+                           seconds: float, end: float, seq: int, collective: str, version: int) -> list[Sample]:
+        """One ``"collective"`` sample per rank (none unless ``collective_times``), each rank's time noisy."""
+        if not self.collective_times or not seconds > 0:
+            return []
+        noise = rng.lognormal(0.0, self.noise_sigma, n_ranks) if self.noise_sigma > 0 else np.ones(n_ranks)
+        return [Sample(COLLECTIVE, communicator, rank, -1, int(nbytes), float(seconds * noise[rank]), end, seq,
+                       collective, version) for rank in range(n_ranks)]
 
     def __post_init__(self) -> None:
         if not (self.noise_sigma >= 0 and 0 <= self.burst_probability <= 1 and self.burst_slowdown >= 1):
@@ -119,12 +134,13 @@ class VirtualExecutors:
         if not completed:
             return []
         self.seq += len(completed)
-        return self._emit(view.time_s, completed[-1].schedule)
+        return self._emit(view.time_s, completed[-1])
 
-    def _emit(self, now: float, label: str) -> list[Sample]:
-        samples = []
-        found = _VERSION.search(label)
+    def _emit(self, now: float, run: RunResult) -> list[Sample]:
+        found = _VERSION.search(run.schedule)
         version = int(found.group(1)) if found else self.initial_version
+        samples = self.model.collective_samples(self.rng, self.communicator, len(self.rank_of), run.size_bytes,
+                                                run.end_s - run.start_s, now, self.seq, self.collective, version)
         for (rank, peer), size in sorted(self._bytes.items()):
             seconds = self._busy[(rank, peer)]
             if size <= 0 or seconds <= 0:

@@ -204,7 +204,11 @@ def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, 
     between collectives (None: the cold synthesis time; 0 with no synthesis delay, for fast tests).
     ``evaluator``: "flow" (the flow-level simulator, :func:`run_loop`) or "fluid" (the per-path rate
     model of :mod:`~mccl.experiments.closedloop_fluid`, for 128 GPUs and more). ``predict``: the
-    manager's guard predictor (None: its α-β default)."""
+    manager's guard predictor (None: the evaluator's own model — :func:`simulated_predictor` for "flow",
+    the guard's α-β default for "fluid", whose collective time is that α-β time). Why the evaluator's
+    own: the guard trusts a measured fabric only if its predictor reproduces the active collective's
+    observed time on it (:mod:`mccl.control.guard`); α-β cannot see why a tree packing runs at half its
+    bound in the flow simulator, so there a local fault and a uniform slowdown look alike to it."""
     if evaluator not in ("flow", "fluid"):
         raise ValueError(f"unknown evaluator {evaluator!r}; known: flow, fluid")
     kind = Collective(collective)
@@ -231,6 +235,8 @@ def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, 
     end_s = start_s + (healthy_s + gap_s if burst else persist * (degraded_s + gap_s))
     until_s = end_s + after * (healthy_s + gap_s)
     changes = fault_changes(fabric, faulted, start_s, end_s)
+    if predict is None and evaluator == "flow":
+        predict = simulated_predictor(options)
     if evaluator == "flow":
         loop = run_loop(fabric, schedule, size, changes=changes, until_s=until_s, gap_s=gap_s, config=config,
                         model=model, synthesis_delay_s=synthesis_delay_s, options=options, predict=predict,
