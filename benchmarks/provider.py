@@ -17,7 +17,12 @@ process per host):
 * ``provider``: a tenant process per host calls the shim; its host's service process runs the
   collective on buffers in shared memory.
 
-The processes themselves are in ``provider_ranks.py``.
+``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
+in a new random order every repetition (what ran just before decides whether the service is warm), its own
+world-1 communicator (agreement off, on), the same call through its service on the fast path (default: no
+reply spin), with a 200 µs reply spin (``spin``), on the session socket, and the two bare round trips; plus
+the tenant's CPU per call and the service's stages of the traced fast-path call. The processes themselves are
+in ``provider_ranks.py``.
 
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and
 provider − inproc (everything a tenant pays, the agreement included). Each repetition is timed on
@@ -194,27 +199,27 @@ def _print_single_host(sizes: list[int], quick: bool) -> int:
     print(f"1 host, tenant and service processes, interleaved; {started}; load average before {load_before[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f} (2 cores shared)")
     med = {key: statistics.median(values) * 1e6 for key, values in times.items()}
-    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'no spin':>9}{'added':>7}"
-          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu spin':>9}{'no spin':>8}   (µs, medians)")
+    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'spin':>9}{'added':>7}"
+          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu':>9}{'spin':>8}   (µs, medians)")
     rows = []
     for op in OPS:
         for size in sizes:
-            inproc, checked, provider, block, socket_path, zmq_rt, pipe_rt, cpu, cpu_block = (
-                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_block",
+            inproc, checked, provider, spin, socket_path, zmq_rt, pipe_rt, cpu, cpu_spin = (
+                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_spin",
                                                          "provider_socket", "zmq_floor", "pipe_floor",
-                                                         "cpu:provider", "cpu:provider_block"))
+                                                         "cpu:provider", "cpu:provider_spin"))
             row = {"op": op, "size_bytes": size, "inproc_us": inproc, "inproc_check_us": checked,
                    "provider_us": provider, "added_vs_inproc_us": provider - inproc,
-                   "added_vs_inproc_check_us": provider - checked, "provider_no_spin_us": block,
-                   "no_spin_added_vs_inproc_us": block - inproc, "provider_socket_us": socket_path,
+                   "added_vs_inproc_check_us": provider - checked, "provider_spin_us": spin,
+                   "spin_added_vs_inproc_us": spin - inproc, "provider_socket_us": socket_path,
                    "socket_added_vs_inproc_us": socket_path - inproc, "zmq_round_trip_us": zmq_rt,
-                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_no_spin_us": cpu_block,
+                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_spin_us": cpu_spin,
                    "reps": len(times[("provider", op, size)])}
             row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)]) for stage in STAGES})
             rows.append(row)
             print(f"{op:<11}{size:>9}{inproc:>8.0f}{checked:>8.0f}{provider:>10.0f}{provider - inproc:>7.0f}"
-                  f"{block:>9.0f}{block - inproc:>7.0f}{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}"
-                  f"{pipe_rt:>8.0f}{cpu:>9.0f}{cpu_block:>8.0f}")
+                  f"{spin:>9.0f}{spin - inproc:>7.0f}{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}"
+                  f"{pipe_rt:>8.0f}{cpu:>9.0f}{cpu_spin:>8.0f}")
     print("\nfast-path stages, medians (µs): " + ", ".join(STAGES))
     for row in rows:
         print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"

@@ -207,9 +207,9 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
     credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
     shim = Shim(endpoint, credential)
     shim_socket = Shim(endpoint, credential, fast=False)
-    shim_block = Shim(endpoint, credential, spin_us=0)  # the fast path without the reply spin
+    shim_spin = Shim(endpoint, credential, spin_us=200.0)  # the fast path with a 200 µs reply spin (off by default)
     remote, remote_socket = shim.join("single", [0]), shim_socket.join("single-socket", [0])
-    remote_block = shim_block.join("single-block", [0])
+    remote_spin = shim_spin.join("single-spin", [0])
     context = mp.get_context("spawn")
     mine_end, echo_end = context.Pipe()
     echo = context.Process(target=_echo, args=(secret_hex, echo_end), daemon=True)
@@ -237,9 +237,9 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
             mine = _buffers(op, size, 1, lambda count: torch.ones(count))
             shared = _buffers(op, size, 1, shim.empty)
             shared_socket = _buffers(op, size, 1, shim_socket.empty)
-            shared_block = _buffers(op, size, 1, shim_block.empty)
+            shared_spin = _buffers(op, size, 1, shim_spin.empty)
             variants = {**_compared(local, remote, mine, shared),
-                        "provider_block": (_calls(remote_block), shared_block),
+                        "provider_spin": (_calls(remote_spin), shared_spin),
                         "provider_socket": (_calls(remote_socket), shared_socket),
                         "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),
                         "pipe_floor": ({"all_gather": pipe_round_trip, "all_reduce": pipe_round_trip}, mine)}
@@ -250,7 +250,7 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
     echo.join(timeout=10)
     shim.close()
     shim_socket.close()
-    shim_block.close()
+    shim_spin.close()
     results.put((times, stages))
 
 

@@ -32,13 +32,13 @@ from mccl.provider.protocol import decode_reply, encode
 
 __all__ = ["Allocation", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
 
-SPIN_US = 200.0
-"""A fast-path call first polls for its reply this long (yielding the CPU between polls), then sleeps in
-``poll``. Why: this machine's idle vCPUs halt at once (``haltpoll.guest_halt_poll_ns`` is 0), and a reply
-that finds its tenant's vCPU halted waits for the hypervisor to wake it; a collective of ≤ 512 KiB takes
-~100–400 µs here, so most replies come inside the spin. Between polls the tenant calls ``sched_yield``: a
-runnable thread of the same CPU (the service's own, on 2 cores) runs first. ``benchmarks/provider.py
---single-host`` measures both (spin and no spin) and the tenant's CPU per call."""
+SPIN_US = 0.0
+"""How long a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
+0: it sleeps at once. Why it exists: this machine's idle vCPUs halt at once (``haltpoll.guest_halt_poll_ns``
+is 0), and a reply that finds its tenant's vCPU halted waits for the hypervisor to wake it. Why it is off:
+measured under load (``benchmarks/provider.py --single-host``, both in one run, BENCHMARKS.md fourth session),
+a 200 µs spin doubled the service's collective time (its gloo thread waits for the spinner's CPU on 2 cores)
+and added 80–230 µs per call more than sleeping; whether it pays on an idle machine the same command shows."""
 
 
 @dataclass(eq=False)
