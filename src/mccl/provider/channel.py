@@ -14,8 +14,9 @@ ZeroMQ socket, after the CURVE handshake, and hands the tenant's ends over exact
 shared-memory allocations (:mod:`.memory`): paths under ``/proc/<service pid>/fd/``, which the
 tenant opens once, after which it says ``channel_attached`` and the service closes its copies of
 those ends. From then on only the tenant process holds them; the frames it writes are its session's
-and are checked exactly as the JSON requests are (:meth:`~.session.Session.collective_request`):
-the fast path changes the encoding, never the checks.
+and are checked exactly as the JSON requests are (:meth:`~.checks.CollectiveChecks.prepare`):
+the fast path changes the encoding, never the checks. The service serves the pipe on a thread of the
+session's own (:mod:`.fastpath`).
 
 Frames (little-endian). Every frame is ``u32 length`` and that many bytes:
 
