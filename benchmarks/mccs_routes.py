@@ -45,7 +45,7 @@ def _gloo(args: argparse.Namespace) -> None:
     import time
 
     from mccl.experiments.netemu.fabric import BASE_PREFIX
-    from mccl.experiments.netemu.gloopin import GlooJob, pin_pair, run_gloo_jobs, unpin_pair
+    from mccl.experiments.netemu.gloopin import GlooJob, PairPinning, run_gloo_jobs
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()[0]
@@ -54,18 +54,8 @@ def _gloo(args: argparse.Namespace) -> None:
     cases = {"apart": ((0, 2, 0), (1, 3, 1)), "collided": ((0, 2, 0), (1, 3, 0))}
     order = [name for _ in range(args.repeat) for name in cases]
     with RoutedFabric(RoutedSpineLeaf(f"{BASE_PREFIX}{os.getpid()}-g")) as fabric:
-        pinned: list[tuple[int, int, int]] = []
-
-        def setup(name: str):
-            def apply() -> None:
-                while pinned:
-                    unpin_pair(fabric, *pinned.pop())
-                for pair in cases[name]:
-                    pin_pair(fabric, *pair)
-                    pinned.append(pair)
-            return apply
-
-        phases = run_gloo_jobs(fabric, jobs, [setup(name) for name in order])
+        pinning = PairPinning(fabric)
+        phases = run_gloo_jobs(fabric, jobs, [pinning.phase(*cases[name]) for name in order])
     seconds = {(name, job.name): [phase["seconds"][job.name] for case, phase in zip(order, phases, strict=True)
                                   if case == name] for name in cases for job in jobs}
     shares = [min(phase["uplinks"][(0, 0)], phase["uplinks"][(0, 1)]) / max(1, sum(

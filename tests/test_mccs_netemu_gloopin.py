@@ -12,7 +12,7 @@ import os
 import pytest
 
 from mccl.experiments.netemu.fabric import BASE_PREFIX, unsupported_reason
-from mccl.experiments.netemu.gloopin import GlooJob, pin_pair, run_gloo_jobs, unpin_pair
+from mccl.experiments.netemu.gloopin import GlooJob, PairPinning, pin_pair, run_gloo_jobs, unpin_pair
 from mccl.experiments.netemu.routes import RoutedFabric, RoutedSpineLeaf
 from mccl.experiments.netemu.shaping import FabricError
 
@@ -34,20 +34,11 @@ def test_two_tenants_gloo_jobs_pinned_apart_beat_the_same_jobs_collided():
     reason = unsupported_reason()
     if reason is not None:
         pytest.skip(reason)
-    jobs = [GlooJob("a", (0, 2), 1 << 20, 4), GlooJob("b", (1, 3), 1 << 20, 4)]
+    jobs = [GlooJob("a", (0, 2), 1 << 20, 3), GlooJob("b", (1, 3), 1 << 20, 3)]
     with RoutedFabric(RoutedSpineLeaf(f"{BASE_PREFIX}{os.getpid()}-g", host_mbit=200, uplink_mbit=100)) as fabric:
-        pinned: list[tuple[int, int, int]] = []
-
-        def pin(*pairs: tuple[int, int, int]):
-            def setup() -> None:
-                while pinned:
-                    unpin_pair(fabric, *pinned.pop())
-                for pair in pairs:
-                    pin_pair(fabric, *pair)
-                    pinned.append(pair)
-            return setup
-
-        apart, collided = run_gloo_jobs(fabric, jobs, [pin((0, 2, 0), (1, 3, 1)), pin((0, 2, 0), (1, 3, 0))])
+        pinning = PairPinning(fabric)
+        apart, collided = run_gloo_jobs(fabric, jobs, [pinning.phase((0, 2, 0), (1, 3, 1)),
+                                                       pinning.phase((0, 2, 0), (1, 3, 0))])
     assert apart["exact"] and collided["exact"]
     up = apart["uplinks"]
     total = up[(0, 0)] + up[(0, 1)]

@@ -29,7 +29,7 @@ from mccl.experiments.netemu.ranks import enter_netns
 from mccl.experiments.netemu.routes import RoutedFabric
 from mccl.experiments.netemu.shaping import FabricError, batch
 
-__all__ = ["GlooJob", "pin_pair", "unpin_pair", "run_gloo_jobs"]
+__all__ = ["GlooJob", "pin_pair", "unpin_pair", "PairPinning", "run_gloo_jobs"]
 
 _PAIR_PRIORITY = 900
 _TABLE_BASE = 100  # as routes.py: spine k's table in every leaf
@@ -66,6 +66,24 @@ def pin_pair(fabric: RoutedFabric, a: int, b: int, spine: int) -> None:
 def unpin_pair(fabric: RoutedFabric, a: int, b: int, spine: int) -> None:
     """Undo :func:`pin_pair` (the pair goes back to ECMP)."""
     _pair_rules(fabric, a, b, spine, "del")
+
+
+class PairPinning:
+    """The pairs pinned now on a fabric; :meth:`phase` gives a :func:`run_gloo_jobs` phase that replaces them."""
+
+    def __init__(self, fabric: RoutedFabric) -> None:
+        self.fabric = fabric
+        self.pinned: list[tuple[int, int, int]] = []
+
+    def phase(self, *pairs: tuple[int, int, int]) -> Callable[[], None]:
+        """Unpin every pinned pair, then pin each ``(host a, host b, spine)`` of ``pairs``."""
+        def apply() -> None:
+            while self.pinned:
+                unpin_pair(self.fabric, *self.pinned.pop())
+            for pair in pairs:
+                pin_pair(self.fabric, *pair)
+                self.pinned.append(pair)
+        return apply
 
 
 def _rank(namespace: str, store_host: str, port: int, rank: int, job: GlooJob, phases: int, barrier,
