@@ -1,22 +1,38 @@
-"""Telemetry accuracy on the kernel-emulated fabric: receive-side samples against the shaped rate (needs root).
+"""Telemetry accuracy and overhead on the kernel-emulated fabric: receive-side samples against the shaped
+rate, and the collective's time with telemetry on ÷ off (needs root).
 
     PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py                  # both cases, 8 calls each
-    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases pair --repeats 12
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --repeats 9   # the bars
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --fault-factor 0.5
 
 Two cases, the fabric of :mod:`mccl.experiments.netemu` (NICs 400 Gbit/s / ``--scale``, 20 Mbit/s by default):
 
 * ``pair`` (the paper's §5 set-up, one saturated path): ``rail_optimized(1,2,1)``, 2 ranks, a ring AllGather of
   1 MiB per rank in 8 chunks through mccl; every NIC busy both ways.
 * ``loop``: the 8 ranks and healthy schedules of ``mccl demo`` (AllGather, AllToAll), as in the loop.
+  ``--fault-factor``: rank 0's NIC scaled by it (both directions) before the ranks start — the loop's fault,
+  with the schedules still the healthy ones.
 
 Per collective, rank 0's inter-host samples (it measures the paths *into* it: ``Sample(rank=sender,
 peer=0)``): the rate over the union of their windows, ÷ the shaped goodput of rank 0's NIC (its downlink;
 1448/1514 of the configured rate) − 1 — the "telemetry error"; and the union ÷ the collective's time
 (the fraction of the collective the telemetry saw the path busy) next to the NIC-busy fraction measured by
 the kernel (the downlink's htb byte counter ÷ (shaped rate × the slowest rank's time)). Medians over the
-calls after the first. Writes ``benchmarks/results/netemu_telemetry<tag>.csv``.
-"""
+calls after the first.
 
+Overhead: every rank runs each schedule on two communicators, one metered and one not, alternating which
+goes first; per call the slowest rank's time; ``on_over_off`` = median on ÷ median off. Both use the
+runtime's driver choice (``--driver`` forces one): a metered communicator runs eager where an unmetered one
+would take one gloo alltoallv (AllToAll, one-step plans), and that difference is part of the overhead.
+
+``--gso BYTES``: every NIC's ``gso_max_size``. Why: the kernel's default, 64 KiB, makes TCP hand the shaper
+64 KiB super-packets, which htb passes whole — at 20 Mbit/s data then arrives in lumps of 64 KiB every 27 ms
+(measured with the receiver's ``/proc/net/dev``), where a real 400 Gbit/s NIC delivers them in 1.3 µs. A
+rank's 256 KiB of AllToAll per collective is 4 lumps, too few for any rate (+17 … +46 % against the shaped
+rate); at one MSS (1448) arrivals are per packet, as on the real fabric. The emulation scales rates by
+1/``scale`` but not the segment size; this scales it back down. Writes
+``benchmarks/results/netemu_telemetry<tag>.csv``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -91,7 +107,7 @@ def _union(windows: list[tuple[float, float]]) -> float:
 
 
 def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False,
-            gso: int | None = None) -> list[dict]:
+            gso: int | None = None, fault_factor: float | None = None) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
     from mccl.synth.ring import naive_ring
@@ -112,6 +128,8 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
         elements = {"allgather": config.ag_bytes // 4, "alltoall": (config.a2a_bytes // 4 // 8) * 8}
     plan = FabricPlan.from_topology(topology, scale=scale, nvlink="shaped")
     with EmulatedFabric(plan) as built:
+        if fault_factor is not None:
+            built.scale_nic(0, fault_factor)
         if gso is not None:  # the NICs' largest TCP segment (module docstring)
             for port in built.plan.ranks:
                 subprocess.run(["ip", "-n", port.namespace, "link", "set", "dev", "eth0", "gso_max_size", str(gso)],
@@ -140,7 +158,8 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
             busy.append(nbytes * 8 / slowest / (down_mbit * 1e6))
         on = [max(out[name]["calls"][i][1] for out in outputs) for i in range(1, len(calls))]
         off = [max(out[name]["off"][i] for out in outputs) for i in range(1, len(calls))]
-        rows.append({"case": case, "driver": driver or "default", "gso": gso, "collective": name,
+        rows.append({"case": case, "driver": driver or "default", "gso": gso, "fault_factor": fault_factor,
+                     "collective": name,
                      "nic_mbit": down_mbit, "calls_with_samples": len(errors),
                      "telemetry_err_median": round(statistics.median(errors), 4) if errors else None,
                      "telemetry_err_min": round(min(errors), 4) if errors else None,
@@ -161,6 +180,8 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--driver", default=None, help="the executor's driver (default: the runtime's choice)")
     parser.add_argument("--dump", action="store_true", help="also write rank 0's calls and samples as JSON")
+    parser.add_argument("--fault-factor", type=float, default=None,
+                        help="scale rank 0's NIC by this before the ranks start (loop case: the schedules stay healthy)")
     parser.add_argument("--gso", type=int, default=None,
                         help="set every NIC's gso_max_size to this many bytes (default: the kernel's, 64 KiB)")
     args = parser.parse_args()
@@ -170,7 +191,7 @@ def main() -> None:
     rows = []
     for case in args.cases.split(","):
         started = time.perf_counter()
-        rows += measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso)
+        rows += measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso, args.fault_factor)
         print(f"[{case}: {time.perf_counter() - started:.0f} s]", flush=True)
     for row in rows:
         print(row)
