@@ -25,11 +25,15 @@ def htb_sent_bytes(namespace: str, device: str) -> int:
 def timed_collective(comm, kind: str, output, source,  # noqa: ANN001  (a Communicator and torch tensors)
                      counter: Callable[[], int] | None = None) -> tuple[float, int]:
     """One AllGather (``kind == "allgather"``) or AllToAll after a barrier: (seconds, bytes ``counter`` grew
-    by meanwhile, 0 without one). Every rank calls it; pass ``counter`` on the rank that reads a NIC."""
+    by meanwhile, 0 without one). Every rank calls it; pass ``counter`` on the rank that reads a NIC.
+
+    The counter is read before the barrier: read after it (a ``tc`` subprocess, 5–20 ms on a loaded machine),
+    the other ranks' calls would wait for the reading rank and the slowest rank's time would include it
+    (measured: telemetry on ÷ off 1.38 for the loop's AllGather when only the metered calls read it)."""
     import torch.distributed as dist
 
-    dist.barrier()
     before = counter() if counter is not None else 0
+    dist.barrier()
     start = time.perf_counter()
     if kind == "allgather":
         comm.all_gather_into_tensor(output, source)
