@@ -37,11 +37,13 @@ timeline PNG of the first run.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from netemu_common import htb_sent_bytes, timed_collective  # noqa: E402  (benchmarks/ is on sys.path)
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reason
@@ -223,16 +225,6 @@ def overhead(config: NetemuConfig, repeats: int) -> list[dict]:
     return rows
 
 
-def _nic_bytes(namespace: str) -> int:
-    """Bytes rank's NIC has sent so far (its htb class, L2)."""
-    import re
-    import subprocess
-
-    shown = subprocess.run(["tc", "-s", "-n", namespace, "class", "show", "dev", "eth0"], capture_output=True,
-                           text=True, check=True).stdout
-    return int(re.search(r"Sent (\d+) bytes", shown).group(1))
-
-
 def _nic_util_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int) -> dict:  # noqa: ANN001
     """Each healthy schedule ``repeats`` times; rank 0 reads its NIC's byte counter around every call."""
     import torch
@@ -253,15 +245,8 @@ def _nic_util_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfi
         for index in range(repeats):
             source = _source(kind, config, world, rank, index, torch)
             output = torch.empty(source.numel() * (world if kind == "allgather" else 1), dtype=torch.int32)
-            dist.barrier()
-            before = _nic_bytes(plan.ranks[rank].namespace) if rank == 0 else 0
-            start = time.perf_counter()
-            if kind == "allgather":
-                comm.all_gather_into_tensor(output, source)
-            else:
-                comm.all_to_all_single(output, source)
-            seconds = time.perf_counter() - start
-            rows.append((seconds, (_nic_bytes(plan.ranks[rank].namespace) - before) if rank == 0 else 0))
+            nic = functools.partial(htb_sent_bytes, plan.ranks[rank].namespace, "eth0") if rank == 0 else None
+            rows.append(timed_collective(comm, kind, output, source, nic))
         comm.close()
         out[name] = rows
     return out

@@ -1,32 +1,48 @@
-"""Telemetry accuracy on the kernel-emulated fabric: receive-side samples against the shaped rate (needs root).
+"""Telemetry accuracy and overhead on the kernel-emulated fabric: receive-side samples against the shaped
+rate, and the collective's time with telemetry on ÷ off (needs root).
 
     PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py                  # both cases, 8 calls each
-    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases pair --repeats 12
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --repeats 9   # the bars
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --fault-factor 0.5
 
 Two cases, the fabric of :mod:`mccl.experiments.netemu` (NICs 400 Gbit/s / ``--scale``, 20 Mbit/s by default):
 
 * ``pair`` (the paper's §5 set-up, one saturated path): ``rail_optimized(1,2,1)``, 2 ranks, a ring AllGather of
   1 MiB per rank in 8 chunks through mccl; every NIC busy both ways.
 * ``loop``: the 8 ranks and healthy schedules of ``mccl demo`` (AllGather, AllToAll), as in the loop.
+  ``--fault-factor``: rank 0's NIC scaled by it (both directions) before the ranks start — the loop's fault,
+  with the schedules still the healthy ones.
 
 Per collective, rank 0's inter-host samples (it measures the paths *into* it: ``Sample(rank=sender,
 peer=0)``): the rate over the union of their windows, ÷ the shaped goodput of rank 0's NIC (its downlink;
 1448/1514 of the configured rate) − 1 — the "telemetry error"; and the union ÷ the collective's time
 (the fraction of the collective the telemetry saw the path busy) next to the NIC-busy fraction measured by
 the kernel (the downlink's htb byte counter ÷ (shaped rate × the slowest rank's time)). Medians over the
-calls after the first. Writes ``benchmarks/results/netemu_telemetry<tag>.csv``.
-"""
+calls after the first.
 
+Overhead: every rank runs each schedule on two communicators, one metered and one not, alternating which
+goes first; per call the slowest rank's time; ``on_over_off`` = median on ÷ median off. Both use the
+runtime's driver choice (``--driver`` forces one): a metered communicator runs eager where an unmetered one
+would take one gloo alltoallv (AllToAll, one-step plans), and that difference is part of the overhead.
+
+``--gso BYTES``: every NIC's ``gso_max_size``. Why: the kernel's default, 64 KiB, makes TCP hand the shaper
+64 KiB super-packets, which htb passes whole — at 20 Mbit/s data then arrives in lumps of 64 KiB every 27 ms
+(measured with the receiver's ``/proc/net/dev``), where a real 400 Gbit/s NIC delivers them in 1.3 µs. A
+rank's 256 KiB of AllToAll per collective is 4 lumps, too few for any rate (+17 … +46 % against the shaped
+rate); at one MSS (1448) arrivals are per packet, as on the real fabric. The emulation scales rates by
+1/``scale`` but not the segment size; this scales it back down. Writes
+``benchmarks/results/netemu_telemetry<tag>.csv``.
+"""
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from netemu_common import htb_sent_bytes, timed_collective  # noqa: E402  (benchmarks/ is on sys.path)
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reason
@@ -38,16 +54,12 @@ KINDS = ("allgather", "alltoall")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _downlink_bytes(plan: FabricPlan, rank: int) -> int:
-    """L2 bytes the switch has sent into ``rank``'s NIC so far (the htb class of its switch-side veth)."""
-    shown = subprocess.run(["tc", "-s", "-n", plan.switch_ns, "class", "show", "dev", f"n{rank}"], capture_output=True,
-                           text=True, check=True).stdout
-    return int(re.search(r"Sent (\d+) bytes", shown).group(1))
-
-
 def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: str, elements: dict,
           repeats: int, driver: str | None) -> dict:
-    """Every schedule ``repeats`` times with telemetry into a MemorySink; rank 0 reads its downlink counter."""
+    """Every schedule ``repeats`` times with telemetry on (into a MemorySink) and off, alternating which goes
+    first; rank 0 reads its downlink counter around the metered calls."""
+    import functools
+
     import torch
     import torch.distributed as dist
 
@@ -56,29 +68,30 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
     from mccl.topology import parse_topology
 
     topology = parse_topology(topology_spec)
+    downlink = functools.partial(htb_sent_bytes, plan.switch_ns, f"n{rank}") if rank == 0 else None
     out: dict = {}
     for name, text in texts.items():
         kind = loads_schedule(text).collective.value
         sink = MemorySink()
-        comm = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
-                    name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
-        calls = []
+        metered = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                       name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
+        plain = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
+                     name=f"{name}-off", driver=driver)
+        calls, off = [], []
         source = torch.arange(elements[kind], dtype=torch.int32) + rank
         output = torch.empty(elements[kind] * (world if kind == "allgather" else 1), dtype=torch.int32)
-        for _ in range(repeats):
-            dist.barrier()
-            before = _downlink_bytes(plan, rank) if rank == 0 else 0
-            start = time.perf_counter()
-            if kind == "allgather":
-                comm.all_gather_into_tensor(output, source)
-            else:
-                comm.all_to_all_single(output, source)
-            seconds = time.perf_counter() - start
-            calls.append((comm.history[-1][0], seconds, (_downlink_bytes(plan, rank) - before) if rank == 0 else 0))
-        comm.flush_telemetry()
+        for index in range(repeats):
+            for on in ((True, False) if index % 2 else (False, True)):
+                if on:
+                    seconds, nbytes = timed_collective(metered, kind, output, source, downlink)
+                    calls.append((metered.history[-1][0], seconds, nbytes))
+                else:
+                    off.append(timed_collective(plain, kind, output, source)[0])
+        metered.flush_telemetry()
         samples = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in sink.samples]
-        comm.close()
-        out[name] = {"calls": calls, "samples": samples}
+        metered.close()
+        plain.close()
+        out[name] = {"calls": calls, "off": off, "samples": samples}
     return out
 
 
@@ -93,7 +106,8 @@ def _union(windows: list[tuple[float, float]]) -> float:
     return total + end - start
 
 
-def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False) -> list[dict]:
+def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False,
+            gso: int | None = None, fault_factor: float | None = None) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
     from mccl.synth.ring import naive_ring
@@ -114,6 +128,12 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
         elements = {"allgather": config.ag_bytes // 4, "alltoall": (config.a2a_bytes // 4 // 8) * 8}
     plan = FabricPlan.from_topology(topology, scale=scale, nvlink="shaped")
     with EmulatedFabric(plan) as built:
+        if fault_factor is not None:
+            built.scale_nic(0, fault_factor)
+        if gso is not None:  # the NICs' largest TCP segment (module docstring)
+            for port in built.plan.ranks:
+                subprocess.run(["ip", "-n", port.namespace, "link", "set", "dev", "eth0", "gso_max_size", str(gso)],
+                               check=True)
         outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, timeout_s=600)
         down_mbit = built.nic_mbit(0)[1]
     goodput_mbit = down_mbit * GOODPUT
@@ -136,13 +156,19 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
             errors.append(sum(s[3] for s in mine) * 8 / union / 1e6 / goodput_mbit - 1)
             seen.append(union / slowest)
             busy.append(nbytes * 8 / slowest / (down_mbit * 1e6))
-        rows.append({"case": case, "driver": driver or "default", "collective": name, "nic_mbit": down_mbit, "calls_with_samples": len(errors),
+        on = [max(out[name]["calls"][i][1] for out in outputs) for i in range(1, len(calls))]
+        off = [max(out[name]["off"][i] for out in outputs) for i in range(1, len(calls))]
+        rows.append({"case": case, "driver": driver or "default", "gso": gso, "fault_factor": fault_factor,
+                     "collective": name,
+                     "nic_mbit": down_mbit, "calls_with_samples": len(errors),
                      "telemetry_err_median": round(statistics.median(errors), 4) if errors else None,
                      "telemetry_err_min": round(min(errors), 4) if errors else None,
                      "telemetry_err_max": round(max(errors), 4) if errors else None,
                      "per_sample_err_median": round(statistics.median(per_sample), 4) if per_sample else None,
                      "windows_over_time": round(statistics.median(seen), 3) if seen else None,
-                     "nic_busy": round(statistics.median(busy), 3) if busy else None})
+                     "nic_busy": round(statistics.median(busy), 3) if busy else None,
+                     "on_s": round(statistics.median(on), 4), "off_s": round(statistics.median(off), 4),
+                     "on_over_off": round(statistics.median(on) / statistics.median(off), 3)})
     return rows
 
 
@@ -154,6 +180,10 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--driver", default=None, help="the executor's driver (default: the runtime's choice)")
     parser.add_argument("--dump", action="store_true", help="also write rank 0's calls and samples as JSON")
+    parser.add_argument("--fault-factor", type=float, default=None,
+                        help="scale rank 0's NIC by this before the ranks start (loop case: the schedules stay healthy)")
+    parser.add_argument("--gso", type=int, default=None,
+                        help="set every NIC's gso_max_size to this many bytes (default: the kernel's, 64 KiB)")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason:
@@ -161,7 +191,7 @@ def main() -> None:
     rows = []
     for case in args.cases.split(","):
         started = time.perf_counter()
-        rows += measure(case, args.scale, args.repeats, args.driver, args.dump)
+        rows += measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso, args.fault_factor)
         print(f"[{case}: {time.perf_counter() - started:.0f} s]", flush=True)
     for row in rows:
         print(row)

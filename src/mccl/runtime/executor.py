@@ -88,16 +88,21 @@ def default_driver(transport: Transport, plan: RankPlan, *, metered: bool = Fals
     1.5–2× slower than gloo's own alltoall, and a plan that forwards nothing has nothing to pipeline.
     Eager otherwise (forwarding chunk by chunk pipelines rings and trees), and always while a peer is
     paced or a send gate holds sends (:attr:`Transport.sends_one_by_one`): one alltoallv would bypass them.
-    ``metered`` (telemetry on): one-step AllGather/ReduceScatter stay eager, sliced, so the receive-side
-    windows see several receives in flight (one unsliced alltoallv gives them one per peer and no arrival
-    times); AllToAll keeps the exchange, as before."""
+    ``metered`` (telemetry on): eager, sliced, for every collective, AllToAll included. The receive-side
+    windows (:mod:`mccl.runtime.telemetry`) need arrival times, and an alltoallv has none: it completes
+    every receive of a step at once, so a window can only run from the post to the completion and takes
+    in the ranks' skew (the AllToAll of the 8-rank loop on the emulated fabric read −49 % of the shaped
+    rate that way; eager and sliced, within a few % — BENCHMARKS.md, 2026-12-01 fourth session). What it
+    costs: on a NIC-bound fabric nothing — eager forwards a relayed chunk as soon as it arrives, where the
+    exchange holds it to the next step's alltoallv (the loop's AllToAll measured faster eager); where the
+    CPU is the bottleneck (loopback), gloo's individual sends are slower than its alltoallv."""
     if not transport.dependency_driven:
         return "stepwise"
-    if transport.sends_one_by_one:
+    if transport.sends_one_by_one or metered:
         return "eager"
     if plan.collective is Collective.ALLTOALL:
         return "exchange"
-    return "exchange" if plan.n_steps == 1 and not metered else "eager"
+    return "exchange" if plan.n_steps == 1 else "eager"
 
 
 def call_slices(bound: Bound, buffers: Buffers, slice_bytes: float = SLICE_BYTES,

@@ -26,7 +26,13 @@ end), and the time between two single arrivals is not one chunk's transfer time.
 sample is its bytes in the window over the window's time, so a window's per-peer samples add
 up to the port's rate. When no arrival of a window has a known time (gloo's alltoallv
 completes every receive of a step at once), the window runs from the N-th post to the last
-completion, which includes the ranks' skew: the exchange driver's samples read low.
+completion, which includes the ranks' skew: the exchange driver's samples read low (the loop's
+AllToAll −49 %), so a metered communicator runs the eager driver for every collective
+(:func:`mccl.runtime.executor.default_driver`). The rate is right only while the port is saturated
+from the first timed arrival to the last: a sender with nothing to send in between (a relay waiting
+for its own input) reads as a slower link, and arrivals in lumps (an emulated NIC passing 64 KiB GSO
+segments whole at 20 Mbit/s: one per 27 ms) leave a window a handful of lump edges
+(BENCHMARKS.md, 2026-12-01 fourth session).
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
