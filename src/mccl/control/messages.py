@@ -17,6 +17,12 @@ a ``register`` also parses, validates and prepares the schedule (:mod:`.prepared
 poll reply that serves it; the manager takes the prepared pieces instead of computing them
 (``ScheduleManager.register(prepared=)``), and the service never needs the schedule's text.
 
+Pushes. A poll also subscribes the socket that sent it (its ZeroMQ identity, with the versions it
+said it has; at most ``max_subscribers`` in all, beyond that a socket is only answered): when a
+refresh puts a newer version of a communicator in the snapshot, :meth:`Requests.pushes` gives the
+socket thread that version's encoded reply for every subscriber that lacks it — the version reaches
+the ranks one message after it is issued, not on their next poll.
+
 Polls are answered from a snapshot of the active versions (:meth:`Requests.refresh`,
 called off the socket thread after every change), so the socket thread never waits for
 the manager's lock. A ``schedule`` reply is encoded once per version and kept (``json.dumps`` of
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +74,7 @@ class Limits:
     subprocess_bytes: int = 1 << 20  # larger frames are decoded in the parser process
     max_ingest_backlog: int = 256  # telemetry batches waiting for the ingest thread; more are dropped
     max_call_rows: int = 1 << 20  # call-total rows kept in all
+    max_subscribers: int = 1 << 16  # polling sockets remembered for pushes, in all
 
 
 def looks_heavy(frame: bytes | memoryview, limits: Limits) -> bool:
@@ -97,6 +105,11 @@ class Requests:
         self._calls: dict[str, dict[int, list[tuple[str, str, int | None, int]]]] = {}
         self._call_rows = 0  # rows kept in all (bounded by max_call_rows)
         self._calls_lock = threading.Lock()  # the heavy-message thread may take a large telemetry message
+        # pushes (module docstring): {communicator: {identity: versions it has}}, touched by the socket thread only;
+        # communicators whose snapshot changed, queued by whichever thread refreshed
+        self._subscribers: dict[str, dict[bytes, dict[str, int]]] = {}
+        self._subscriber_count = 0
+        self._changed: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     def close(self) -> None:
         self._parser.close()
@@ -105,10 +118,11 @@ class Requests:
         """The communicators the snapshot covers: registered or polled here."""
         return list(self.communicators | self._watched)
 
-    def refresh(self, communicators: list[str]) -> None:
+    def refresh(self, communicators: list[str]) -> bool:
         """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread), each
         with its encoded ``schedule`` reply ready: a registration's comes from the parser process; one the
-        manager issued is encoded here, once (the socket thread only sends)."""
+        manager issued is encoded here, once (the socket thread only sends). True when a version changed
+        (queued for :meth:`pushes`)."""
         fresh = {}
         for name in communicators:
             entry = {}
@@ -124,8 +138,46 @@ class Requests:
                 entry[kind] = version
             if entry or name in self._snapshot:
                 fresh[name] = entry
+        changed = False
         if fresh:
+            before = self._snapshot
             self._snapshot = {**self._snapshot, **fresh}
+            for name, entry in fresh.items():
+                if entry != before.get(name):
+                    self._changed.put(name)
+                    changed = True
+        return changed
+
+    def pushes(self) -> list[tuple[bytes, bytes]]:
+        """(identity, encoded schedule reply) for every subscriber of a communicator whose snapshot changed
+        since the last call and that lacks its newest version (socket thread only; module docstring)."""
+        out: list[tuple[bytes, bytes]] = []
+        names: set[str] = set()
+        while True:
+            try:
+                names.add(self._changed.get_nowait())
+            except queue.Empty:
+                break
+        for name in names:
+            active = self._snapshot.get(name, {})
+            for identity, have in self._subscribers.get(name, {}).items():
+                for kind, version in active.items():
+                    if version > have.get(kind.value, 0):
+                        frame = next((kept for number, kept in self._replies.get((name, kind), ()) if number == version),
+                                     None)
+                        if frame is not None:
+                            out.append((identity, frame))
+                            have[kind.value] = version
+        self.stats["pushes"] = self.stats.get("pushes", 0) + len(out)
+        return out
+
+    def _subscribe(self, communicator: str, identity: bytes, have: dict[str, int]) -> None:
+        subscribers = self._subscribers.get(communicator)
+        if subscribers is not None and identity in subscribers:
+            subscribers[identity] = dict(have)
+        elif self._subscriber_count < self.limits.max_subscribers and communicator in self._watched:
+            self._subscribers.setdefault(communicator, {})[identity] = dict(have)
+            self._subscriber_count += 1
 
     def take_calls(self, report: CallReport) -> None:
         """Keep a rank's latest call totals (they are totals, so the newest replaces the last); a report
@@ -147,9 +199,10 @@ class Requests:
         with self._calls_lock:
             return {name: dict(ranks) for name, ranks in self._calls.items()}
 
-    def handle(self, frame: bytes | memoryview) -> bytes | None:
+    def handle(self, frame: bytes | memoryview, identity: bytes | None = None) -> bytes | None:
         """The reply to one message (None: no reply). Never raises: any failure is an error reply. ``frame``
-        may be libzmq's buffer (a large one is handed to the parser process without a copy here)."""
+        may be libzmq's buffer (a large one is handed to the parser process without a copy here). ``identity``:
+        the sender's socket (socket thread only): a poll subscribes it to pushes."""
         op: str | None = None
         try:
             registration: ParsedRegistration | None = None
@@ -170,7 +223,7 @@ class Requests:
                 return None
             if op == "poll":
                 self.stats["polls"] += 1
-                return self._answer_poll(message)
+                return self._answer_poll(message, identity)
             if op == "register":
                 return self._register(message, registration)
             if op == "windows":  # a time-shared tenant's send windows (issue 16, mccl.control.tenancy.live)
@@ -222,12 +275,14 @@ class Requests:
         kept = [entry for entry in self._replies.get((communicator, kind), ()) if entry[0] != version]
         self._replies[(communicator, kind)] = tuple(sorted([*kept, (version, frame)], key=lambda entry: entry[0])[-2:])
 
-    def _answer_poll(self, message: dict[str, Any]) -> bytes:
+    def _answer_poll(self, message: dict[str, Any], identity: bytes | None = None) -> bytes:
         """From the snapshot: the socket thread never waits for the manager (see module docstring)."""
         communicator = text_field(message, "communicator")
         have = versions_field(message)
         if communicator not in self._watched and len(self._watched) < 2 * self.limits.max_communicators:
             self._watched.add(communicator)
+        if identity is not None:
+            self._subscribe(communicator, identity, have)
         active = self._snapshot.get(communicator, {})
         for kind in Collective:
             version = active.get(kind)

@@ -156,11 +156,15 @@ class Communicator(Collectives):
 
     # ---- hot-swap callbacks (called on the swap thread) ---------------------------------
     def _take_request(self, timeout: float) -> Schedule | None:
-        staged = self._local.get(timeout)  # idle wait
+        # a source that can wait (the controller's client: the service pushes new versions) is where the idle
+        # wait happens, so a pushed version is staged the moment it lands; a schedule stage()d locally is then
+        # picked up within ``timeout``
+        wait = getattr(self._source, "wait", None)
+        staged = self._local.get(0.0 if wait is not None else timeout)  # idle wait
         if staged is not None:
             return staged
         if self._source is not None:  # asked even when lost: a controller that answers again is taken back
-            found = self._source.poll()
+            found = wait(timeout) if wait is not None else self._source.poll()
             if self.controller_lost:
                 self.controller_lost = False
                 self.events.append("controller answers again")
