@@ -46,6 +46,25 @@ decision, and a degradation that starts inside that window is measured relative 
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
 
+Synthesis ahead of the flag (issue 15, the reaction path). A schedule whose drift test is not flagged
+yet but whose max δ has reached ``speculate`` × Γ is drifting: the manager synthesizes for the measured
+topology now, on its check thread, and keeps the result (counted in ``speculations``). When the flag comes and
+the measured capacities are still within ``speculate_tolerance`` × nominal of those it synthesized for
+(every link), that result is the candidate and synthesis leaves the path from detection to the swap
+(event "synthesized" with the seconds this decision spent on it, ~0, and "ahead of the flag" in its
+text); otherwise it synthesizes as before. A drift that keeps moving is re-speculated once it leaves the
+tolerance. Why a tolerance and not equality: the EWMA moves by α × the gap with every sample, so the
+capacities at the flag are never exactly those of the check before; a 10 % of nominal band is the
+telemetry's own noise here, and the guard still compares the candidate on the capacities measured
+at the flag. What it costs: one synthesis per drifting schedule per tolerance band crossed, on the
+check thread (a microburst that crosses ``speculate`` × Γ and clears costs one synthesis, no swap).
+
+Instrumentation of the reaction path (Fig. 13b): besides the events, every flag leaves one
+:class:`Reaction` in ``ScheduleManager.reactions`` (bounded; wall-clock times): when the telemetry
+batch folded last before the flag arrived, the flag, synthesis start and end (and whether it was
+made ahead of the flag), the guard's seconds, the issue. Kept apart from the event log, whose
+sequence of kinds other code and tests read. Speculations are counted in ``speculations``.
+
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
 the job's size on the measured topology and the fastest is kept — the active one ("kept":
@@ -60,8 +79,9 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,20 +105,66 @@ from mccl.synth import SynthesisResult, optimize
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
-__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
+__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision", "Reaction"]
 
 log = logging.getLogger("mccl.control")
+
+
+@dataclass
+class Reaction:
+    """One flag's way to an issued version (wall clock, s since the epoch; None: not reached). ``evidence_at``:
+    when the telemetry batch folded last before the flag arrived; ``ahead``: the candidate was synthesized
+    before the flag (module docstring); ``outcome``: issued, kept, aborted, failed or unavailable."""
+
+    communicator: str
+    collective: str
+    version: int  # the flagged one
+    evidence_at: float | None
+    flagged_at: float
+    synth_start: float | None = None
+    synth_end: float | None = None
+    ahead: bool = False
+    ahead_synth_s: float | None = None  # the synthesis made ahead of the flag
+    guard_s: float | None = None
+    issued_at: float | None = None
+    issued_version: int | None = None
+    outcome: str = ""
+
+
+@dataclass(frozen=True)
+class _Speculation:
+    """A synthesis made ahead of the flag (module docstring): for ``version`` on ``capacities``."""
+
+    version: int
+    capacities: np.ndarray
+    result: SynthesisResult
+    seconds: float
+    at: float  # wall clock, when it was done
 
 
 class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
-                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None) -> None:
+                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None,
+                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1) -> None:
         """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
-        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator)."""
+        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator). ``speculate``:
+        the fraction of Γ at which a drifting schedule is synthesized ahead of its flag (None: never);
+        ``speculate_tolerance``: how far (× nominal, per link) the capacities at the flag may be from those
+        it was made for (module docstring)."""
         self.topology = topology
         self.config = config or ControlConfig()
+        if speculate is not None and not (isinstance(speculate, int | float) and 0 < speculate < 1):
+            raise ControllerError(f"speculate must be None or a fraction of gamma in (0, 1), got {speculate!r}")
+        if not (isinstance(speculate_tolerance, int | float) and 0 <= speculate_tolerance < 1):
+            raise ControllerError(f"speculate_tolerance must be in [0, 1), got {speculate_tolerance!r}")
+        self.speculate = speculate
+        self.speculate_tolerance = float(speculate_tolerance)
+        self._speculations: dict[tuple[str, Collective], _Speculation] = {}
+        self._ingested_at: dict[str, float] = {}  # wall clock of each communicator's last folded batch
+        self.reactions: deque[Reaction] = deque(maxlen=256)  # module docstring, "Instrumentation"
+        self.speculations = 0
         if self.config.gamma <= 0:
             raise ControllerError(f"the drift threshold gamma must be positive, got {self.config.gamma}")
         OverlayEWMA(2, self.config.alpha)  # checks alpha
@@ -234,6 +300,8 @@ class ScheduleManager:
                     used, unused = fold(comm, part)
                     taken += used
                     ignored += unused
+                if parts:
+                    self._ingested_at[name] = time.time()
             self.samples_taken += taken
             self.samples_ignored += ignored
         return taken
@@ -273,7 +341,50 @@ class ScheduleManager:
         for decision in self.check():
             if decision.result.flagged:
                 self.reoptimize(decision)
+            elif self.speculate is not None and decision.result.max_deviation >= self.speculate * self.config.gamma:
+                self.speculate_for(decision)
         return self.events.since(first)
+
+    def _synthesis_capacities(self, comm: _Communicator, decision: Decision) -> np.ndarray:
+        """What a re-synthesis is made for: the level EWMA's measured capacities when there is one."""
+        if comm.level is None:
+            return decision.capacities_gbps
+        with self._lock:
+            return self._measured(comm, comm.level)
+
+    def _measured_topology(self, capacities: np.ndarray) -> Topology:
+        return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
+
+    def _near(self, made_for: np.ndarray, capacities: np.ndarray) -> bool:
+        return bool(np.all(np.abs(made_for - capacities) <= self.speculate_tolerance * self._nominal))
+
+    def speculate_for(self, decision: Decision) -> bool:
+        """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
+        name, kind = decision.communicator, decision.collective
+        with self._lock:
+            comm = self._comms[name]
+            active = comm.active[kind]
+            if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+                return False
+        capacities = self._synthesis_capacities(comm, decision)
+        held = self._speculations.get((name, kind))
+        if held is not None and held.version == active.version and self._near(held.capacities, capacities):
+            return False
+        start = time.perf_counter()
+        previous = active.result if active.result is not None else active.schedule
+        try:
+            result = self._synthesize(self._measured_topology(capacities), kind, active.schedule.ranks,
+                                      previous=previous, method=self.config.methods.get(kind),
+                                      options=self.config.synth_options.get(kind))
+            validate(result.schedule, self.topology)
+        except MCCLError:  # SynthesisUnavailable / SynthesisError too: the flag's own synthesis reports it
+            return False
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._speculations[(name, kind)] = _Speculation(active.version, np.array(capacities, dtype=float), result,
+                                                            seconds, time.time())
+            self.speculations += 1
+        return True
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
@@ -284,46 +395,60 @@ class ScheduleManager:
             if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
                 return None
             active.busy = True
+            reaction = Reaction(name, kind.value, active.version, self._ingested_at.get(name), time.time())
+            self.reactions.append(reaction)
             self._event("flagged", name, kind, active.version, decision.result.max_deviation,
                         f"link {decision.result.worst_link}")
         try:
-            return self._reoptimize(name, comm, kind, active, decision)
+            return self._reoptimize(name, comm, kind, active, decision, reaction)
         finally:
             with self._lock:
                 active.busy = False
 
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
-                    decision: Decision) -> Schedule | None:
-        capacities = decision.capacities_gbps
-        if comm.level is not None:
-            with self._lock:
-                capacities = self._measured(comm, comm.level)
-        measured = self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
+                    decision: Decision, reaction: Reaction) -> Schedule | None:
+        capacities = self._synthesis_capacities(comm, decision)
+        measured = self._measured_topology(capacities)
         start = time.perf_counter()
+        reaction.synth_start = time.time()
         previous = active.result if active.result is not None else active.schedule
+        held = self._speculations.pop((name, kind), None)
+        ahead = held is not None and held.version == active.version and self._near(held.capacities, capacities)
         try:
-            result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
-                                      method=self.config.methods.get(kind),
-                                      options=self.config.synth_options.get(kind))
-            validate(result.schedule, self.topology)
+            if ahead:
+                result = held.result
+            else:
+                result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
+                                          method=self.config.methods.get(kind),
+                                          options=self.config.synth_options.get(kind))
+                validate(result.schedule, self.topology)
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))
                 log.warning("mccl controller: %s synthesis is not available (%s); keeping the current "
                             "schedules of that collective", kind.value, error)
                 self._event("unavailable", name, kind, active.version, text=str(error))
+            reaction.outcome = "unavailable"
             return None
         except (SynthesisError, MCCLError) as error:
             with self._lock:
                 self._event("failed", name, kind, active.version, text=str(error))
+            reaction.outcome = "failed"
             return None
         seconds = time.perf_counter() - start
+        reaction.synth_end, reaction.ahead = time.time(), ahead
+        reaction.ahead_synth_s = held.seconds if ahead else None
         with self._lock:
-            self._event("synthesized", name, kind, active.version, seconds)
+            self._event("synthesized", name, kind, active.version, seconds,
+                        f"ahead of the flag: {held.seconds * 1e3:.1f} ms, {(time.time() - held.at) * 1e3:.0f} ms before"
+                        if ahead else "")
+        guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured) if self.config.guard else None
+        reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
         with self._lock:
             again = self._decide(name, comm, kind, active)
             if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
+                reaction.outcome = "aborted"
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
             chosen = "candidate"
@@ -333,6 +458,7 @@ class ScheduleManager:
                 if chosen == ACTIVE:  # the flagged schedule is still predicted fastest: keep it, judged from now
                     active.cut = self._cut_on(active.schedule, measured)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
+                    reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
                                 f"guard: {dict(verdict.predicted_s)}")
                     return None
@@ -344,8 +470,9 @@ class ScheduleManager:
             schedule = result.schedule
             comm.active[kind] = self._activate(comm, schedule, result, version, measured)
             self._relearn(comm, capacities)
+            reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms; {chosen}")
+                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}")
             return schedule
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:

@@ -67,7 +67,7 @@ class ControlChannel(Protocol):
 class StoreControl:
     """A control channel over a torch.distributed Store (its own client connection)."""
 
-    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.005,
+    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.002,
                  timeout_s: float = 60.0) -> None:
         self.store = dist.PrefixStore(prefix, store.clone() if hasattr(store, "clone") else store)
         self.rank = rank
