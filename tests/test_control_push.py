@@ -72,6 +72,10 @@ def test_an_issued_version_is_pushed_to_waiting_clients_without_a_poll(service):
             kind, version, at = client.arrivals[-1]
             assert (kind, version) == ("allgather", 2) and at >= issued
         assert all(client.wait(0.05) is None for client in clients)  # nothing newer
+        delivery = next(row for row in status["deliveries"] if row["version"] == 2)
+        assert delivery["pushed_to"] == 4 and issued <= delivery["encoded_at"] <= delivery["pushed_at"]
+        reaction = status["reactions"][-1]
+        assert reaction["outcome"] == "issued" and reaction["flagged_at"] <= reaction["issued_at"] <= issued
     finally:
         for client in clients:
             client.close()

@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,9 @@ class Requests:
         self._subscribers: dict[str, dict[bytes, dict[str, int]]] = {}
         self._subscriber_count = 0
         self._changed: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # the reaction path (Fig. 13b): per version, when its reply was encoded and first pushed (wall clock)
+        self.deliveries: dict[tuple[str, str, int], dict[str, float | int | None]] = {}
+        self._deliveries_lock = threading.Lock()  # written by the refreshing thread and the socket thread
 
     def close(self) -> None:
         self._parser.close()
@@ -135,6 +139,8 @@ class Requests:
                     version = latest[0]
                     self._keep_reply(name, kind, version, encode("schedule", collective=kind.value, version=version,
                                                                  schedule=latest[1]))
+                    with self._deliveries_lock:
+                        self._delivery(name, kind, version)["encoded_at"] = time.time()
                 entry[kind] = version
             if entry or name in self._snapshot:
                 fresh[name] = entry
@@ -168,8 +174,20 @@ class Requests:
                         if frame is not None:
                             out.append((identity, frame))
                             have[kind.value] = version
+                            with self._deliveries_lock:
+                                delivery = self._delivery(name, kind, version)
+                                delivery["pushed_at"] = delivery["pushed_at"] or time.time()
+                                delivery["pushed_to"] = int(delivery["pushed_to"] or 0) + 1
         self.stats["pushes"] = self.stats.get("pushes", 0) + len(out)
         return out
+
+    def _delivery(self, name: str, kind: Collective, version: int) -> dict[str, float | int | None]:
+        key = (name, kind.value, version)
+        if key not in self.deliveries:
+            if len(self.deliveries) >= 256:  # bounded: the oldest goes
+                self.deliveries.pop(next(iter(self.deliveries)))
+            self.deliveries[key] = {"encoded_at": None, "pushed_at": None, "pushed_to": 0}
+        return self.deliveries[key]
 
     def _subscribe(self, communicator: str, identity: bytes, have: dict[str, int]) -> None:
         subscribers = self._subscribers.get(communicator)
@@ -234,7 +252,12 @@ class Requests:
                          "samples_ignored": self.manager.samples_ignored}
                 calls = {name: {str(rank): [list(row) for row in rows] for rank, rows in ranks.items()}
                          for name, ranks in self.calls().items()}
-                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls)
+                reactions = [dataclasses.asdict(item) for item in list(self.manager.reactions)]
+                with self._deliveries_lock:
+                    deliveries = [{"communicator": name, "collective": kind, "version": version, **row}
+                                  for (name, kind, version), row in self.deliveries.items()]
+                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls,
+                              reactions=finite_or_none(reactions), deliveries=finite_or_none(deliveries))
             if op == "stop":
                 self._on_stop()
                 return encode("ok")

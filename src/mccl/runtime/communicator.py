@@ -85,6 +85,9 @@ class Communicator(Collectives):
         self._local = LocalScheduleSource()
         self._source = source
         self.swaps: list[SwapRecord] = []
+        # (seq, wall clock, {collective: version}) of each launch that first ran an adopted version (the last of
+        # the reaction path, Fig. 13b: the first collective launched on the new version)
+        self.switches: collections.deque[tuple[int, float, dict[str, int]]] = collections.deque(maxlen=256)
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         self.controller_lost = False
         self.broken: str | None = None  # why the transport group broke (a peer lost), once it has
@@ -224,7 +227,9 @@ class Communicator(Collectives):
             self._seq += 1
             seq = self._seq
             while self._pending and seq > self._pending[0][0]:
-                self._installed.update(self._pending.pop(0)[1])
+                changes = self._pending.pop(0)[1]
+                self._installed.update(changes)
+                self.switches.append((seq, time.time(), {kind.value: item.version for kind, item in changes.items()}))
             installed = self._installed.get(kind) if kind is not None else None
             self.history.append((seq, kind.value if kind is not None else None,
                                  installed.version if installed is not None else None))
