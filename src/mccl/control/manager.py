@@ -125,6 +125,7 @@ class Reaction:
     synth_end: float | None = None
     ahead: bool = False
     ahead_synth_s: float | None = None  # the synthesis made ahead of the flag
+    synth_cpu_s: float | None = None  # CPU time of this thread during synthesis (wall ≫ CPU: starved, not slow)
     guard_s: float | None = None
     issued_at: float | None = None
     issued_version: int | None = None
@@ -409,7 +410,7 @@ class ScheduleManager:
                     decision: Decision, reaction: Reaction) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
         measured = self._measured_topology(capacities)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         previous = active.result if active.result is not None else active.schedule
         held = self._speculations.pop((name, kind), None)
@@ -436,7 +437,7 @@ class ScheduleManager:
             reaction.outcome = "failed"
             return None
         seconds = time.perf_counter() - start
-        reaction.synth_end, reaction.ahead = time.time(), ahead
+        reaction.synth_end, reaction.ahead, reaction.synth_cpu_s = time.time(), ahead, time.thread_time() - cpu
         reaction.ahead_synth_s = held.seconds if ahead else None
         with self._lock:
             self._event("synthesized", name, kind, active.version, seconds,

@@ -89,6 +89,9 @@ class DemoConfig:
     check_interval_s: float = 0.01
     client_interval_s: float = 0.1
     swap_poll_s: float = 0.05
+    # False: the swap thread polls the client every swap_poll_s instead of waiting for a push (the path before
+    # issue 15's pushes, kept for the A/B of benchmarks/reaction.py)
+    push: bool = True
     timeout_s: float = 300.0
 
     @classmethod

@@ -54,7 +54,8 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
                 clients[kind].register(schedule)
         dist.barrier()
         for kind, text in schedules.items():
-            comms[kind] = init(groups[kind], clients[kind], topology=topology, schedules=[loads_schedule(text)],
+            source = clients[kind] if config.push else _PollOnly(clients[kind])
+            comms[kind] = init(groups[kind], source, topology=topology, schedules=[loads_schedule(text)],
                                sink=_RecordingSink(clients[kind], kind, kept), name=COMMUNICATORS[kind],
                                telemetry=TelemetryConfig(flush_interval_s=0.02), poll_s=config.swap_poll_s)
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
@@ -72,6 +73,17 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
             comm.close()
         for client in clients.values():
             client.close()
+
+
+class _PollOnly:
+    """The client as a source that can only be polled (``DemoConfig.push`` False): the swap thread asks every
+    ``swap_poll_s``, as before pushes."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def poll(self) -> Any:
+        return self.client.poll()
 
 
 class _NetemuFault:

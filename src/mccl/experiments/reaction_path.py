@@ -4,7 +4,8 @@ Every mark is a wall-clock time on this one machine (the controller's and every 
 subtract. For the first flag after a fabric change, the terms (ms), in order:
 
 ``decision``      the telemetry batch folded last before the flag arrived → the flag (the drift test's tick)
-``synthesis``     the flag → the candidate (≈ 0 when it was synthesized ahead of the flag; ``ahead``)
+``synthesis``     the flag → the candidate (≈ 0 when it was synthesized ahead of the flag; ``ahead``);
+                  ``synthesis_cpu``: the controller thread's CPU time in it (wall ≫ CPU: it waited for a core)
 ``guard``         the never-worse comparison
 ``issue``         flag → issued (synthesis, guard, validation, the manager's lock)
 ``encode``        issued → the schedule reply encoded
@@ -35,7 +36,7 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, Any]:
     """The terms above (ms; None where a mark is missing) for the first flag of ``kind`` after the change that
     opened ``phase`` (the fault, or "restored": the repair), with ``version`` (the issued one) and ``ahead``."""
-    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead"))
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu"))
     changed = report.degraded_at if phase == "degraded" else report.restored_at
     if changed is None:
         return out
@@ -49,7 +50,8 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     flagged, issued, version = reaction["flagged_at"], reaction["issued_at"], reaction["issued_version"]
     out.update(version=version, ahead=reaction["ahead"], decision=_ms(flagged, reaction["evidence_at"]),
                synthesis=_ms(reaction["synth_end"], reaction["synth_start"]),
-               guard=None if reaction["guard_s"] is None else reaction["guard_s"] * 1e3, issue=_ms(issued, flagged))
+               guard=None if reaction["guard_s"] is None else reaction["guard_s"] * 1e3, issue=_ms(issued, flagged),
+               synthesis_cpu=None if reaction.get("synth_cpu_s") is None else reaction["synth_cpu_s"] * 1e3)
     delivery = next((d for d in trace.get("deliveries", []) if d["communicator"] == communicator
                      and d["collective"] == kind and d["version"] == version), None)
     if delivery is not None:
