@@ -46,24 +46,8 @@ decision, and a degradation that starts inside that window is measured relative 
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
 
-Synthesis ahead of the flag (issue 15, the reaction path). A schedule whose drift test is not flagged
-yet but whose max δ has reached ``speculate`` × Γ is drifting: the manager synthesizes for the measured
-topology now, on its check thread, and keeps the result (counted in ``speculations``). When the flag comes and
-the measured capacities are still within ``speculate_tolerance`` × nominal of those it synthesized for
-(every link), that result is the candidate and synthesis leaves the path from detection to the swap
-(event "synthesized" with the seconds this decision spent on it, ~0, and "ahead of the flag" in its
-text); otherwise it synthesizes as before. A drift that keeps moving is re-speculated once it leaves the
-tolerance. Why a tolerance and not equality: the EWMA moves by α × the gap with every sample, so the
-capacities at the flag are never exactly those of the check before; a 10 % of nominal band is the
-telemetry's own noise here, and the guard still compares the candidate on the capacities measured
-at the flag. What it costs: one synthesis per drifting schedule per tolerance band crossed, on the
-check thread (a microburst that crosses ``speculate`` × Γ and clears costs one synthesis, no swap).
-
-Instrumentation of the reaction path (Fig. 13b): besides the events, every flag leaves one
-:class:`Reaction` in ``ScheduleManager.reactions`` (bounded; wall-clock times): when the telemetry
-batch folded last before the flag arrived, the flag, synthesis start and end (and whether it was
-made ahead of the flag), the guard's seconds, the issue. Kept apart from the event log, whose
-sequence of kinds other code and tests read. Speculations are counted in ``speculations``.
+Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
+:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
 
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
@@ -79,12 +63,12 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
+from mccl.control.ahead import Reaction, Speculations
 from mccl.control.config import ControlConfig
 from mccl.control.drift import (
     CutProfile,
@@ -110,39 +94,6 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-@dataclass
-class Reaction:
-    """One flag's way to an issued version (wall clock, s since the epoch; None: not reached). ``evidence_at``:
-    when the telemetry batch folded last before the flag arrived; ``ahead``: the candidate was synthesized
-    before the flag (module docstring); ``outcome``: issued, kept, aborted, failed or unavailable."""
-
-    communicator: str
-    collective: str
-    version: int  # the flagged one
-    evidence_at: float | None
-    flagged_at: float
-    synth_start: float | None = None
-    synth_end: float | None = None
-    ahead: bool = False
-    ahead_synth_s: float | None = None  # the synthesis made ahead of the flag
-    synth_cpu_s: float | None = None  # CPU time of this thread during synthesis (wall ≫ CPU: starved, not slow)
-    guard_s: float | None = None
-    issued_at: float | None = None
-    issued_version: int | None = None
-    outcome: str = ""
-
-
-@dataclass(frozen=True)
-class _Speculation:
-    """A synthesis made ahead of the flag (module docstring): for ``version`` on ``capacities``."""
-
-    version: int
-    capacities: np.ndarray
-    result: SynthesisResult
-    seconds: float
-    at: float  # wall clock, when it was done
-
-
 class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
@@ -158,14 +109,10 @@ class ScheduleManager:
         self.config = config or ControlConfig()
         if speculate is not None and not (isinstance(speculate, int | float) and 0 < speculate < 1):
             raise ControllerError(f"speculate must be None or a fraction of gamma in (0, 1), got {speculate!r}")
-        if not (isinstance(speculate_tolerance, int | float) and 0 <= speculate_tolerance < 1):
-            raise ControllerError(f"speculate_tolerance must be in [0, 1), got {speculate_tolerance!r}")
         self.speculate = speculate
-        self.speculate_tolerance = float(speculate_tolerance)
-        self._speculations: dict[tuple[str, Collective], _Speculation] = {}
+        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance)
         self._ingested_at: dict[str, float] = {}  # wall clock of each communicator's last folded batch
-        self.reactions: deque[Reaction] = deque(maxlen=256)  # module docstring, "Instrumentation"
-        self.speculations = 0
+        self.reactions = Reaction.log()  # one per flag (mccl.control.ahead)
         if self.config.gamma <= 0:
             raise ControllerError(f"the drift threshold gamma must be positive, got {self.config.gamma}")
         OverlayEWMA(2, self.config.alpha)  # checks alpha
@@ -356,8 +303,10 @@ class ScheduleManager:
     def _measured_topology(self, capacities: np.ndarray) -> Topology:
         return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
 
-    def _near(self, made_for: np.ndarray, capacities: np.ndarray) -> bool:
-        return bool(np.all(np.abs(made_for - capacities) <= self.speculate_tolerance * self._nominal))
+    @property
+    def speculations(self) -> int:
+        """Syntheses made ahead of a flag so far."""
+        return self._speculations.made
 
     def speculate_for(self, decision: Decision) -> bool:
         """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
@@ -368,8 +317,7 @@ class ScheduleManager:
             if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
                 return False
         capacities = self._synthesis_capacities(comm, decision)
-        held = self._speculations.get((name, kind))
-        if held is not None and held.version == active.version and self._near(held.capacities, capacities):
+        if not self._speculations.wanted((name, kind), active.version, capacities):
             return False
         start = time.perf_counter()
         previous = active.result if active.result is not None else active.schedule
@@ -382,9 +330,7 @@ class ScheduleManager:
             return False
         seconds = time.perf_counter() - start
         with self._lock:
-            self._speculations[(name, kind)] = _Speculation(active.version, np.array(capacities, dtype=float), result,
-                                                            seconds, time.time())
-            self.speculations += 1
+            self._speculations.keep((name, kind), active.version, capacities, result, seconds)
         return True
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
@@ -413,8 +359,8 @@ class ScheduleManager:
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         previous = active.result if active.result is not None else active.schedule
-        held = self._speculations.pop((name, kind), None)
-        ahead = held is not None and held.version == active.version and self._near(held.capacities, capacities)
+        held = self._speculations.take((name, kind), active.version, capacities)
+        ahead = held is not None
         try:
             if ahead:
                 result = held.result
