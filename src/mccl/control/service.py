@@ -236,11 +236,15 @@ class ControllerService:
     def _run_step(self) -> None:
         try:
             self.stats["checks"] += 1
-            self.manager.step()
-            if self.requests.refresh(self.requests.known()):
-                self._wake()  # push the new version now, not after the socket thread's next poll timeout
+            self.manager.step(on_issue=self._publish)
+            self._publish()
         except Exception:  # a bug in a check must not stop the service; it is logged
             log.exception("mccl controller: drift check failed")
+
+    def _publish(self) -> None:
+        """Refresh the snapshot; a changed version is pushed at once (not after the socket thread's poll timeout)."""
+        if self.requests.refresh(self.requests.known()):
+            self._wake()
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # the pipe is full: the socket thread is waking anyway
