@@ -53,6 +53,7 @@ Which path ran each call: a telemetry message may carry a rank's call totals (``
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import queue
@@ -139,6 +140,8 @@ class ControllerService:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-synth")
         self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-register")
         self._results: queue.SimpleQueue[tuple[bytes, bytes | None]] = queue.SimpleQueue()
+        # ScheduleManager.step calls back after each issued version (pushed at once); not every manager's does
+        self._step_hands_on = "on_issue" in inspect.signature(manager.step).parameters
         self._pending = 0
         self._step: Future | None = None
         self._thread: threading.Thread | None = None
@@ -236,7 +239,10 @@ class ControllerService:
     def _run_step(self) -> None:
         try:
             self.stats["checks"] += 1
-            self.manager.step(on_issue=self._publish)
+            if self._step_hands_on:
+                self.manager.step(on_issue=self._publish)
+            else:  # a manager of another kind (time sharing's TenancyManager): refresh after its whole step
+                self.manager.step()
             self._publish()
         except Exception:  # a bug in a check must not stop the service; it is logged
             log.exception("mccl controller: drift check failed")
