@@ -101,7 +101,8 @@ def _hotswap(rank, n, controller_address):
     for i in range(3):
         exact &= _check_ag(comm, rank, n, 100 + i)
     record = comm.swaps[0]
-    report["stream"] = (exact, record.switch_after, record.adopted, list(comm.history), record.oob_s, record.total_s)
+    report["stream"] = (exact, record.switch_after, record.adopted, list(comm.history), record.oob_s, record.total_s,
+                        list(comm.switches), record.started_at)
     # swaps back to back, chunk counts changing each time, collectives flowing throughout
     for version in range(2, 6):  # odd versions as schedule-file text: the swap thread parses them
         staged = naive_ring(topology, "allgather", chunks=version).with_meta(version=version)
@@ -201,13 +202,16 @@ def test_swap_mid_stream_switches_at_one_point_on_every_rank(reports):
     assert len(points) == 1
     switch_after = points.pop()
     for report in reports:
-        exact, _k, adopted, history, oob_s, total_s = report["stream"]
+        exact, _k, adopted, history, oob_s, total_s, switches, started_at = report["stream"]
         assert exact
         assert adopted == (("allgather", 1),)
         versions = [version for seq, _kind, version in history]
         assert versions == [0 if seq <= switch_after else 1 for seq, _kind, _v in history]
         assert [seq for seq, _kind, _v in history] == list(range(1, len(history) + 1))  # none dropped or duplicated
         assert 0 < oob_s <= total_s
+        # the reaction path's last mark: the first launch on the adopted version, after the round began
+        assert switches[0][0] == switch_after + 1 and switches[0][2] == {"allgather": 1}
+        assert 0 < started_at < switches[0][1]
     assert switch_after >= 4 + 3 * (N - 1)  # not before the last rank was asked
 
 

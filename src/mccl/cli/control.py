@@ -15,7 +15,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from mccl.cli.common import FiniteFloat, console, format_size, load_topology_arg
+from mccl.cli.common import FiniteFloat, console, load_topology_arg
 
 __all__ = ["controller_command", "controller_status_command", "demo_command"]
 
@@ -120,68 +120,24 @@ def print_calls(calls: dict) -> None:
 @click.option("--fabric", type=click.Choice(["netemu", "pacer"]), default="netemu", show_default=True,
               help="netemu: network namespaces + tc-shaped veths, 8 ranks on 2 hosts, AllGather + AllToAll (needs root "
                    "and iproute2; without them one line says so and the pacer runs); pacer: in-process paced sends")
-@click.option("--out", default="plots", show_default=True, help="netemu: directory of the timeline PNG")
+@click.option("--out", default="plots", show_default=True, help="directory of the timeline PNG")
 def demo_command(ranks: str, quick: bool, alpha: float | None, gamma: float | None, fabric: str, out: str) -> None:
     """The closed loop live: gloo ranks run collectives, a NIC degrades, the controller re-synthesizes."""
     from mccl.experiments.demo import DemoConfig, run_demo
+    from mccl.experiments.netemu.present import live_row, plot_timeline, print_summary
 
     if fabric == "netemu":
         from mccl.experiments.netemu.present import run_and_print
 
         if run_and_print(console, quick=quick, alpha=alpha, gamma=gamma, out=out):
             return
-    alpha, gamma = 0.5 if alpha is None else alpha, 0.2 if gamma is None else gamma
-
-    config = DemoConfig(ranks=int(ranks), alpha=alpha, gamma=gamma,
-                        **({"healthy": 10, "after_swap": 5, "max_collectives": 40} if quick else {}))
-    report = run_demo(config, progress=lambda text: console.print(Text(text, style="dim")))
-    _print_report(report)
-
-
-def _print_report(report) -> None:  # noqa: ANN001 - mccl.experiments.demo.DemoReport, imported lazily
-    config = report.config
-    versions = {swap.switch_after: swap for swap in report.swaps}
-    table = Table(title=f"AllGather {format_size(config.size_bytes)} per rank, {config.ranks} ranks on "
-                        f"{config.topology_spec} (emulated at 1/{config.fabric_scale:g} speed)")
-    for column in ("seq", "t (s)", "version", "time (ms)", "algbw (GB/s)", "vs torch", "note"):
-        table.add_column(column, justify="left" if column == "note" else "right")
-    start = report.records[0].start
-    previous = None
-    for record in report.records:
-        notes = []
-        if record.degraded and (previous is None or not previous.degraded):
-            notes.append(f"rank 0's NIC (gpu0 -> tor0.0) degraded to {config.degraded_gbps:g} Gbit/s")
-        if previous is not None and record.version != previous.version:
-            swap = versions.get(previous.seq)
-            notes.append(f"swapped to v{record.version} (K={previous.seq}"
-                         + (f", OOB {swap.oob_s * 1e3:.1f} ms)" if swap else ")"))
-        table.add_row(str(record.seq), f"{record.start - start:.2f}", f"v{record.version}", f"{record.seconds * 1e3:.1f}",
-                      f"{record.algbw_gbs:.4f}", "exact" if record.correct else Text("WRONG", style="red"), "; ".join(notes))
-        previous = record
-    console.print(table)
-    for event in report.events:
-        if event["kind"] == "registered":
-            continue
-        when = event["time"] - report.degraded_at
-        console.print(f"  controller {when * 1e3:+8.1f} ms  {event['kind']:<11} v{event['version']}  "
-                      + (f"max δ {event['value']:.2f} ({event['text']})" if event["kind"] == "flagged" else
-                         f"{event['value'] * 1e3:.1f} ms" if event["kind"] in ("synthesized", "aborted") else
-                         f"{event['value']:.1f} GB/s on the measured topology" if event["kind"] == "issued" else
-                         event["text"]))
-    healthy, degraded, recovered = (report.median_algbw(phase) for phase in ("healthy", "degraded", "recovered"))
-
-    def show(value: float | None) -> str:
-        return "-" if value is None else f"{value:.4f} GB/s"
-
-    console.print(f"detection {_ms(report.detection_s)} after the degradation, first synthesis {_ms(report.synthesis_s)}, "
-                  f"first new version issued {_ms(report.issued_s)} and running {_ms(report.activated_s)} after it")
-    console.print(f"median algbw: healthy {show(healthy)}, degraded {show(degraded)}, recovered {show(recovered)}"
-                  + (f" ({recovered / degraded:.2f}x the degraded)" if recovered and degraded else ""))
-    stats = report.controller_stats
-    console.print(Text.assemble(f"telemetry: {stats.get('samples', 0)} samples in {stats.get('telemetry_messages', 0)} "
-                                f"messages, {stats.get('telemetry_dropped', 0)} dropped; every result ",
-                                "equal to torch's" if report.all_correct else ("NOT equal to torch's", "red")))
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.1f} ms"
+    knobs = {key: value for key, value in (("alpha", alpha), ("gamma", gamma)) if value is not None}
+    if quick:
+        knobs.update(healthy=10, after_swap=5, max_degraded=30)
+    config = DemoConfig.pacer(int(ranks), **knobs)
+    console.print(Text(f"pacer: {config.ranks} ranks on {config.topology_spec}, rank {config.fault_rank}'s NIC (gpu0 -> "
+                       f"tor0.0) degraded to {config.fault_factor:g} of its rate (transmit side) after "
+                       f"{config.healthy} collectives", style="dim"))
+    report = run_demo(config, progress=lambda text: console.print(Text(text, style="dim")), on_collective=live_row(console))
+    print_summary(console, report)
+    console.print(f"timeline: {plot_timeline(report, out, 'pacer_demo')}")

@@ -7,13 +7,22 @@ imports neither torch nor the runtime. One client per rank and communicator.
 
 * ``submit`` never blocks: a batch that the telemetry socket cannot take at once
   (queue full, controller not connected) is dropped and counted (``dropped``).
-* ``poll`` never blocks: it reads the reply to its previous request, and sends a
-  new request at most every ``interval_s``. A request unanswered for ``timeout_s``
+* ``poll`` never blocks: it reads the reply to its previous request (or a version the
+  service pushed) and sends a new request. A request unanswered for ``timeout_s``
   raises :class:`~mccl.errors.ControllerError` — the runtime then keeps its last
   schedule (fail-static), as it does for every later call. A request that cannot
   go out (not connected yet) is not counted as sent: the next poll sends it again,
   and only ``timeout_s`` of that raises too (before, a first poll that raced the
   connection waited out the whole timeout for a reply that could never come).
+* ``wait(timeout_s)`` is the pushed path (what the runtime's swap thread uses when its
+  source has it): it blocks, idle, on the request socket until a frame arrives or the
+  timeout passes, and asks (a poll) at most every ``interval_s``. The service remembers
+  each polling socket and pushes a new version to it the moment it is issued
+  (:mod:`.service`), so a version reaches the rank one message after the issue instead
+  of on the poll after the one that asked (dispatch was ≤ 2 poll periods, and 16 ranks
+  polling every 5 ms cost the controller 3200 requests a second). The poll stays: it
+  subscribes the socket, carries the versions the rank has (a push it missed is answered
+  by the next one), and detects a lost controller as before.
 * A controller declared lost is asked again every ``timeout_s`` by later polls (which
   keep raising until it answers); once it answers, the client recovers: ``poll()``
   returns normally again (``recoveries`` counts it).
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +75,10 @@ class ControllerClient:
         self._telemetry_lock = threading.Lock()
         self._request_lock = threading.Lock()
         self._sent_at: float | None = None  # when the unanswered request went out
+        self._asked_at: float | None = None  # when the last request went out (wait() asks every interval_s)
+        # when each version arrived here (wall clock, the controller's events are on the same clock): the
+        # dispatch term of the reaction time (Fig. 13b); the newest few only
+        self.arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)
         self._unsent_since: float | None = None  # since when a request could not go out (not connected)
         self._lost: str | None = None
         self._closed = False
@@ -119,35 +133,64 @@ class ControllerClient:
     # ---- ScheduleSource ----------------------------------------------------------------------
     def poll(self) -> Schedule | None:
         with self._request_lock:
-            if self._closed:
-                raise ControllerError("the controller client was closed")
-            found: Schedule | None = None
-            while found is None:
+            return self._poll(0.0)
+
+    def wait(self, timeout_s: float) -> Schedule | None:
+        """A new version, waiting idle up to ``timeout_s`` for one (pushed, or the answer to a poll); None if
+        none came. Asks at most every ``interval_s``; raises :class:`ControllerError` as :meth:`poll` does."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self._request_lock:
+            while True:
                 try:
-                    frame = self._requests.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._sent_at = None
-                if self._lost is not None:  # it answers again: recovered
-                    self._lost = None
-                    self.recoveries += 1
-                found = self._take(decode(frame))
-            now = time.monotonic()
-            if self._lost is not None:
-                if self._sent_at is not None and now - self._sent_at > self.timeout_s:
-                    self._sent_at = None  # ask again: a controller that was slow or restarted may answer it
-                if self._sent_at is None:
-                    self._send_poll(now)
-                raise ControllerError(self._lost)
+                    found = self._poll(self.interval_s)
+                except ControllerError:  # lost: idle out the wait (a caller looping on this must not spin)
+                    if not self._closed:
+                        self._requests.poll(max(int((deadline - time.monotonic()) * 1e3), 0), zmq.POLLIN)
+                    raise
+                if found is not None:
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if self._asked_at is None:  # the first request could not go out yet (not connected): retry soon
+                    remaining = min(remaining, 0.01)
+                else:  # wake up to ask again on time
+                    remaining = min(remaining, max(self._asked_at + self.interval_s - time.monotonic(), 0.001))
+                self._requests.poll(max(int(remaining * 1e3), 1), zmq.POLLIN)
+
+    def _poll(self, ask_every_s: float) -> Schedule | None:
+        """One non-blocking round (the caller holds the request lock): read what arrived, ask again when
+        nothing is outstanding and ``ask_every_s`` has passed since the last request."""
+        if self._closed:
+            raise ControllerError("the controller client was closed")
+        found: Schedule | None = None
+        while found is None:
+            try:
+                frame = self._requests.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._sent_at = None
+            if self._lost is not None:  # it answers again: recovered
+                self._lost = None
+                self.recoveries += 1
+            found = self._take(decode(frame))
+        now = time.monotonic()
+        if self._lost is not None:
             if self._sent_at is not None and now - self._sent_at > self.timeout_s:
-                self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s{self._hint()}"
-                raise ControllerError(self._lost)
-            unsent = self._sent_at is None and found is None and not self._send_poll(now)
-            if unsent and now - self._unsent_since > self.timeout_s:
-                self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
-                              f"(not connected){self._hint()}")
-                raise ControllerError(self._lost)
-            return found
+                self._sent_at = None  # ask again: a controller that was slow or restarted may answer it
+            if self._sent_at is None:
+                self._send_poll(now)
+            raise ControllerError(self._lost)
+        if self._sent_at is not None and now - self._sent_at > self.timeout_s:
+            self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s{self._hint()}"
+            raise ControllerError(self._lost)
+        due = self._asked_at is None or now - self._asked_at >= ask_every_s
+        unsent = self._sent_at is None and found is None and due and not self._send_poll(now)
+        if unsent and now - self._unsent_since > self.timeout_s:
+            self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
+                          f"(not connected){self._hint()}")
+            raise ControllerError(self._lost)
+        return found
 
     def _send_poll(self, now: float) -> bool:
         """Send a poll request; False (and the time since when) if it cannot go out (not connected)."""
@@ -158,7 +201,7 @@ class ControllerClient:
             if self._unsent_since is None:
                 self._unsent_since = now
             return False
-        self._sent_at, self._unsent_since = now, None
+        self._sent_at, self._unsent_since, self._asked_at = now, None, now
         return True
 
     def _hint(self) -> str:
@@ -178,6 +221,7 @@ class ControllerClient:
             raise ControllerError(f"the controller sent an unreadable schedule: {error}") from None
         self.have[str(reply["collective"])] = version
         self.received += 1
+        self.arrivals.append((str(reply["collective"]), version, time.time()))
         return schedule
 
     # ---- set-up and operators -------------------------------------------------------------------

@@ -46,6 +46,9 @@ decision, and a degradation that starts inside that window is measured relative 
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
 
+Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
+:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
+
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
 the job's size on the measured topology and the fastest is kept — the active one ("kept":
@@ -65,6 +68,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from mccl.control.ahead import Reaction, Speculations
 from mccl.control.config import ControlConfig
 from mccl.control.drift import (
     CutProfile,
@@ -85,7 +89,7 @@ from mccl.synth import SynthesisResult, optimize
 from mccl.telemetry import Sample
 from mccl.topology import Topology
 
-__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision"]
+__all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision", "Reaction"]
 
 log = logging.getLogger("mccl.control")
 
@@ -94,11 +98,21 @@ class ScheduleManager:
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
-                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None) -> None:
+                 synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None,
+                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1) -> None:
         """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
-        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator)."""
+        guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator). ``speculate``:
+        the fraction of Γ at which a drifting schedule is synthesized ahead of its flag (None: never);
+        ``speculate_tolerance``: how far (× nominal, per link) the capacities at the flag may be from those
+        it was made for (module docstring)."""
         self.topology = topology
         self.config = config or ControlConfig()
+        if speculate is not None and not (isinstance(speculate, int | float) and 0 < speculate < 1):
+            raise ControllerError(f"speculate must be None or a fraction of gamma in (0, 1), got {speculate!r}")
+        self.speculate = speculate
+        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance)
+        self._ingested_at: dict[str, float] = {}  # wall clock of each communicator's last folded batch
+        self.reactions = Reaction.log()  # one per flag (mccl.control.ahead)
         if self.config.gamma <= 0:
             raise ControllerError(f"the drift threshold gamma must be positive, got {self.config.gamma}")
         OverlayEWMA(2, self.config.alpha)  # checks alpha
@@ -235,6 +249,8 @@ class ScheduleManager:
                     used, unused = fold(comm, part)
                     taken += used
                     ignored += unused
+                if parts:
+                    self._ingested_at[name] = time.time()
             self.samples_taken += taken
             self.samples_ignored += ignored
         return taken
@@ -269,13 +285,61 @@ class ScheduleManager:
                         decisions.append(self._decide(name, comm, kind, active))
         return decisions
 
-    def step(self) -> list[Event]:
-        """Check every schedule; re-synthesize the flagged ones (synchronously); the events of this step."""
+    def step(self, on_issue: Callable[[], None] | None = None) -> list[Event]:
+        """Check every schedule; re-synthesize the flagged ones (synchronously), then synthesize ahead for the
+        drifting ones; the events of this step. ``on_issue()`` is called after each issued version, before
+        anything else of the step (the service pushes it to the ranks then: measured, a speculation for
+        another collective in the same step held a push back 38 ms)."""
         first = self.events.total
-        for decision in self.check():
-            if decision.result.flagged:
-                self.reoptimize(decision)
+        decisions = self.check()
+        for decision in decisions:
+            if decision.result.flagged and self.reoptimize(decision) is not None and on_issue is not None:
+                on_issue()
+        for decision in decisions:
+            if (not decision.result.flagged and self.speculate is not None
+                    and decision.result.max_deviation >= self.speculate * self.config.gamma):
+                self.speculate_for(decision)
         return self.events.since(first)
+
+    def _synthesis_capacities(self, comm: _Communicator, decision: Decision) -> np.ndarray:
+        """What a re-synthesis is made for: the level EWMA's measured capacities when there is one."""
+        if comm.level is None:
+            return decision.capacities_gbps
+        with self._lock:
+            return self._measured(comm, comm.level)
+
+    def _measured_topology(self, capacities: np.ndarray) -> Topology:
+        return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
+
+    @property
+    def speculations(self) -> int:
+        """Syntheses made ahead of a flag so far."""
+        return self._speculations.made
+
+    def speculate_for(self, decision: Decision) -> bool:
+        """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
+        name, kind = decision.communicator, decision.collective
+        with self._lock:
+            comm = self._comms[name]
+            active = comm.active[kind]
+            if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+                return False
+        capacities = self._synthesis_capacities(comm, decision)
+        if not self._speculations.wanted((name, kind), active.version, capacities):
+            return False
+        start = time.perf_counter()
+        previous = active.result if active.result is not None else active.schedule
+        try:
+            result = self._synthesize(self._measured_topology(capacities), kind, active.schedule.ranks,
+                                      previous=previous, method=self.config.methods.get(kind),
+                                      options=self.config.synth_options.get(kind))
+            validate(result.schedule, self.topology)
+        except MCCLError:  # SynthesisUnavailable / SynthesisError too: the flag's own synthesis reports it
+            return False
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._speculations.keep((name, kind), active.version, capacities, result, seconds)
+        return True
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
@@ -286,27 +350,32 @@ class ScheduleManager:
             if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
                 return None
             active.busy = True
+            reaction = Reaction(name, kind.value, active.version, self._ingested_at.get(name), time.time())
+            self.reactions.append(reaction)
             self._event("flagged", name, kind, active.version, decision.result.max_deviation,
                         f"link {decision.result.worst_link}")
         try:
-            return self._reoptimize(name, comm, kind, active, decision)
+            return self._reoptimize(name, comm, kind, active, decision, reaction)
         finally:
             with self._lock:
                 active.busy = False
 
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
-                    decision: Decision) -> Schedule | None:
-        capacities = decision.capacities_gbps
-        if comm.level is not None:
-            with self._lock:
-                capacities = self._measured(comm, comm.level)
-        measured = self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
-        start = time.perf_counter()
+                    decision: Decision, reaction: Reaction) -> Schedule | None:
+        capacities = self._synthesis_capacities(comm, decision)
+        measured = self._measured_topology(capacities)
+        start, cpu = time.perf_counter(), time.thread_time()
+        reaction.synth_start = time.time()
         previous = active.result if active.result is not None else active.schedule
+        held = self._speculations.take((name, kind), active.version, capacities)
+        ahead = held is not None
         try:
-            result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
-                                      method=self.config.methods.get(kind),
-                                      options=self.config.synth_options.get(kind))
+            if ahead:
+                result = held.result
+            else:
+                result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
+                                          method=self.config.methods.get(kind),
+                                          options=self.config.synth_options.get(kind))
             prepared = prepare_update(active.schedule, result, self.topology)  # validated where it changed
         except SynthesisUnavailable as error:
             with self._lock:
@@ -314,18 +383,27 @@ class ScheduleManager:
                 log.warning("mccl controller: %s synthesis is not available (%s); keeping the current "
                             "schedules of that collective", kind.value, error)
                 self._event("unavailable", name, kind, active.version, text=str(error))
+            reaction.outcome = "unavailable"
             return None
         except (SynthesisError, MCCLError) as error:
             with self._lock:
                 self._event("failed", name, kind, active.version, text=str(error))
+            reaction.outcome = "failed"
             return None
         seconds = time.perf_counter() - start
+        reaction.synth_end, reaction.ahead, reaction.synth_cpu_s = time.time(), ahead, time.thread_time() - cpu
+        reaction.ahead_synth_s = held.seconds if ahead else None
         with self._lock:
-            self._event("synthesized", name, kind, active.version, seconds)
+            self._event("synthesized", name, kind, active.version, seconds,
+                        f"ahead of the flag: {held.seconds * 1e3:.1f} ms, {(time.time() - held.at) * 1e3:.0f} ms before"
+                        if ahead else "")
+        guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured) if self.config.guard else None
+        reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
         with self._lock:
             again = self._decide(name, comm, kind, active)
             if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
+                reaction.outcome = "aborted"
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
             chosen = "candidate"
@@ -336,6 +414,7 @@ class ScheduleManager:
                     # active one experiences (guard.py): keep it, judged from now
                     active.cut = self._cut_on(active.schedule, measured)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
+                    reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
                                 f"guard: {dict(verdict.predicted_s)}" + (
                                     "" if verdict.trusted else f"; unexplained ({verdict.explained:.3f})"))
@@ -351,8 +430,9 @@ class ScheduleManager:
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
                                                prepared=prepared if chosen == "candidate" else None)
             self._relearn(comm, capacities)
+            reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms; {chosen}")
+                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}")
             return schedule
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:

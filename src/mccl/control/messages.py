@@ -17,6 +17,12 @@ a ``register`` also parses, validates and prepares the schedule (:mod:`.prepared
 poll reply that serves it; the manager takes the prepared pieces instead of computing them
 (``ScheduleManager.register(prepared=)``), and the service never needs the schedule's text.
 
+Pushes. A poll also subscribes the socket that sent it (its ZeroMQ identity, with the versions it
+said it has; at most ``max_subscribers`` in all, beyond that a socket is only answered): when a
+refresh puts a newer version of a communicator in the snapshot, :meth:`Requests.pushes` gives the
+socket thread that version's encoded reply for every subscriber that lacks it — the version reaches
+the ranks one message after it is issued, not on their next poll.
+
 Polls are answered from a snapshot of the active versions (:meth:`Requests.refresh`,
 called off the socket thread after every change), so the socket thread never waits for
 the manager's lock. A ``schedule`` reply is encoded once per version and kept (``json.dumps`` of
@@ -28,7 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +75,7 @@ class Limits:
     subprocess_bytes: int = 1 << 20  # larger frames are decoded in the parser process
     max_ingest_backlog: int = 256  # telemetry batches waiting for the ingest thread; more are dropped
     max_call_rows: int = 1 << 20  # call-total rows kept in all
+    max_subscribers: int = 1 << 16  # polling sockets remembered for pushes, in all
 
 
 def looks_heavy(frame: bytes | memoryview, limits: Limits) -> bool:
@@ -97,6 +106,14 @@ class Requests:
         self._calls: dict[str, dict[int, list[tuple[str, str, int | None, int]]]] = {}
         self._call_rows = 0  # rows kept in all (bounded by max_call_rows)
         self._calls_lock = threading.Lock()  # the heavy-message thread may take a large telemetry message
+        # pushes (module docstring): {communicator: {identity: versions it has}}, touched by the socket thread only;
+        # communicators whose snapshot changed, queued by whichever thread refreshed
+        self._subscribers: dict[str, dict[bytes, dict[str, int]]] = {}
+        self._subscriber_count = 0
+        self._changed: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # the reaction path (Fig. 13b): per version, when its reply was encoded and first pushed (wall clock)
+        self.deliveries: dict[tuple[str, str, int], dict[str, float | int | None]] = {}
+        self._deliveries_lock = threading.Lock()  # written by the refreshing thread and the socket thread
 
     def close(self) -> None:
         self._parser.close()
@@ -105,10 +122,11 @@ class Requests:
         """The communicators the snapshot covers: registered or polled here."""
         return list(self.communicators | self._watched)
 
-    def refresh(self, communicators: list[str]) -> None:
+    def refresh(self, communicators: list[str]) -> bool:
         """Re-read the active versions of ``communicators`` into the snapshot (off the socket thread), each
         with its encoded ``schedule`` reply ready: a registration's comes from the parser process; one the
-        manager issued is encoded here, once (the socket thread only sends)."""
+        manager issued is encoded here, once (the socket thread only sends). True when a version changed
+        (queued for :meth:`pushes`)."""
         fresh = {}
         for name in communicators:
             entry = {}
@@ -121,11 +139,63 @@ class Requests:
                     version = latest[0]
                     self._keep_reply(name, kind, version, encode("schedule", collective=kind.value, version=version,
                                                                  schedule=latest[1]))
+                    with self._deliveries_lock:
+                        self._delivery(name, kind, version)["encoded_at"] = time.time()
                 entry[kind] = version
             if entry or name in self._snapshot:
                 fresh[name] = entry
+        changed = False
         if fresh:
+            before = self._snapshot
             self._snapshot = {**self._snapshot, **fresh}
+            for name, entry in fresh.items():
+                if entry != before.get(name):
+                    self._changed.put(name)
+                    changed = True
+        return changed
+
+    def pushes(self) -> list[tuple[bytes, bytes]]:
+        """(identity, encoded schedule reply) for every subscriber of a communicator whose snapshot changed
+        since the last call and that lacks its newest version (socket thread only; module docstring)."""
+        out: list[tuple[bytes, bytes]] = []
+        names: set[str] = set()
+        while True:
+            try:
+                names.add(self._changed.get_nowait())
+            except queue.Empty:
+                break
+        for name in names:
+            active = self._snapshot.get(name, {})
+            for identity, have in self._subscribers.get(name, {}).items():
+                for kind, version in active.items():
+                    if version > have.get(kind.value, 0):
+                        frame = next((kept for number, kept in self._replies.get((name, kind), ()) if number == version),
+                                     None)
+                        if frame is not None:
+                            out.append((identity, frame))
+                            have[kind.value] = version
+                            with self._deliveries_lock:
+                                delivery = self._delivery(name, kind, version)
+                                delivery["pushed_at"] = delivery["pushed_at"] or time.time()
+                                delivery["pushed_to"] = int(delivery["pushed_to"] or 0) + 1
+        self.stats["pushes"] = self.stats.get("pushes", 0) + len(out)
+        return out
+
+    def _delivery(self, name: str, kind: Collective, version: int) -> dict[str, float | int | None]:
+        key = (name, kind.value, version)
+        if key not in self.deliveries:
+            if len(self.deliveries) >= 256:  # bounded: the oldest goes
+                self.deliveries.pop(next(iter(self.deliveries)))
+            self.deliveries[key] = {"encoded_at": None, "pushed_at": None, "pushed_to": 0}
+        return self.deliveries[key]
+
+    def _subscribe(self, communicator: str, identity: bytes, have: dict[str, int]) -> None:
+        subscribers = self._subscribers.get(communicator)
+        if subscribers is not None and identity in subscribers:
+            subscribers[identity] = dict(have)
+        elif self._subscriber_count < self.limits.max_subscribers and communicator in self._watched:
+            self._subscribers.setdefault(communicator, {})[identity] = dict(have)
+            self._subscriber_count += 1
 
     def take_calls(self, report: CallReport) -> None:
         """Keep a rank's latest call totals (they are totals, so the newest replaces the last); a report
@@ -147,9 +217,10 @@ class Requests:
         with self._calls_lock:
             return {name: dict(ranks) for name, ranks in self._calls.items()}
 
-    def handle(self, frame: bytes | memoryview) -> bytes | None:
+    def handle(self, frame: bytes | memoryview, identity: bytes | None = None) -> bytes | None:
         """The reply to one message (None: no reply). Never raises: any failure is an error reply. ``frame``
-        may be libzmq's buffer (a large one is handed to the parser process without a copy here)."""
+        may be libzmq's buffer (a large one is handed to the parser process without a copy here). ``identity``:
+        the sender's socket (socket thread only): a poll subscribes it to pushes."""
         op: str | None = None
         try:
             registration: ParsedRegistration | None = None
@@ -170,7 +241,7 @@ class Requests:
                 return None
             if op == "poll":
                 self.stats["polls"] += 1
-                return self._answer_poll(message)
+                return self._answer_poll(message, identity)
             if op == "register":
                 return self._register(message, registration)
             if op == "windows":  # a time-shared tenant's send windows (issue 16, mccl.control.tenancy.live)
@@ -178,10 +249,15 @@ class Requests:
             if op == "status":
                 events = [dataclasses.asdict(event) for event in self.manager.events[-self.limits.max_status_events:]]
                 stats = {**self.stats, "samples_taken": self.manager.samples_taken,
-                         "samples_ignored": self.manager.samples_ignored}
+                         "samples_ignored": self.manager.samples_ignored, "speculations": self.manager.speculations}
                 calls = {name: {str(rank): [list(row) for row in rows] for rank, rows in ranks.items()}
                          for name, ranks in self.calls().items()}
-                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls)
+                reactions = [dataclasses.asdict(item) for item in list(self.manager.reactions)]
+                with self._deliveries_lock:
+                    deliveries = [{"communicator": name, "collective": kind, "version": version, **row}
+                                  for (name, kind, version), row in self.deliveries.items()]
+                return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls,
+                              reactions=finite_or_none(reactions), deliveries=finite_or_none(deliveries))
             if op == "stop":
                 self._on_stop()
                 return encode("ok")
@@ -222,12 +298,14 @@ class Requests:
         kept = [entry for entry in self._replies.get((communicator, kind), ()) if entry[0] != version]
         self._replies[(communicator, kind)] = tuple(sorted([*kept, (version, frame)], key=lambda entry: entry[0])[-2:])
 
-    def _answer_poll(self, message: dict[str, Any]) -> bytes:
+    def _answer_poll(self, message: dict[str, Any], identity: bytes | None = None) -> bytes:
         """From the snapshot: the socket thread never waits for the manager (see module docstring)."""
         communicator = text_field(message, "communicator")
         have = versions_field(message)
         if communicator not in self._watched and len(self._watched) < 2 * self.limits.max_communicators:
             self._watched.add(communicator)
+        if identity is not None:
+            self._subscribe(communicator, identity, have)
         active = self._snapshot.get(communicator, {})
         for kind in Collective:
             version = active.get(kind)

@@ -7,13 +7,17 @@ connects two DEALER sockets to it (:mod:`.client`):
   ``IMMEDIATE`` sends without blocking; when the queue is full, or the service is
   not connected, the send fails at once and the client drops and counts the batch —
   a collective is never held up by the controller (§5).
-* schedules are *pulled*: the client's ``poll()`` sends ``poll`` with the versions it
-  has and reads the reply on its next call — fully non-blocking. Unlike PUB/SUB
+* schedules are *pulled and pushed*: the client's ``poll()`` sends ``poll`` with the versions it
+  has and reads the reply on its next call — fully non-blocking; and the poll subscribes
+  that socket, so a version issued later is pushed to it at once (:mod:`.messages`; the
+  client's ``wait()`` blocks idle on the socket for it — dispatch is one message, not a poll
+  period). Unlike PUB/SUB
   this loses nothing to late joiners (a reply always carries the newest version,
   not a one-off announcement), needs no second port, and gives fail-static for
   free: a request left unanswered past the client's timeout means the controller
   is gone, and ``poll()`` raises :class:`~mccl.errors.ControllerError` so the
-  runtime keeps its schedule. A poll every 50 ms per rank is ~100 µs of work here.
+  runtime keeps its schedule. A poll every 50 ms per rank is ~100 µs of work here; with
+  pushes, ranks poll only for liveness (``ControllerClient.interval_s``).
 
 Authentication (:mod:`.auth`): on by default, CURVE with keys derived from a per-job
 secret (``secret=``, else ``MCCL_CONTROL_SECRET_FILE`` / ``MCCL_CONTROL_SECRET``, else a
@@ -48,7 +52,10 @@ Which path ran each call: a telemetry message may carry a rank's call totals (``
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import os
 import queue
 import threading
 import time
@@ -123,7 +130,7 @@ class ControllerService:
             log.info("mccl controller: listening beyond loopback at %s (CURVE-authenticated)", self.address)
         self.stats = {"telemetry_messages": 0, "samples": 0, "malformed": 0, "polls": 0, "replies": 0,
                       "schedules_sent": 0, "checks": 0, "auth_failures": 0, "busy": 0, "registrations": 0,
-                      "telemetry_dropped": 0, "call_reports": 0, "call_reports_dropped": 0}
+                      "telemetry_dropped": 0, "call_reports": 0, "call_reports_dropped": 0, "pushes": 0}
         self._ingest = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-ingest")
         self._ingest_backlog = 0
         self._ingest_lock = threading.Lock()
@@ -133,9 +140,15 @@ class ControllerService:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-synth")
         self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mccl-register")
         self._results: queue.SimpleQueue[tuple[bytes, bytes | None]] = queue.SimpleQueue()
+        # ScheduleManager.step calls back after each issued version (pushed at once); not every manager's does
+        self._step_hands_on = "on_issue" in inspect.signature(manager.step).parameters
         self._pending = 0
         self._step: Future | None = None
         self._thread: threading.Thread | None = None
+        # the worker thread wakes the socket thread when a check issued a version (to push it at once)
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> ControllerService:
@@ -159,12 +172,16 @@ class ControllerService:
             self._curve.close()
         self._socket.close(linger=0)
         self._context.term()
+        for fd in (getattr(self, "_wake_read", None), getattr(self, "_wake_write", None)):
+            if fd is not None:
+                os.close(fd)
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         if self._curve is not None:
             poller.register(self._curve.monitor, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
         next_check = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -176,7 +193,10 @@ class ControllerService:
                     self._count_handshakes()
                 if self._socket in ready:
                     self._drain()
+                if self._wake_read in ready:
+                    self._woken()
                 self._send_results()
+                self._push()
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + self.check_interval_s
                     if self._step is None or self._step.done():
@@ -201,7 +221,7 @@ class ControllerService:
             if looks_heavy(frame, self.limits):
                 self._hand_off(identity, frame)
             else:
-                reply = self.requests.handle(frame)
+                reply = self.requests.handle(frame, identity)
                 if reply is not None:
                     self._reply(identity, reply)
 
@@ -219,10 +239,32 @@ class ControllerService:
     def _run_step(self) -> None:
         try:
             self.stats["checks"] += 1
-            self.manager.step()
-            self.requests.refresh(self.requests.known())
+            if self._step_hands_on:
+                self.manager.step(on_issue=self._publish)
+            else:  # a manager of another kind (time sharing's TenancyManager): refresh after its whole step
+                self.manager.step()
+            self._publish()
         except Exception:  # a bug in a check must not stop the service; it is logged
             log.exception("mccl controller: drift check failed")
+
+    def _publish(self) -> None:
+        """Refresh the snapshot; a changed version is pushed at once (not after the socket thread's poll timeout)."""
+        if self.requests.refresh(self.requests.known()):
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # the pipe is full: the socket thread is waking anyway
+            os.write(self._wake_write, b"!")
+
+    def _woken(self) -> None:
+        with contextlib.suppress(OSError):  # BlockingIOError: drained
+            while os.read(self._wake_read, 4096):
+                pass
+
+    def _push(self) -> None:
+        """Send newly issued versions to the sockets that polled for them (socket thread; :mod:`.messages`)."""
+        for identity, frame in self.requests.pushes():
+            self._reply(identity, frame)
 
     def _take_telemetry(self, samples: list) -> None:
         with self._ingest_lock:

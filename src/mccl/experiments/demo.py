@@ -1,285 +1,319 @@
-"""``mccl demo``: the closed loop of mccl-paper §3 live on this machine (§6.2.2, Figure 13a).
+"""``mccl demo``: the closed loop of mccl-paper §3 live on this machine (§6.2.2, Fig. 13) — one driver, two fabrics.
 
-What runs: a controller process (:class:`~mccl.control.ControllerService` with the
-tree-packing synthesizer) and N gloo ranks on loopback, each running a stream of
-AllGathers through the mccl executor on an emulated fabric. The ranks are the GPUs
-of ``rail_optimized(1, 2, N/2)`` (two hosts); loopback is far faster than that
-fabric scaled down by ``fabric_scale``, so the fabric is emulated in the executor's
-transport (:meth:`mccl.runtime.transport.Transport.throttle`, real delays): each
-rank's sends to its own host share one pacer at the NVSwitch port rate, its sends
-to the other host one pacer at the NIC rate (both / ``fabric_scale``). After
-``healthy`` collectives the transmit side of rank 0's NIC (link gpu0 → tor0.0)
-degrades to ``degraded_gbps`` (Fail2's 50 Gbit/s, one direction): rank 0's pacer
-for the other host slows to that rate. One direction because it is emulated
-exactly — every send crossing that link leaves from rank 0 through that one
-pacer — while the receive side is shared by senders in several processes.
-The executors' passive telemetry sees it, the controller's drift test flags the
-schedule, re-synthesizes on the measured topology, and the ranks hot-swap to the
-new version at an agreed sequence number K.
+What runs: a controller process (:class:`~mccl.control.ControllerService` with the tree-packing
+and column-generation synthesizers) and one gloo rank per GPU of ``rail_optimized(1, hosts,
+gpus_per_host)``, each running its streams through the mccl executor (:mod:`.demo_ranks`: the
+rank loop, the phases, the checks against the known answer and torch's own collective). A
+gray failure halves a NIC after ``healthy`` iterations and is repaired once the loop has
+settled; the executors' passive telemetry sees it, the controller flags the schedule,
+re-synthesizes on the measured topology, and the ranks hot-swap at an agreed sequence number.
 
-Every collective's output is compared with torch's own ``all_gather_into_tensor``
-of the same input. Every wait is bounded (``timeout_s``); the controller process is
-stopped on every exit path.
+The fabric (``DemoConfig.fabric``):
+
+* ``netemu`` (default of ``mccl demo``): network namespaces, veths and ``tc``-shaped links
+  (:mod:`mccl.experiments.netemu`), 2 hosts × 4 GPUs as in Fig. 13, AllGather and AllToAll; the
+  controller in the root namespace on the management network; the fault a ``tc`` change of
+  both directions. Needs root.
+* ``pacer``: ranks on loopback, the fabric emulated by each rank's transport pacing its own
+  sends (:meth:`mccl.runtime.transport.Transport.throttle`); the fault slows the transmit side
+  of one NIC. Runs anywhere (``DemoConfig.pacer()``: its defaults, AllGather only).
+
+Both give one :class:`~mccl.experiments.netemu.report.NetemuReport` (phases, versions, the
+controller's events, the reaction path's marks in ``trace``). Every wait is bounded
+(``timeout_s``); the controller, the ranks and the fabric are stopped on every exit path.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import statistics
+import queue
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from mccl.errors import MCCLError
+from mccl.experiments.demo_ranks import COMMUNICATORS, rank_main
 
-__all__ = ["DemoConfig", "CollectiveRecord", "Swap", "DemoReport", "run_demo"]
+__all__ = ["DemoConfig", "run_demo", "synth_options"]
 
-COMMUNICATOR = "demo"
+FABRICS = ("netemu", "pacer")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
-    """``ranks``: 4 or 8 gloo processes. ``size_bytes``: AllGather input per rank. ``healthy``:
-    collectives before the degradation. ``after_swap``: collectives run on one unchanged newer
-    schedule version before stopping (the loop has settled). ``max_collectives``: stop there in any case. ``degraded_gbps``: the degraded cable's
-    rate in the topology's units (rank 0's NIC, transmit side). ``fabric_scale``: emulated rates are the topology's / this.
-    ``alpha``/``gamma``: the controller's EWMA factor and drift threshold."""
+    """``fabric``: "netemu" or "pacer" (module docstring). ``hosts`` × ``gpus_per_host`` ranks on
+    ``rail_optimized(1, hosts, gpus_per_host)``. ``kinds``: the streams (allgather, alltoall). ``ag_bytes``:
+    AllGather input per rank; ``a2a_bytes``: AllToAll send buffer per rank. ``scale``: emulated rates are
+    the topology's / this (400 Gbit/s NICs → 20 Mbit/s at 20000). ``nvlink`` (netemu): "shaped" (at the
+    topology's NVLink rate / scale) or "unshaped". ``fault_rank``/``fault_factor``: whose NIC, and to what
+    fraction. ``healthy``, ``after_swap``, ``max_degraded``, ``max_recovered`` (0: no repair phase):
+    iterations (one collective per stream each), see :mod:`.demo_ranks`. ``alpha``/``gamma``/``alpha_level``/
+    ``warmup``/``settle``: the controller's :class:`~mccl.control.ControlConfig`; ``speculate``: the fraction
+    of Γ at which a drifting schedule is synthesized ahead of its flag (None: never; :mod:`mccl.control.manager`).
+    ``chunks``: most chunks per source (AllGather trees) and per block (AllToAll), None: the synthesizers'
+    defaults. ``torch_check_every``: every so many iterations the outputs are also compared with torch's gloo
+    collective (0: never)."""
 
-    ranks: int = 4
-    size_bytes: int = 1 << 20
-    healthy: int = 12
-    after_swap: int = 10
-    max_collectives: int = 60
-    degraded_gbps: float = 50.0
-    fabric_scale: float = 1000.0
-    alpha: float = 0.5
-    gamma: float = 0.2
-    timeout_s: float = 90.0
+    fabric: str = "netemu"
+    hosts: int = 2
+    gpus_per_host: int = 4
+    kinds: tuple[str, ...] = ("allgather", "alltoall")
+    ag_bytes: int = 256 << 10
+    a2a_bytes: int = 512 << 10
+    scale: float = 20000.0
+    nvlink: str = "shaped"
+    fault_rank: int = 0
+    fault_factor: float = 0.5
+    # `mccl demo`'s run: 25–60 s of collectives (50–52 of them, with their checks); the start-up before them is
+    # CPU-bound (8 ranks import torch): 85 s at load 12–22, 150–190 s at load 25–40 (BENCHMARKS.md, 2026-12-01)
+    healthy: int = 6
+    after_swap: int = 3
+    max_degraded: int = 12
+    max_recovered: int = 12
+    torch_check_every: int = 5
+    chunks: int | None = 4
+    # per-sample telemetry noise here was ~40 % (CV, TCP flows without fair queueing, send-side timing then,
+    # a loaded CPU): α 0.5 / Γ 0.2 flagged healthy schedules and swapped 3–8 times per fault; α 0.15 / Γ 0.3
+    # with the synthesizer on the same EWMA swapped 1–2 times (BENCHMARKS.md, 2026-11-30 netemu)
+    alpha: float = 0.15
+    gamma: float = 0.3
+    alpha_level: float | None = None
+    warmup: int = 3
+    settle: int = 3
+    speculate: float | None = 0.5
+    # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis; how often a
+    # rank's client asks the controller (liveness only: new versions are pushed, mccl.control.service); how long
+    # the communicator's swap thread waits on the client per call (it wakes when a version is pushed)
+    check_interval_s: float = 0.01
+    client_interval_s: float = 0.1
+    swap_poll_s: float = 0.05
+    # False: the swap thread polls the client every swap_poll_s instead of waiting for a push (the path before
+    # issue 15's pushes, kept for the A/B of benchmarks/reaction.py)
+    push: bool = True
+    timeout_s: float = 300.0
+
+    @classmethod
+    def pacer(cls, ranks: int = 4, **knobs: Any) -> DemoConfig:
+        """The in-process pacer's defaults: ``ranks`` (4 or 8) on 2 hosts, a 1 MiB AllGather at 1/1000 speed,
+        rank 0's NIC transmit side down to 50 of 400 Gbit/s (Fail2), the fast-reacting controller."""
+        if ranks not in (4, 8):
+            raise MCCLError(f"the pacer demo runs 4 or 8 ranks, not {ranks}")
+        base = {"fabric": "pacer", "gpus_per_host": ranks // 2, "kinds": ("allgather",), "ag_bytes": 1 << 20,
+                "scale": 1000.0, "fault_factor": 50 / 400, "healthy": 12, "after_swap": 10, "max_degraded": 48,
+                "max_recovered": 0, "torch_check_every": 1, "chunks": None, "alpha": 0.5, "gamma": 0.2,
+                "warmup": 4, "settle": 4, "timeout_s": 90.0}
+        return cls(**{**base, **knobs})
 
     @property
     def topology_spec(self) -> str:
-        return f"rail_optimized(1,2,{self.ranks // 2})"
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One AllGather: its sequence number, the schedule version it ran, when it started (wall
-    clock, s), how long the slowest rank took (s), algbw (GB/s), and whether every rank's output
-    equalled torch's."""
-
-    seq: int
-    version: int
-    start: float
-    seconds: float
-    algbw_gbs: float
-    degraded: bool
-    correct: bool
-
-
-@dataclass(frozen=True)
-class Swap:
-    """One hot swap as rank 0 saw it: collectives after ``switch_after`` (K) run ``version``;
-    ``oob_s``: the out-of-band agreement, ``total_s``: staging to agreement (seconds)."""
-
-    switch_after: int
-    version: int
-    oob_s: float
-    total_s: float
-
-
-@dataclass(frozen=True)
-class DemoReport:
-    config: DemoConfig
-    records: tuple[CollectiveRecord, ...]
-    events: tuple[dict, ...]
-    degraded_at: float
-    swaps: tuple[Swap, ...]
-    controller_stats: dict = field(default_factory=dict)
-
-    def _event(self, kind: str) -> dict | None:
-        return next((event for event in self.events if event["kind"] == kind and event["time"] >= self.degraded_at),
-                    None)
+        return f"rail_optimized(1,{self.hosts},{self.gpus_per_host})"
 
     @property
-    def detection_s(self) -> float | None:
-        flagged = self._event("flagged")
-        return None if flagged is None else flagged["time"] - self.degraded_at
+    def ranks(self) -> int:
+        return self.hosts * self.gpus_per_host
 
-    @property
-    def synthesis_s(self) -> float | None:
-        synthesized = self._event("synthesized")
-        return None if synthesized is None else synthesized["value"]
-
-    @property
-    def issued_s(self) -> float | None:
-        issued = self._event("issued")
-        return None if issued is None else issued["time"] - self.degraded_at
-
-    @property
-    def version_at_degradation(self) -> int:
-        return next((r.version for r in self.records if r.degraded), self.records[-1].version)
-
-    @property
-    def first_new(self) -> CollectiveRecord | None:
-        """The first collective after the degradation on a newer version than the one it hit."""
-        hit = self.version_at_degradation
-        return next((r for r in self.records if r.degraded and r.version > hit), None)
-
-    @property
-    def activated_s(self) -> float | None:
-        """From the degradation to the start of the first collective on a new version (reaction time)."""
-        first = self.first_new
-        return None if first is None else first.start - self.degraded_at
-
-    def median_algbw(self, phase: str) -> float | None:
-        """``healthy``, ``degraded`` (the schedule the degradation hit, on the slow link) or ``recovered``
-        (the last version the loop settled on, when newer than that one)."""
-        hit, last = self.version_at_degradation, self.records[-1].version
-        chosen = [r.algbw_gbs for r in self.records
-                  if (phase == "healthy" and not r.degraded)
-                  or (phase == "degraded" and r.degraded and r.version == hit)
-                  or (phase == "recovered" and last > hit and r.degraded and r.version == last)]
-        return statistics.median(chosen) if chosen else None
-
-    @property
-    def all_correct(self) -> bool:
-        return all(record.correct for record in self.records)
+    def check(self) -> None:
+        """Refuse what cannot run, naming it."""
+        if self.fabric not in FABRICS:
+            raise MCCLError(f"the demo's fabric is one of {FABRICS}, not {self.fabric!r}")
+        if self.hosts < 2 or self.gpus_per_host < 1 or not 0 <= self.fault_rank < self.ranks:
+            raise MCCLError(f"the demo needs ≥ 2 hosts and a fault rank among its {self.ranks} ranks")
+        if not 0 < self.fault_factor <= 1:
+            raise MCCLError(f"fault_factor is the NIC's remaining fraction, in (0, 1], not {self.fault_factor}")
+        if not self.kinds or set(self.kinds) - set(COMMUNICATORS):
+            raise MCCLError(f"the demo's streams are some of {tuple(COMMUNICATORS)}, not {self.kinds}")
 
 
-# ---- the controller process ------------------------------------------------------------------
-def _controller_main(topology_spec: str, bind: str, alpha: float, gamma: float, secret: str) -> None:
+def synth_options(chunks: int | None) -> dict:
+    """The synthesizers' options of the first schedules and of every re-synthesis."""
+    from mccl.schedule import Collective
+    from mccl.synth.options import AllToAllOptions, TreePackOptions
+
+    if chunks is None:
+        return {}
+    return {Collective.ALLGATHER: TreePackOptions(chunks=chunks), Collective.ALLTOALL: AllToAllOptions(chunks=chunks)}
+
+
+# ---- the controller process -------------------------------------------------------------------
+def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int | None, speculate: float | None,
+                     secret: str, check_interval_s: float) -> None:
     import logging
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
     from mccl.topology import parse_topology
 
     logging.basicConfig(level=logging.WARNING)
-    # start-up (connections, caches) lasts a few collectives on a loaded machine: skip 4, then learn the
-    # healthy references over 4 samples per overlay link
-    manager = ScheduleManager(parse_topology(topology_spec),
-                              ControlConfig(alpha=alpha, gamma=gamma, warmup=4, settle_collectives=4))
-    ControllerService(manager, bind, secret=secret).serve_forever()
+    manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=synth_options(chunks)),
+                              speculate=speculate)
+    ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
-# ---- one rank ----------------------------------------------------------------------------------
-def _rank_main(rank: int, world: int, endpoint: str, schedule_text: str, config: DemoConfig, secret: str) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from mccl.control import ControllerClient
-    from mccl.runtime import TelemetryConfig, init
-    from mccl.schedule import loads_schedule
-    from mccl.topology import parse_topology
-
-    topology = parse_topology(config.topology_spec)
-    schedule = loads_schedule(schedule_text)
-    client = ControllerClient(endpoint, COMMUNICATOR, rank, installed=[schedule], secret=secret)
-    if rank == 0:
-        client.register(schedule)
-    dist.barrier()
-    comm = init(topology=topology, schedules=[schedule], controller=client, sink=client, name=COMMUNICATOR,
-                telemetry=TelemetryConfig(flush_interval_s=0.02))
-    gpus = schedule.ranks
-    hosts = [topology.node(gpu).host for gpu in gpus]
-    near = [peer for peer in range(world) if peer != rank and hosts[peer] == hosts[rank]]
-    far = [peer for peer in range(world) if hosts[peer] != hosts[rank]]
-    scale = config.fabric_scale
-    ports = topology.capacities_gbps[list(topology.out_links[gpus[rank]])]  # NVSwitch port (fast), NIC (slow)
-    if near:  # the emulated fabric: this GPU's NVSwitch port and its NIC, one shared pacer each
-        comm.transport.throttle(near, float(ports.max()) / scale)
-    comm.transport.throttle(far, float(ports.min()) / scale)
-    elements = config.size_bytes // 4
-    generator = torch.Generator().manual_seed(1234 + rank)
-    records = []
-    degraded_at = 0.0
-    first_version = int(schedule.meta.version)
-    changed_at, current, hit_version = 0, first_version, first_version
-    try:
-        for index in range(config.max_collectives):
-            if index == config.healthy:  # the gray failure: rank 0's NIC transmits slower
-                if rank == 0:
-                    comm.transport.throttle(far, config.degraded_gbps / scale)
-                degraded_at = time.time()
-            source = torch.randint(-2**30, 2**30, (elements,), dtype=torch.int32, generator=generator)
-            output = torch.empty(elements * world, dtype=torch.int32)
-            expected = torch.empty_like(output)
-            dist.barrier()
-            start_wall, start = time.time(), time.perf_counter()
-            comm.all_gather_into_tensor(output, source)
-            seconds = time.perf_counter() - start
-            seq, _, version = comm.history[-1]
-            comm.transport.native_all_gather(expected, source)  # torch's own gloo AllGather, same group
-            records.append((seq, int(version), start_wall, seconds, index >= config.healthy,
-                            bool(torch.equal(output, expected))))
-            if version != current:  # versions are agreed, so every rank stops after the same collective
-                changed_at, current = index, version
-            if index == config.healthy:
-                hit_version = version
-            if index >= config.healthy and current > hit_version and index - changed_at + 1 >= config.after_swap:
-                break
-        comm.transport.throttle(near + far, None)
-        swaps = [(s.switch_after, dict(s.adopted).get("allgather", 0), s.oob_s, s.total_s)
-                 for s in comm.swaps if s.adopted]
-        return {"records": records, "degraded_at": degraded_at, "swaps": swaps, "dropped": client.dropped}
-    finally:
-        comm.close()
-        client.close()
+def _rank_in_fabric(rank: int, world: int, plan: Any, *args: Any) -> dict:
+    return rank_main(rank, world, plan, *args)
 
 
-def _wait_for_controller(endpoint: str, process: mp.process.BaseProcess, timeout_s: float, secret: str) -> None:
-    from mccl.control.client import wait_for_controller
-
-    wait_for_controller(endpoint, secret=secret, timeout_s=timeout_s, alive=process.is_alive, communicator=COMMUNICATOR)
+def _rank_on_loopback(rank: int, world: int, *args: Any) -> dict:
+    return rank_main(rank, world, None, *args)
 
 
-def run_demo(config: DemoConfig, *, progress=None) -> DemoReport:
-    """Run the closed loop (see module docstring) and return what happened."""
-    from mccl.control import ControllerClient
-    from mccl.control.auth import new_secret
-    from mccl.runtime.launch import free_port, run_ranks
-    from mccl.schedule import dumps_schedule
+# ---- the driver ---------------------------------------------------------------------------------
+def run_demo(config: DemoConfig, *, progress: Callable[[str], None] | None = None,
+             on_collective: Callable[[tuple], None] | None = None) -> Any:
+    """Run the loop on ``config.fabric`` (module docstring) and return its
+    :class:`~mccl.experiments.netemu.report.NetemuReport`. ``on_collective`` sees rank 0's view of each
+    collective as it finishes (the live table)."""
+    from mccl.schedule import Collective
     from mccl.synth import optimize
     from mccl.topology import parse_topology
 
-    if config.ranks not in (4, 8):
-        raise MCCLError(f"the demo runs 4 or 8 ranks, not {config.ranks}")
+    config.check()
     say = progress or (lambda text: None)
     topology = parse_topology(config.topology_spec)
-    schedule = optimize(topology, "allgather").schedule.with_meta(version=1)
+    options = synth_options(config.chunks)
+    results = {kind: optimize(topology, kind, options=options.get(Collective(kind))) for kind in config.kinds}
+    schedules = {kind: result.schedule.with_meta(version=1) for kind, result in results.items()}
+    started, started_at = time.perf_counter(), time.time()
+    if config.fabric == "netemu":
+        outputs, status, fabric = _run_netemu(config, topology, schedules, say, on_collective)
+    else:
+        outputs, status, fabric = _run_pacer(config, topology, schedules, say, on_collective)
+    predicted = {kind: float(result.schedule.meta.achieved_gbs or 0.0) for kind, result in results.items()}
+    report = _report(config, fabric, outputs, status, predicted, time.perf_counter() - started)
+    return replace(report, startup_s=report.records[0].start - started_at if report.records else 0.0)
+
+
+def _run_netemu(config: DemoConfig, topology: Any, schedules: dict, say: Callable[[str], None],
+                on_collective: Callable[[tuple], None] | None) -> tuple[list[dict], dict, dict]:
+    from mccl.experiments.netemu.fabric import EmulatedFabric, FabricPlan
+    from mccl.experiments.netemu.ranks import run_ranks_in_fabric
+    from mccl.experiments.netemu.shaping import GOODPUT
+
+    plan = FabricPlan.from_topology(topology, scale=config.scale, nvlink=config.nvlink)
+    with EmulatedFabric(plan) as fabric:
+        plan = fabric.plan
+        say(f"fabric {plan.topology_name} built in {fabric.build_s:.2f} s: {len(plan.ranks)} GPU namespaces, NICs "
+            f"{plan.ranks[0].nic_up_mbit:g} Mbit/s, NVLink "
+            + (f"{plan.ranks[0].nvlink_mbit:g} Mbit/s" if plan.ranks[0].nvlink_mbit else "unshaped")
+            + f" (1/{config.scale:g} of the topology)")
+        endpoint = f"tcp://{plan.controller_ip}:{_free_port(plan.controller_ip)}"
+        outputs, status = _with_controller(config, endpoint, schedules, say, on_collective,
+                                           lambda *args: run_ranks_in_fabric(_rank_in_fabric, plan, *args,
+                                                                             timeout_s=config.timeout_s))
+        teardown_s = fabric.teardown()
+    return outputs, status, {"nic_mbit": plan.ranks[config.fault_rank].nic_up_mbit, "goodput": GOODPUT,
+                             "teardown_s": teardown_s, "prefix": plan.prefix}
+
+
+def _run_pacer(config: DemoConfig, topology: Any, schedules: dict, say: Callable[[str], None],
+               on_collective: Callable[[tuple], None] | None) -> tuple[list[dict], dict, dict]:
+    from mccl.runtime.launch import free_port, run_ranks
+
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
+    outputs, status = _with_controller(config, endpoint, schedules, say, on_collective,
+                                       lambda *args: run_ranks(_rank_on_loopback, config.ranks, *args,
+                                                               timeout_s=config.timeout_s))
+    gpu = topology.gpus[config.fault_rank]
+    nic_gbps = float(topology.capacities_gbps[list(topology.out_links[gpu])].min())
+    # the pacer paces payload bytes: its goodput is its rate
+    return outputs, status, {"nic_mbit": nic_gbps / config.scale * 1e3, "goodput": 1.0, "teardown_s": 0.0, "prefix": ""}
+
+
+def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Callable[[str], None],
+                     on_collective: Callable[[tuple], None] | None,
+                     launch: Callable[..., list[dict]]) -> tuple[list[dict], dict]:
+    """Start the controller at ``endpoint``, run the ranks through ``launch``, stop it; (rank outputs, its status)."""
+    from mccl.control import ControllerClient
+    from mccl.control.auth import new_secret
+    from mccl.control.client import wait_for_controller
+    from mccl.schedule import dumps_schedule
+
+    control = {"alpha": config.alpha, "gamma": config.gamma, "alpha_level": config.alpha_level,
+               "warmup": config.warmup, "settle_collectives": config.settle}
     context = mp.get_context("spawn")
-    controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, config.alpha,
-                                                                  config.gamma, secret), daemon=True)
+    secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
+    controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks,
+                                                                config.speculate, secret, config.check_interval_s),
+                                 daemon=True)
     controller.start()
+    live = context.Queue()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_forward, args=(live, stop, on_collective), daemon=True)
+    watcher.start()
     admin = None
     try:
-        say(f"controller at {endpoint}; starting {config.ranks} gloo ranks on {config.topology_spec}")
-        _wait_for_controller(endpoint, controller, 30.0, secret)
-        results = run_ranks(_rank_main, config.ranks, endpoint, dumps_schedule(schedule), config, secret,
-                            timeout_s=config.timeout_s)
-        admin = ControllerClient(endpoint, COMMUNICATOR, -1, secret=secret)
+        wait_for_controller(endpoint, secret=secret, timeout_s=60.0, alive=controller.is_alive)
+        say(f"controller at {endpoint}; starting {config.ranks} gloo ranks on {config.topology_spec} ({config.fabric})")
+        texts = {kind: dumps_schedule(schedule) for kind, schedule in schedules.items()}
+        outputs = launch(endpoint, texts, config, live, secret)
+        admin = ControllerClient(endpoint, "admin", -1, secret=secret)
         status = admin.status()
         admin.request("stop")
     finally:
+        stop.set()
+        watcher.join(timeout=5)
         if admin is not None:
             admin.close()
         controller.join(timeout=5)
         if controller.is_alive():
             controller.terminate()
             controller.join(timeout=5)
-    n = config.ranks
-    by_seq: dict[int, list] = {}
-    for result in results:
-        for seq, version, start, seconds, degraded, ok in result["records"]:
-            by_seq.setdefault(seq, []).append((version, start, seconds, degraded, ok))
+    return outputs, status
+
+
+def _forward(live: Any, stop: threading.Event, on_collective: Callable[[tuple], None] | None) -> None:
+    while not stop.is_set():
+        try:
+            item = live.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        except (EOFError, OSError):
+            return
+        if on_collective is not None:
+            on_collective(item)
+
+
+def _free_port(address: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def _report(config: DemoConfig, fabric: dict, outputs: list[dict], status: dict, predicted: dict,
+            wall_s: float) -> Any:
+    from mccl.experiments.netemu.report import CollectiveRecord, NetemuReport, Swap
+
+    by_key: dict[tuple[str, int], list] = {}
+    for output in outputs:
+        for kind, seq, version, start, seconds, phase, ok, torch_checked in output["records"]:
+            by_key.setdefault((kind, seq), []).append((version, start, seconds, phase, ok, torch_checked))
     records = []
-    for seq in sorted(by_seq):
-        rows = by_seq[seq]
+    for (kind, seq), rows in sorted(by_key.items(), key=lambda item: min(row[1] for row in item[1])):
         if len({row[0] for row in rows}) != 1:
-            raise MCCLError(f"collective {seq} ran on different schedule versions on different ranks")
+            raise MCCLError(f"{kind} collective {seq} ran on different schedule versions on different ranks")
         seconds = max(row[2] for row in rows)
-        records.append(CollectiveRecord(seq, rows[0][0], min(row[1] for row in rows), seconds,
-                                        n * config.size_bytes / seconds / 1e9, rows[0][3], all(row[4] for row in rows)))
-    swaps = tuple(Swap(*item) for item in results[0]["swaps"])
-    return DemoReport(config, tuple(records), tuple(status["events"]), results[0]["degraded_at"], swaps,
-                      {**status["stats"], "telemetry_dropped": sum(r["dropped"] for r in results)})
+        size = config.ag_bytes * config.ranks if kind == "allgather" else (
+            config.a2a_bytes // 4 // config.ranks) * config.ranks * 4
+        records.append(CollectiveRecord(kind, seq, rows[0][0], min(row[1] for row in rows), seconds, size / seconds / 1e9,
+                                        rows[0][3], all(row[4] for row in rows), rows[0][5]))
+    marks = outputs[0]["marks"]
+    received = {(kind, version): at for kind, version, at in outputs[0].get("received", [])}
+    swaps = tuple(Swap(kind, *item[:6], received_at=received.get((kind, item[1])))
+                  for kind, items in outputs[0]["swaps"].items() for item in items)
+    # the reaction path's marks (mccl.experiments.reaction_path): every rank's, and the controller's
+    trace = {"received": [output.get("received", []) for output in outputs],
+             "swaps": [output["swaps"] for output in outputs],
+             "switches": [output.get("switches", {}) for output in outputs],
+             "reactions": status.get("reactions", []), "deliveries": status.get("deliveries", [])}
+    return NetemuReport(config=asdict(config), records=tuple(records), events=tuple(status["events"]),
+                        degraded_at=marks.get("degraded_at", 0.0), restored_at=marks.get("restored_at"),
+                        tc_s=(marks.get("tc_s", 0.0), marks.get("tc_restore_s", 0.0)), swaps=swaps,
+                        predicted_v1=predicted, scale=config.scale, goodput=fabric["goodput"],
+                        nic_mbit=fabric["nic_mbit"], wall_s=wall_s, teardown_s=fabric["teardown_s"],
+                        controller_stats={**status["stats"], "telemetry_dropped": sum(o["dropped"] for o in outputs)},
+                        communicators={kind: COMMUNICATORS[kind] for kind in config.kinds},
+                        telemetry={rank: output["samples"] for rank, output in enumerate(outputs)},
+                        prefix=fabric["prefix"], trace=trace)

@@ -47,7 +47,9 @@ def init(group: dist.ProcessGroup | None = None, controller: ScheduleSource | No
     thread and its control channel (the job's TCPStore). ``check``: agree on every collective's
     sizes and dtype across the ranks before any data moves (one small AllGather per call, see
     :mod:`mccl.runtime.agreement`; the "mccl" backend does it by default). ``poll_s``: how often the
-    swap thread asks ``controller`` for a new version (the dispatch term of the reaction time).
+    swap thread asks ``controller`` for a new version (the dispatch term of the reaction time); a controller
+    that can ``wait`` (:class:`~mccl.control.ControllerClient`: the service pushes new versions) is waited on
+    for up to ``poll_s`` at a time instead, and a pushed version is taken the moment it lands.
     """
     if not dist.is_initialized():
         raise MCCLError("mccl.init needs torch.distributed to be initialized (dist.init_process_group)")

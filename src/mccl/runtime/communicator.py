@@ -85,6 +85,9 @@ class Communicator(Collectives):
         self._local = LocalScheduleSource()
         self._source = source
         self.swaps: list[SwapRecord] = []
+        # (seq, wall clock, {collective: version}) of each launch that first ran an adopted version (the last of
+        # the reaction path, Fig. 13b: the first collective launched on the new version)
+        self.switches: collections.deque[tuple[int, float, dict[str, int]]] = collections.deque(maxlen=256)
         self.events: collections.deque[str] = collections.deque(maxlen=256)
         self.controller_lost = False
         self.broken: str | None = None  # why the transport group broke (a peer lost), once it has
@@ -156,11 +159,15 @@ class Communicator(Collectives):
 
     # ---- hot-swap callbacks (called on the swap thread) ---------------------------------
     def _take_request(self, timeout: float) -> Schedule | None:
-        staged = self._local.get(timeout)  # idle wait
+        # a source that can wait (the controller's client: the service pushes new versions) is where the idle
+        # wait happens, so a pushed version is staged the moment it lands; a schedule stage()d locally is then
+        # picked up within ``timeout``
+        wait = getattr(self._source, "wait", None)
+        staged = self._local.get(0.0 if wait is not None else timeout)  # idle wait
         if staged is not None:
             return staged
         if self._source is not None:  # asked even when lost: a controller that answers again is taken back
-            found = self._source.poll()
+            found = wait(timeout) if wait is not None else self._source.poll()
             if self.controller_lost:
                 self.controller_lost = False
                 self.events.append("controller answers again")
@@ -220,7 +227,9 @@ class Communicator(Collectives):
             self._seq += 1
             seq = self._seq
             while self._pending and seq > self._pending[0][0]:
-                self._installed.update(self._pending.pop(0)[1])
+                changes = self._pending.pop(0)[1]
+                self._installed.update(changes)
+                self.switches.append((seq, time.time(), {kind.value: item.version for kind, item in changes.items()}))
             installed = self._installed.get(kind) if kind is not None else None
             self.history.append((seq, kind.value if kind is not None else None,
                                  installed.version if installed is not None else None))

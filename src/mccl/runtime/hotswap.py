@@ -67,7 +67,7 @@ class ControlChannel(Protocol):
 class StoreControl:
     """A control channel over a torch.distributed Store (its own client connection)."""
 
-    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.005,
+    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.002,
                  timeout_s: float = 60.0) -> None:
         self.store = dist.PrefixStore(prefix, store.clone() if hasattr(store, "clone") else store)
         self.rank = rank
@@ -119,6 +119,7 @@ class SwapRecord:
     ready_s: float
     oob_s: float
     total_s: float
+    started_at: float = 0.0  # wall clock when the round began (this rank had the schedule): the reaction path
 
 
 class SwapConflict(MCCLError):
@@ -231,7 +232,7 @@ class SwapThread:
     def _round(self, schedule: object) -> None:
         comm = self.communicator
         self.round += 1
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         rejected = comm._stage(schedule)
         staged_at = time.perf_counter()
         if not self.control.ready(self.round, lambda: self._stop):
@@ -248,7 +249,7 @@ class SwapThread:
         clash = conflicts(seen[0], adopted) if seen else []
         comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())),
                                 rejected or ("; ".join(clash) if clash else None),
-                                staged_at - start, ready_at - staged_at, oob_s, end - start))
+                                staged_at - start, ready_at - staged_at, oob_s, end - start, started_at))
         if clash:
             raise SwapConflict(f"hot swap round {self.round}: ranks staged different schedules under one version "
                                f"({'; '.join(clash)}); none of them adopted")

@@ -71,6 +71,8 @@ class NetemuReport:
     telemetry: dict = field(default_factory=dict)
     prefix: str = ""  # the fabric's name prefix (to check that nothing of it is left)
     startup_s: float = 0.0  # from the call to the first collective: fabric, controller, 8 ranks importing torch
+    # the reaction path's marks, every rank's and the controller's (mccl.experiments.reaction_path reads them)
+    trace: dict = field(default_factory=dict)
 
     # ---- per stream ------------------------------------------------------------------------
     def kinds(self) -> list[str]:

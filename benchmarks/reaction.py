@@ -1,0 +1,117 @@
+"""The reaction path of Fig. 13(b) on the emulated fabric: detection → the first collective launched on the new version.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3                 # the bar (issue 15: ≤ 50 ms median)
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --ab            # and the path before pushes, same run
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --fabric pacer  # without root
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --ab --setup demo --tag _demo   # mccl demo's streams
+
+Each run is ``mccl demo``'s loop (:mod:`mccl.experiments.demo`), fault phase only, on a set-up where a
+collective is short, because the first collective on a new version can only be launched once the one in
+flight has finished (Fig. 13 is a 16 MB-per-GPU AllGather at 200 Gbit/s: 0.2 ms; the demo's 256 KiB at
+20 Mbit/s lasts 130–450 ms): 8 ranks on 2 hosts, one AllGather stream of 16 KiB per rank (64 KiB through
+each NIC per collective), NICs at 40 Mbit/s (scale 10000), rank 0's NIC halved after 8 collectives, no
+torch cross-check (the known answer still checks every output), the fast-reacting controller (α 0.5, Γ 0.2,
+the synthesizer on the last sample); the fault phase ends 3 collectives after the swap (at most 300).
+``--setup demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s, its
+controller), fault phase only — collectives of 130–450 ms, so the wait for the one in flight dominates, but the
+fault is visible there on a loaded machine (at 16 KiB the collectives are CPU-bound and it may not be). Per run the terms of :mod:`mccl.experiments.reaction_path` (ms) for the
+first flag after the fault; the medians over the runs that flagged. ``--ab``: every run is followed by one of
+the path before issue 15 (the swap thread polls every 5 ms, the client answers on the poll after, no
+synthesis ahead of the flag), and the ratio of the medians is printed.
+
+Writes ``benchmarks/results/reaction{tag}.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
+
+from mccl.experiments.demo import DemoConfig, run_demo
+from mccl.experiments.reaction_path import TERMS, reaction_path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SETUPS = {
+    # the bar's set-up: short collectives (module docstring)
+    "short": DemoConfig(kinds=("allgather",), ag_bytes=16 << 10, scale=10000.0, torch_check_every=0, healthy=8,
+                        max_degraded=300, after_swap=3, max_recovered=0, alpha=0.5, gamma=0.2, alpha_level=1.0,
+                        timeout_s=400.0),
+    # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
+    "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
+}
+BEFORE = {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005}  # the previous demo's
+
+
+def one_run(index: int, config: DemoConfig, label: str) -> list[dict]:
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    report = run_demo(config)
+    return [_row(index, report, kind, label, started) for kind in config.kinds]
+
+
+def _row(index: int, report: object, kind: str, label: str, started: str) -> dict:
+    path = reaction_path(report, kind)
+    stream = report.stream(kind)
+    healthy = [r.seconds for r in stream if r.phase == "healthy"][2:]
+    degraded = [r.seconds for r in stream if r.phase == "degraded"]
+    row = {"run": index, "path": label, "collective": kind, "started_utc": started, "all_correct": report.all_correct,
+           "detect_collectives": report.reaction(kind)["detect_collectives"],
+           "collective_ms_healthy": round(statistics.median(healthy) * 1e3, 1) if healthy else None,
+           "collective_ms_degraded": round(statistics.median(degraded) * 1e3, 1) if degraded else None,
+           "version": path["version"], "ahead": path["ahead"],
+           "speculations": report.controller_stats.get("speculations"),
+           "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2)}
+    row.update({f"{term}_ms": None if path[term] is None else round(path[term], 2) for term in TERMS})
+    print(row, flush=True)
+    return row
+
+
+def medians(rows: list[dict]) -> dict[str, float]:
+    out = {}
+    for term in (*TERMS, "synthesis_cpu", "collective_ms_healthy", "collective_ms_degraded"):
+        key = term if term.startswith("collective") else f"{term}_ms"
+        values = [row[key] for row in rows if row.get(key) is not None]
+        if values:
+            out[key] = round(statistics.median(values), 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--fabric", choices=("netemu", "pacer"), default="netemu")
+    parser.add_argument("--ab", action="store_true", help="also the path before issue 15, alternating, same run")
+    parser.add_argument("--setup", choices=tuple(SETUPS), default="short")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    config = replace(SETUPS[args.setup], fabric=args.fabric)
+    if args.fabric == "netemu":
+        from mccl.experiments.netemu import unsupported_reason
+
+        reason = unsupported_reason()
+        if reason is not None:
+            sys.exit(f"netemu: {reason} (try --fabric pacer)")
+    rows = []
+    for index in range(args.runs):
+        rows += one_run(index, config, "push+ahead")
+        if args.ab:
+            rows += one_run(index, replace(config, **BEFORE), "poll")
+    write_csv(RESULTS / f"reaction{args.tag}.csv", rows)
+    for kind in config.kinds:
+        now = medians([row for row in rows if row["path"] == "push+ahead" and row["collective"] == kind])
+        print(f"{kind} medians (push+ahead):", now)
+        if args.ab:
+            before = medians([row for row in rows if row["path"] == "poll" and row["collective"] == kind])
+            print(f"{kind} medians (poll):", before)
+            print(f"{kind} ratios poll / push+ahead:", {key: round(before[key] / now[key], 2) for key in now
+                                                        if key in before and now[key]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Fig. 13(b) from a demo run's marks: the reaction path from the evidence to the first collective on the new version.
+
+Every mark is a wall-clock time on this one machine (the controller's and every rank's), so they
+subtract. For the first flag after a fabric change, the terms (ms), in order:
+
+``decision``      the telemetry batch folded last before the flag arrived → the flag (the drift test's tick)
+``synthesis``     the flag → the candidate (≈ 0 when it was synthesized ahead of the flag; ``ahead``);
+                  ``synthesis_cpu``: the controller thread's CPU time in it (wall ≫ CPU: it waited for a core)
+``guard``         the never-worse comparison
+``issue``         flag → issued (synthesis, guard, validation, the manager's lock)
+``encode``        issued → the schedule reply encoded
+``push``          encoded → pushed to the ranks' sockets
+``dispatch``      issued → the last rank has it
+``swap``          the last rank has it → the last rank agreed (staging, every rank staged, the OOB exchange)
+``oob``           the OOB exchange alone (the slowest rank's)
+``activation``    flag → the last rank agreed: from here the next launch runs the new version
+``in_flight``     agreed → the first collective launched on the new version (the collectives in flight)
+``detect_to_first`` the flag → the first collective *launched* on the new version, on the last rank to launch
+                  it (the bar of issue 15: ≤ 50 ms); ``first_done``: → that collective completed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["reaction_path", "TERMS"]
+
+TERMS = ("decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "oob", "activation",
+         "in_flight", "detect_to_first", "first_done")
+
+
+def _ms(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else (later - earlier) * 1e3
+
+
+def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, Any]:
+    """The terms above (ms; None where a mark is missing) for the first flag of ``kind`` after the change that
+    opened ``phase`` (the fault, or "restored": the repair), with ``version`` (the issued one) and ``ahead``."""
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu"))
+    changed = report.degraded_at if phase == "degraded" else report.restored_at
+    if changed is None:
+        return out
+    until = report.restored_at if phase == "degraded" and report.restored_at else float("inf")
+    communicator = report.communicators.get(kind, kind)
+    trace = report.trace
+    reaction = next((r for r in trace.get("reactions", []) if r["collective"] == kind and r["communicator"] == communicator
+                     and changed <= r["flagged_at"] < until and r["outcome"] == "issued"), None)
+    if reaction is None:
+        return out
+    flagged, issued, version = reaction["flagged_at"], reaction["issued_at"], reaction["issued_version"]
+    out.update(version=version, ahead=reaction["ahead"], decision=_ms(flagged, reaction["evidence_at"]),
+               synthesis=_ms(reaction["synth_end"], reaction["synth_start"]),
+               guard=None if reaction["guard_s"] is None else reaction["guard_s"] * 1e3, issue=_ms(issued, flagged),
+               synthesis_cpu=None if reaction.get("synth_cpu_s") is None else reaction["synth_cpu_s"] * 1e3)
+    delivery = next((d for d in trace.get("deliveries", []) if d["communicator"] == communicator
+                     and d["collective"] == kind and d["version"] == version), None)
+    if delivery is not None:
+        out.update(encode=_ms(delivery["encoded_at"], issued), push=_ms(delivery["pushed_at"], delivery["encoded_at"]))
+    arrivals = [at for rank in trace.get("received", []) for k, v, at in rank if k == kind and v == version]
+    ranks = len(trace.get("received", []))
+    last_arrival = max(arrivals) if len(arrivals) == ranks and arrivals else None
+    out["dispatch"] = _ms(last_arrival, issued)
+    rounds = [item for rank in trace.get("swaps", []) for item in rank.get(kind, []) if item[1] == version]
+    agreed = max((item[6] + item[5] for item in rounds), default=None) if len(rounds) == ranks else None
+    out["swap"] = _ms(agreed, last_arrival)
+    out["oob"] = max((item[4] * 1e3 for item in rounds), default=None)
+    out["activation"] = _ms(agreed, flagged)
+    launches = [at for rank in trace.get("switches", []) for _seq, at, versions in rank.get(kind, [])
+                if versions.get(kind) == version]
+    first_launch = max(launches) if len(launches) == ranks and launches else None
+    out["in_flight"] = _ms(first_launch, agreed)
+    out["detect_to_first"] = _ms(first_launch, flagged)
+    first = next((r for r in report.stream(kind) if r.version == version), None)
+    if first is not None:
+        out["first_done"] = _ms(first.start + first.seconds, flagged)
+    return out

@@ -1,0 +1,68 @@
+"""The one demo driver's configuration, and Fig. 13(b) computed from a run's marks (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mccl.errors import MCCLError
+from mccl.experiments.demo import DemoConfig
+from mccl.experiments.netemu.report import CollectiveRecord, NetemuReport
+from mccl.experiments.reaction_path import reaction_path
+
+
+def _report(trace: dict) -> NetemuReport:
+    starts = {1: 100.0, 2: 101.0, 3: 101.97, 4: 102.030, 5: 102.06}
+    records = tuple(CollectiveRecord("allgather", seq, 1 if seq < 4 else 2, start, 0.02, 0.01,
+                                     "healthy" if seq < 2 else "degraded", True) for seq, start in starts.items())
+    return NetemuReport(config={}, records=records, events=(), degraded_at=100.5, restored_at=None, tc_s=(0.0, 0.0),
+                        swaps=(), predicted_v1={}, scale=1.0, goodput=1.0, nic_mbit=1.0, wall_s=1.0, teardown_s=0.0,
+                        communicators={"allgather": "ag"}, trace=trace)
+
+
+def _trace(ranks: int = 2) -> dict:
+    """Flag at 102.000; issued 102.004; encoded .005, pushed .006; ranks have it at .007/.008; rounds start there
+    and agree after 10/12 ms (OOB 3/4 ms); both launch v2 (seq 4) at 102.030/102.031."""
+    return {
+        "reactions": [{"communicator": "ag", "collective": "allgather", "version": 1, "evidence_at": 101.990,
+                       "flagged_at": 102.000, "synth_start": 102.001, "synth_end": 102.0012, "ahead": True,
+                       "ahead_synth_s": 0.02, "guard_s": 0.0005, "issued_at": 102.004, "issued_version": 2,
+                       "outcome": "issued"}],
+        "deliveries": [{"communicator": "ag", "collective": "allgather", "version": 2, "encoded_at": 102.005,
+                        "pushed_at": 102.006, "pushed_to": 2}],
+        "received": [[("allgather", 2, 102.007)], [("allgather", 2, 102.008)]][:ranks],
+        "swaps": [{"allgather": [(3, 2, 0.001, 0.005, 0.003, 0.010, 102.007)]},
+                  {"allgather": [(3, 2, 0.001, 0.004, 0.004, 0.012, 102.008)]}][:ranks],
+        "switches": [{"allgather": [(4, 102.030, {"allgather": 2})]},
+                     {"allgather": [(4, 102.031, {"allgather": 2})]}][:ranks],
+    }
+
+
+def test_the_reaction_path_is_split_into_fig13b_terms_from_every_ranks_marks():
+    path = reaction_path(_report(_trace()), "allgather")
+    assert path["version"] == 2 and path["ahead"] is True
+    expected = {"decision": 10.0, "synthesis": 0.2, "guard": 0.5, "issue": 4.0, "encode": 1.0, "push": 1.0,
+                "dispatch": 4.0, "swap": 12.0, "oob": 4.0, "activation": 20.0, "in_flight": 11.0,
+                "detect_to_first": 31.0, "first_done": 50.0}
+    for term, value in expected.items():
+        assert path[term] == pytest.approx(value, abs=1e-6), term
+
+
+def test_a_rank_without_its_mark_leaves_the_term_open_rather_than_guessing():
+    trace = _trace()
+    trace["switches"][1] = {}  # rank 1 never launched on the new version
+    path = reaction_path(_report(trace), "allgather")
+    assert path["in_flight"] is None and path["detect_to_first"] is None and path["activation"] == pytest.approx(20.0)
+    trace["reactions"][0]["outcome"] = "kept"  # nothing issued: no path at all
+    assert reaction_path(_report(trace), "allgather")["version"] is None
+
+
+def test_one_config_for_both_fabrics_refuses_what_cannot_run():
+    pacer = DemoConfig.pacer(8)
+    assert (pacer.fabric, pacer.ranks, pacer.kinds, pacer.max_recovered) == ("pacer", 8, ("allgather",), 0)
+    assert DemoConfig().fabric == "netemu" and DemoConfig().ranks == 8
+    with pytest.raises(MCCLError, match="4 or 8 ranks"):
+        DemoConfig.pacer(6)
+    for bad, match in (({"fabric": "loopback"}, "fabric"), ({"fault_factor": 0.0}, "fault_factor"),
+                       ({"kinds": ("allreduce",)}, "streams"), ({"hosts": 1}, "hosts")):
+        with pytest.raises(MCCLError, match=match):
+            DemoConfig(**bad).check()
