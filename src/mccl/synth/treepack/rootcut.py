@@ -119,15 +119,26 @@ def _hao_orlin(n: int, first: np.ndarray, to: np.ndarray, res: np.ndarray, rev: 
                     queued[x] = True
                     queue[tail] = x
                     tail = (tail + 1) % (n + 1)
-        # Wake dormant sets (newest first) until W holds a candidate.
+        # Wake dormant sets (newest first) until W holds a candidate. A set woken into an empty W keeps
+        # its labels (valid inside it: nothing there moved while it slept); joining awake nodes, whose
+        # arcs into it no label was kept for, it needs the global relabel.
         while awake_candidates == 0 and dormant > 0:
+            for v in range(n):
+                if where[v] == _AWAKE:
+                    force = True
+                    break
             for v in range(n):
                 if where[v] == dormant:
                     where[v] = _AWAKE
+                    count[label[v]] += 1
+                    current[v] = first[v]
                     if candidate[v]:
                         awake_candidates += 1
+                    if excess[v] > 0 and not queued[v]:
+                        queued[v] = True
+                        queue[tail] = v
+                        tail = (tail + 1) % (n + 1)
             dormant -= 1
-            force = True
         if awake_candidates == 0:
             break
         t = -1
