@@ -1,4 +1,10 @@
-"""Phase 3's packing check with most sinks proven without a max-flow (issue 17: 2048 GPUs).
+"""The packing checks: Phase 3's with most sinks proven without a max-flow, Phase 2's as one rooted cut.
+
+Phase 2 (:func:`packing_ok`: does the whole forest, ``need`` = Σ k trees into every rank, fit the
+split?) asks the rooted minimum cut of :mod:`.rootcut` once; the rules below do not help there (at
+need = n·k no host split carries n·k: 31 flows for 32 ranks, BENCHMARKS.md third session).
+Phase 3 (:func:`packs`, issue 17: 2048 GPUs) asks it of the residual many times, with small
+``need``, where the rules prove most sinks:
 
 The trees still to pack fit the residual iff every rank v has ``maxflow(s*, v) >= need``
 (s* → r of capacity ``untouched[r]``, need = Σ untouched; :mod:`.arborescence`). Asked
