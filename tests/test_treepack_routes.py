@@ -127,7 +127,6 @@ def test_a_group_on_a_large_fabric_splits_only_the_switches_near_it():
     assert result.achieved_gbs >= 8 * integral.rate_gbps / 8 * (1 - 1e-9)
 
 
-@pytest.mark.slow
 def test_search_skip_keeps_the_same_routes(monkeypatch) -> None:
     """Pieces already as short as any switch-only route of their pair are not searched: the routes are
     exactly those of searching every piece (hop counts forced to 0 make every piece searched)."""
@@ -142,7 +141,6 @@ def test_search_skip_keeps_the_same_routes(monkeypatch) -> None:
         key: sorted(pieces) for key, pieces in searched.items()}
 
 
-@pytest.mark.slow
 def test_slack_links_split_capped_at_the_trees_to_pack(monkeypatch) -> None:
     """Fail3 leaves every link but the spare GPU's with far more units than the trees can use: the split
     caps them at Σ k (fewer, shorter route pieces) and keeps k and the throughput of the uncapped split."""
