@@ -6,7 +6,9 @@ saves its ~10 s compile, and its load is inside the timed call). Per case and re
 
 * ``cpu_s``: CPU time (``time.process_time``; the machine is shared) of the ``optimize`` call;
 * the phase times the synthesis reports (``phase1_s`` cut bound, ``rounding_s``, ``phase2_s`` switch
-  removal, ``phase3_s`` tree construction; wall clock, so inflated under load), its max-flows, trees,
+  removal, ``phase3_s`` tree construction; wall clock, so inflated under load) and the same phases'
+  CPU times (``phase1_cpu_s`` … ``lowering_cpu_s``, the pipeline's functions wrapped in the worker;
+  the table prints these), its max-flows, trees,
   depth, the fractional bound and the achieved throughput;
 * ``rss_mb``: the worker's peak resident memory (``ru_maxrss``), and ``base_mb`` after the imports;
 * every emitted schedule is checked with ``validate()`` (outside the timing).
@@ -46,7 +48,26 @@ from mccl.synth import allgather_cut_bound, optimize
 from mccl.synth.maxflow import scipy_max_flow
 from mccl.topology import fail1, fail2, fail3, rail_optimized
 
-gpus, case = int(sys.argv[1]), sys.argv[2]
+gpus, case, exact_too = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+import mccl.synth.treepack.pipeline as pipeline
+phase_cpu = {}
+
+
+def timed(name, function):
+    # ``function`` with its CPU time added to ``phase_cpu[name]`` (the pipeline's own phase times are wall)
+    def wrapper(*args, **kwargs):
+        started = time.process_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            phase_cpu[name] = phase_cpu.get(name, 0.0) + time.process_time() - started
+    return wrapper
+
+
+for name, attribute in (("phase1_cpu_s", "max_rate"), ("rounding_cpu_s", "best_integral_rate"),
+                        ("phase2_cpu_s", "split_switches"), ("phase3_cpu_s", "pack_arborescences"),
+                        ("lowering_cpu_s", "lower_trees")):
+    setattr(pipeline, attribute, timed(name, getattr(pipeline, attribute)))
 healthy = rail_optimized(1, gpus // 8, 8)
 faults = {"fail1": fail1, "fail2": fail2, "fail3": fail3}
 base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -60,23 +81,25 @@ elif case != "healthy":
     if warm:
         previous = optimize(healthy, "allgather")
     topology = faults[fault](healthy)
+phase_cpu.clear()
 start = time.process_time()
 result = optimize(topology, "allgather", previous=previous)
 cpu = time.process_time() - start
 validate(result.schedule, topology)
 stats = dict(result.schedule.meta.stats)
-exact = allgather_cut_bound(topology, result.schedule.ranks, max_flow=scipy_max_flow).algbw_gbs
-print(json.dumps({"cpu_s": cpu, "bound_gbs": result.bound_gbs, "achieved_gbs": result.achieved_gbs, "exact_bound_gbs": exact,
+exact = allgather_cut_bound(topology, result.schedule.ranks, max_flow=scipy_max_flow).algbw_gbs if exact_too else None
+print(json.dumps({"cpu_s": cpu, **phase_cpu, "bound_gbs": result.bound_gbs, "achieved_gbs": result.achieved_gbs, "exact_bound_gbs": exact,
                   "transfers": len(result.schedule.transfers.chunk), "base_mb": base_mb,
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   **{name: stats.get(name) for name in STAT_NAMES}}))
 """.replace("STAT_NAMES", repr(STATS))
 
 
-def run_case(src: str, gpus: int, case: str, timeout: float) -> dict:
+def run_case(src: str, gpus: int, case: str, timeout: float, exact: bool = True) -> dict:
     """One case in a fresh interpreter importing mccl from ``src``."""
     env_path = f"import sys; sys.path.insert(0, {src!r})\n"
-    done = subprocess.run([sys.executable, "-c", env_path + WORKER, str(gpus), case], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", env_path + WORKER, str(gpus), case, "1" if exact else "0"],
+                          capture_output=True,
                           text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{gpus} {case} failed:\n{done.stderr[-2000:]}")
@@ -99,27 +122,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before-src", default=None, help="another checkout's src to compare against")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--no-exact", action="store_true", help="skip the scipy cut bound (minutes at 2048 GPUs)")
     parser.add_argument("--out", default=str(HERE / "results" / "treepack_scale.jsonl"))
     args = parser.parse_args()
     sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"{'gpus':>5} {'case':<15} {'side':<6} {'cpu_s':>8} {'ph1':>6} {'ph2':>6} {'ph3':>7} {'flows':>6} "
+    header = (f"{'gpus':>5} {'case':<15} {'side':<6} {'cpu_s':>8} {'ph1':>6} {'ph2':>6} {'ph3':>7} {'lower':>6} {'flows':>6} "
               f"{'groups':>6} {'depth':>5} {'bound':>8} {'achieved':>8} {'exact':>8} {'rss_mb':>7} {'base_mb':>7}")
     print(header, flush=True)
     for gpus in [int(g) for g in args.gpus.split(",")]:
         for case in args.cases.split(","):
             medians = {}
             for side, src in sides:
-                rows = [run_case(src, gpus, case, args.timeout) for _ in range(args.repeats)]
+                rows = [run_case(src, gpus, case, args.timeout, not args.no_exact) for _ in range(args.repeats)]
                 row = median_row(rows)
                 medians[side] = row
                 with out.open("a") as handle:
                     handle.write(json.dumps({"gpus": gpus, "case": case, "side": side, "repeats": rows}) + "\n")
-                print(f"{gpus:>5} {case:<15} {side:<6} {row['cpu_s']:>8.2f} {row['phase1_s']:>6.2f} "
-                      f"{row['phase2_s']:>6.2f} {row['phase3_s']:>7.2f} {row['max_flows']:>6.0f} "
+                cpu = {name: row.get(f"{name}_cpu_s") or 0.0 for name in ("phase1", "phase2", "phase3", "lowering")}
+                print(f"{gpus:>5} {case:<15} {side:<6} {row['cpu_s']:>8.2f} {cpu['phase1']:>6.2f} "
+                      f"{cpu['phase2']:>6.2f} {cpu['phase3']:>7.2f} {cpu['lowering']:>6.2f} {row['max_flows']:>6.0f} "
                       f"{row['tree_groups']:>6.0f} {row['max_depth']:>5.0f} {row['bound_gbs']:>8.2f} "
-                      f"{row['achieved_gbs']:>8.2f} {row['exact_bound_gbs']:>8.2f} {row['rss_mb']:>7.0f} {row['base_mb']:>7.0f}", flush=True)
+                      f"{row['achieved_gbs']:>8.2f} {row['exact_bound_gbs'] or float('nan'):>8.2f} {row['rss_mb']:>7.0f} {row['base_mb']:>7.0f}", flush=True)
             if "before" in medians:
                 ratio = medians["before"]["cpu_s"] / medians["after"]["cpu_s"]
                 same = medians["before"]["achieved_gbs"] == medians["after"]["achieved_gbs"]

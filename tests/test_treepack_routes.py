@@ -125,3 +125,37 @@ def test_a_group_on_a_large_fabric_splits_only_the_switches_near_it():
     result = optimize(topology, "allgather", ranks)
     validate(result.schedule, topology)
     assert result.achieved_gbs >= 8 * integral.rate_gbps / 8 * (1 - 1e-9)
+
+
+def test_search_skip_keeps_the_same_routes(monkeypatch) -> None:
+    """Pieces already as short as any switch-only route of their pair are not searched: the routes are
+    exactly those of searching every piece (hop counts forced to 0 make every piece searched)."""
+    from mccl.synth.treepack import straighten
+
+    fabric, integral, logical = _split(apply_fault(rail_optimized(1, 4, 8), "fail3"), straighten=False)
+    skipped = straighten.straighten_routes(fabric, logical.split_units, logical.routes)
+    monkeypatch.setattr(straighten, "_switch_hops",
+                        lambda fabric, sources: {s: np.zeros(fabric.n_ranks) for s in sources})
+    searched = straighten.straighten_routes(fabric, logical.split_units, logical.routes)
+    assert {key: sorted(pieces) for key, pieces in skipped.items()} == {
+        key: sorted(pieces) for key, pieces in searched.items()}
+
+
+def test_slack_links_split_capped_at_the_trees_to_pack(monkeypatch) -> None:
+    """Fail3 leaves every link but the spare GPU's with far more units than the trees can use: the split
+    caps them at Σ k (fewer, shorter route pieces) and keeps k and the throughput of the uncapped split."""
+    from mccl.synth.treepack import switch_removal
+
+    topology = apply_fault(rail_optimized(1, 4, 8), "fail3")
+    fabric, integral, capped = _split(topology)
+    assert int(integral.units.max()) > fabric.n_ranks * integral.k and not capped.careful
+    monkeypatch.setattr(switch_removal, "_capped_first", lambda units, k, n_ranks: [units])
+    _, _, uncapped = _split(topology)
+    pieces = sum(len(p) for p in capped.routes.values())
+    assert pieces < sum(len(p) for p in uncapped.routes.values())
+    load = _link_load(fabric, capped)
+    assert (load <= integral.units).all()
+    achieved = optimize(topology, "allgather").achieved_gbs
+    monkeypatch.undo()
+    monkeypatch.setattr(switch_removal, "_capped_first", lambda units, k, n_ranks: [units])
+    assert optimize(topology, "allgather").achieved_gbs == pytest.approx(achieved, rel=1e-12)

@@ -1,4 +1,10 @@
-"""Phase 3's packing check with most sinks proven without a max-flow (issue 17: 2048 GPUs).
+"""The packing checks: Phase 3's with most sinks proven without a max-flow, Phase 2's as one rooted cut.
+
+Phase 2 (:func:`packing_ok`: does the whole forest, ``need`` = Σ k trees into every rank, fit the
+split?) asks the rooted minimum cut of :mod:`.rootcut` once; the rules below do not help there (at
+need = n·k no host split carries n·k: 31 flows for 32 ranks, BENCHMARKS.md third session).
+Phase 3 (:func:`packs`, issue 17: 2048 GPUs) asks it of the residual many times, with small
+``need``, where the rules prove most sinks:
 
 The trees still to pack fit the residual iff every rank v has ``maxflow(s*, v) >= need``
 (s* → r of capacity ``untouched[r]``, need = Σ untouched; :mod:`.arborescence`). Asked
@@ -29,8 +35,9 @@ import numba
 import numpy as np
 
 from mccl.synth.maxflow import FlowNet
+from mccl.synth.treepack.rootcut import rooted_min_cut
 
-__all__ = ["packs"]
+__all__ = ["packs", "packing_ok", "packing_ok_by_flows"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _SPLIT_LIMIT = 12
@@ -162,3 +169,38 @@ def packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, un
         _prove(np.array([v], dtype=np.int64), proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
                member_start, need)
     return True, solves
+
+
+def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,
+               k: int | np.ndarray) -> bool:
+    """Phase 2's condition: ``maxflow(s*, v) >= Σ k`` for every rank v (s* feeds rank r its k[r] trees;
+    k may be uniform), as one rooted minimum cut (:mod:`.rootcut`, Hao–Orlin) instead of n max-flows.
+
+    Nodes ``0 … n_ranks-1`` are the ranks, ``n_ranks … n_nodes-1`` switches (never sinks), s* is
+    node ``n_nodes`` (arcs into it, a switch's drained excess, carry nothing from it). Exactly
+    :func:`packing_ok_by_flows`' answer (tests compare them), at 2,048 GPUs in ≈ one max-flow's time.
+    """
+    demand = np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,))
+    need = int(demand.sum())
+    source = n_nodes
+    tails = np.concatenate([np.asarray(tail, dtype=np.int64), np.full(n_ranks, source, dtype=np.int64)])
+    heads = np.concatenate([np.asarray(head, dtype=np.int64), np.arange(n_ranks, dtype=np.int64)])
+    capacities = np.concatenate([np.asarray(caps, dtype=np.int64), demand])
+    candidates = np.zeros(n_nodes + 1, dtype=np.bool_)
+    candidates[:n_ranks] = True
+    try:
+        return rooted_min_cut(n_nodes + 1, source, tails, heads, capacities, candidates, need=need).value >= need
+    except ArithmeticError:  # the label guard of :mod:`.rootcut` (never seen): the n max-flows decide
+        return packing_ok_by_flows(n_nodes, n_ranks, tail, head, caps, k)
+
+
+def packing_ok_by_flows(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,
+                        k: int | np.ndarray) -> bool:
+    """:func:`packing_ok` by one OR-Tools max-flow per rank (the former check; the tests' reference)."""
+    demand = np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,))
+    net = FlowNet(n_nodes + 1)
+    source = n_nodes
+    net.add_arcs(tail, head, caps)
+    net.add_arcs(np.full(n_ranks, source), np.arange(n_ranks), demand)
+    need = int(demand.sum())
+    return all(net.max_flow(source, v) >= need for v in range(n_ranks))

@@ -164,6 +164,9 @@ def straighten_routes(fabric: Fabric, units: np.ndarray,
     direct = {(int(u), int(v)) for u, v in zip(fabric.tail, fabric.head, strict=True)}
     long_pieces = [(len(route), key, route, count) for key, pieces in simple.items() for route, count in pieces
                    if len(route) > 2 or (len(route) == 2 and key in direct)]
+    if long_pieces:  # a piece already as short as any switch-only route of its pair cannot be shortened: no search
+        hops = _switch_hops(fabric, sorted({key[0] for _, key, _, _ in long_pieces}))
+        long_pieces = [piece for piece in long_pieces if hops[piece[1][0]][piece[1][1]] < piece[0]]
     if not long_pieces:
         return simple
     long_pieces.sort(key=lambda item: -item[0])
@@ -185,3 +188,24 @@ def straighten_routes(fabric: Fabric, units: np.ndarray,
             pool[shorter] = pool.get(shorter, 0) + amount
         residual.shift(own, -left)
     return {key: [(route, count) for route, count in pool.items() if count > 0] for key, pool in moved.items()}
+
+
+def _switch_hops(fabric: Fabric, sources: list[int]) -> dict[int, np.ndarray]:
+    """Per source rank, the fewest links to every rank on a route that relays through switches only.
+
+    Ranks are split in two (an out-copy with the rank's out-arcs, an in-copy at ``n_nodes + rank``
+    with its in-arcs), so no route passes through one; scipy's breadth-first search, 256 sources at a time.
+    """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import shortest_path
+
+    n, n_ranks = fabric.n_nodes, fabric.n_ranks
+    heads = np.where(fabric.head < n_ranks, n + fabric.head, fabric.head)
+    size = n + n_ranks
+    graph = csr_matrix((np.ones(fabric.n_arcs), (fabric.tail, heads)), shape=(size, size))
+    out: dict[int, np.ndarray] = {}
+    for start in range(0, len(sources), 256):
+        chunk = sources[start:start + 256]
+        rows = shortest_path(graph, unweighted=True, indices=chunk)[:, n:]
+        out.update(zip(chunk, rows, strict=True))
+    return out

@@ -12,7 +12,9 @@ can be split off completely while keeping the cut condition of Phase 1.
 Per switch we split greedily but spread: first each in-arc's share proportional
 to the out-arcs' capacities (floors), then a small bipartite max-flow (no ``u → u``
 pairs) fills up what is left, so the split is maximal. After all switches we check
-the cut condition on the logical graph with n max-flows. If it fails (unbalanced
+the cut condition on the logical graph: ``maxflow(s*, v) >= need`` for every rank v, asked
+as one rooted minimum cut (:func:`~.packcheck.packing_ok`, Hao–Orlin: about one max-flow's
+time, where n max-flows took 137 s at 2,048 GPUs). If it fails (unbalanced
 switches, e.g. random one-way links or a measured topology degraded one direction
 at a time), the careful mode first balances the switches — excess in-units drain
 into the super-source s* by an extra arc (arcs into s* carry no flow, so the cut
@@ -23,8 +25,10 @@ pair by pair, each amount the largest that keeps the condition (binary search on
 max-flow checks); what still cannot be split is dropped and shows as loss
 (:mod:`.balance` then tries lower rates).
 
-Units are integers: trees per time unit of :mod:`mccl.synth.treepack.rounding`.
-Complexity: fast path O(Σ_w deg(w)²) plus one round of n max-flows.
+The arcs and their route pools while splitting are :class:`~.splitgraph.SplitGraph`; the
+routes are straightened at the end (:mod:`.straighten`). Units are integers: trees per time
+unit of :mod:`mccl.synth.treepack.rounding`. Complexity: fast path O(Σ_w deg(w)²) plus one
+rooted minimum cut on the logical graph.
 """
 
 from __future__ import annotations
@@ -36,13 +40,11 @@ import numpy as np
 
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.packcheck import packing_ok
+from mccl.synth.treepack.splitgraph import Path, SplitGraph
 from mccl.synth.treepack.straighten import straighten_routes
 
 __all__ = ["LogicalGraph", "remove_switches", "packing_ok", "straighten_logical"]
-
-Path = tuple[int, ...]  # physical link ids
-Pool = dict[Path, int]  # route -> units, in order of arrival
-
 
 @dataclass(frozen=True)
 class LogicalGraph:
@@ -66,218 +68,7 @@ def straighten_logical(fabric: Fabric, logical: LogicalGraph) -> LogicalGraph:
     return LogicalGraph(logical.n_ranks, logical.units, routes, logical.careful, logical.split_units, True)
 
 
-def _take(pool: Pool, amount: int) -> list[tuple[Path, int]]:
-    """Remove ``amount`` units from a pool of routes (latest first: O(1) per piece); return the pieces.
-
-    Which routes a split takes does not change the logical graph, only the routes, and
-    :mod:`.straighten` shortens those afterwards.
-    """
-    pieces = []
-    while amount > 0:
-        path, units = pool.popitem()
-        used = min(units, amount)
-        pieces.append((path, used))
-        amount -= used
-        if units > used:
-            pool[path] = units - used
-    return pieces
-
-
-def _pair_pieces(left: list[tuple[Path, int]], right: list[tuple[Path, int]]) -> list[tuple[Path, int]]:
-    """Concatenate route pieces of two equal-size piece lists unit-wise."""
-    out: dict[Path, int] = defaultdict(int)
-    i = j = 0
-    left = [list(p) for p in left]
-    right = [list(p) for p in right]
-    while i < len(left) and j < len(right):
-        used = min(left[i][1], right[j][1])
-        out[left[i][0] + right[j][0]] += used
-        left[i][1] -= used
-        right[j][1] -= used
-        i += left[i][1] == 0
-        j += right[j][1] == 0
-    return list(out.items())
-
-
-Key = tuple[int, int]
-Snapshot = dict[Key, tuple[Pool, int] | None]
-
-
-class _Graph:
-    """Mutable multigraph of arcs with route pools (and their unit totals) during splitting."""
-
-    def __init__(self, fabric: Fabric, units: np.ndarray) -> None:
-        self.n_ranks = fabric.n_ranks
-        self.n_nodes = fabric.n_nodes
-        self.pools: dict[Key, Pool] = {}
-        self.total: dict[Key, int] = {}
-        for arc in np.flatnonzero(units > 0):
-            self._put((int(fabric.tail[arc]), int(fabric.head[arc])), [((int(fabric.link[arc]),), int(units[arc]))])
-        self._index()
-
-    def _index(self) -> None:
-        self.out: dict[int, set[int]] = defaultdict(set)
-        self.inn: dict[int, set[int]] = defaultdict(set)
-        for u, v in self.pools:
-            self.out[u].add(v)
-            self.inn[v].add(u)
-
-    def _put(self, key: Key, pieces: list[tuple[Path, int]]) -> None:
-        pool = self.pools.get(key)
-        if pool is None:
-            pool = self.pools[key] = {}
-            self.total[key] = 0
-        for path, units in pieces:
-            pool[path] = pool.get(path, 0) + units
-            self.total[key] += units
-
-    def snapshot(self, keys: list[Key] | None = None) -> Snapshot:
-        """A copy of the given arcs (all if None), to :meth:`restore` after a trial split."""
-        keys = list(self.pools) if keys is None else keys
-        return {key: (dict(self.pools[key]), self.total[key]) if key in self.pools else None for key in keys}
-
-    def restore(self, saved: Snapshot, *, everything: bool = False) -> None:
-        if everything:
-            self.pools, self.total = {}, {}
-        for key, value in saved.items():
-            if value is None:
-                self.pools.pop(key, None)
-                self.total.pop(key, None)
-            else:
-                self.pools[key], self.total[key] = dict(value[0]), value[1]
-        if everything:
-            self._index()
-            return
-        for key in saved:
-            if key in self.pools:
-                self.out[key[0]].add(key[1])
-                self.inn[key[1]].add(key[0])
-            else:
-                self.out[key[0]].discard(key[1])
-                self.inn[key[1]].discard(key[0])
-
-    def drain_excess(self) -> None:
-        """Balance every switch with more units in than out by an arc to the super-source s* (node ``n_nodes``).
-
-        Arcs into s* carry no flow from s*, so the cut condition is unchanged; the switch is then
-        Eulerian and the splitting theorem applies to it. Splitting ``u → w → s*`` gives ``u → s*``:
-        the part of u's capacity that w could never forward, dropped at the end.
-        """
-        balance: dict[int, int] = defaultdict(int)
-        for (u, v), units in self.total.items():
-            balance[v] += units
-            balance[u] -= units
-        for w in range(self.n_ranks, self.n_nodes):
-            if balance[w] > 0:
-                self.add((w, self.n_nodes), [((), balance[w])])
-
-    def trim_out_excess(self, k: int | np.ndarray) -> None:
-        """Lower the out-arcs of switches that send out more units than they take in, keeping the cut condition.
-
-        A switch forwards at most what it takes in, so that excess is unusable; but the splitting
-        theorem needs the switch balanced, and which out-arcs lose it matters to the cut condition.
-        Per out-arc (largest first), the most units whose removal keeps ``packing_ok`` (binary search).
-        What cannot be trimmed stays; the split then may keep fewer trees (and shows as loss).
-        """
-        for _ in range(3):  # trimming into a switch lowers its in-side: a few passes settle it
-            changed = False
-            for w in range(self.n_ranks, self.n_nodes):
-                excess = sum(self.units((w, t)) for t in self.out[w]) - sum(self.units((u, w)) for u in self.inn[w])
-                for t in sorted(self.out[w], key=lambda t, w=w: (-self.units((w, t)), t)):
-                    if excess <= 0:
-                        break
-                    cut = self._largest_keeping(lambda amount, key=(w, t): self._without(key, amount),
-                                                min(excess, self.units((w, t))), k)
-                    if cut > 0:
-                        self.remove((w, t), cut)
-                        excess -= cut
-                        changed = True
-            if not changed:
-                break
-
-    def _without(self, key: Key, amount: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        tail, head, caps = self.arrays()
-        caps = caps.copy()
-        caps[(tail == key[0]) & (head == key[1])] -= amount
-        return tail, head, caps
-
-    def _largest_keeping(self, arrays_for, high: int, k: int | np.ndarray) -> int:
-        """The largest amount <= high whose ``arrays_for(amount)`` graph still passes ``packing_ok``."""
-        low = 0
-        while low < high:
-            mid = (low + high + 1) // 2
-            if packing_ok(self.n_nodes, self.n_ranks, *arrays_for(mid), k):
-                low = mid
-            else:
-                high = mid - 1
-        return low
-
-    def _forget_if_empty(self, key: Key) -> None:
-        if not self.pools[key]:
-            del self.pools[key]
-            del self.total[key]
-            self.out[key[0]].discard(key[1])
-            self.inn[key[1]].discard(key[0])
-
-    def _take_from(self, key: Key, amount: int) -> list[tuple[Path, int]]:
-        pieces = _take(self.pools[key], amount)
-        self.total[key] -= amount
-        self._forget_if_empty(key)
-        return pieces
-
-    def remove(self, key: Key, amount: int) -> None:
-        self._take_from(key, amount)
-
-    def rank_pools(self) -> dict[Key, Pool]:
-        """The arcs between nodes of the fabric (without the drained excess into s*)."""
-        return {key: pool for key, pool in self.pools.items() if key[1] < self.n_nodes}
-
-    def units(self, key: Key) -> int:
-        return self.total.get(key, 0)
-
-    def add(self, key: Key, pieces: list[tuple[Path, int]]) -> None:
-        self._put(key, pieces)
-        self.out[key[0]].add(key[1])
-        self.inn[key[1]].add(key[0])
-
-    def split(self, u: int, w: int, t: int, amount: int) -> None:
-        left = self._take_from((u, w), amount)
-        right = self._take_from((w, t), amount)
-        self.add((u, t), _pair_pieces(left, right))
-
-    def drop_switch(self, w: int) -> None:
-        for u in list(self.inn[w]):
-            self.pools.pop((u, w), None)
-            self.total.pop((u, w), None)
-            self.out[u].discard(w)
-        for t in list(self.out[w]):
-            self.pools.pop((w, t), None)
-            self.total.pop((w, t), None)
-            self.inn[t].discard(w)
-        self.inn.pop(w, None)
-        self.out.pop(w, None)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        keys = list(self.total)
-        tail = np.array([u for u, _ in keys], dtype=np.int64)
-        head = np.array([v for _, v in keys], dtype=np.int64)
-        caps = np.array([self.total[key] for key in keys], dtype=np.int64)
-        return tail, head, caps
-
-
-def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,
-               k: int | np.ndarray) -> bool:
-    """Whether ``maxflow(s*, v) >= Σ k`` for every rank v (s* feeds rank r its k[r] trees; k may be uniform)."""
-    demand = np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,))
-    net = FlowNet(n_nodes + 1)
-    source = n_nodes
-    net.add_arcs(tail, head, caps)
-    net.add_arcs(np.full(n_ranks, source), np.arange(n_ranks), demand)
-    need = int(demand.sum())
-    return all(net.max_flow(source, v) >= need for v in range(n_ranks))
-
-
-def _fast_split(graph: _Graph, w: int, groups: np.ndarray) -> None:
+def _fast_split(graph: SplitGraph, w: int, groups: np.ndarray) -> None:
     """Split switch w maximally and spread, keeping pairs of one host (``groups``) for last.
 
     A route that leaves a host through w and comes back into the same host spends
@@ -339,7 +130,7 @@ def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: d
             left_out[t] -= int(flow)
 
 
-def _careful_split(graph: _Graph, w: int, k: int | np.ndarray) -> None:
+def _careful_split(graph: SplitGraph, w: int, k: int | np.ndarray) -> None:
     """Split switch w pair by pair, each by the largest amount that keeps the cut condition."""
 
     def ok() -> bool:
@@ -381,15 +172,18 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     groups = np.append(groups, -1)  # s*, the target of drained excess
     distance = _switch_distance(fabric)
     units = _prune_far_switches(fabric, units, k, distance)
-    graph = _Graph(fabric, units)  # the fast split is maximal: no drain, every out-unit gets used
     order = _farthest_first(fabric, distance)
-    for w in order:
-        _fast_split(graph, w, groups)
-    careful = False
-    tail, head, caps = graph.arrays()
-    if not packing_ok(fabric.n_nodes, fabric.n_ranks, tail, head, caps, k):
-        careful = True
-        graph = _Graph(fabric, units)
+    careful = True
+    for trial in _capped_first(units, k, fabric.n_ranks):
+        graph = SplitGraph(fabric, trial)  # the fast split is maximal: no drain, every out-unit gets used
+        for w in order:
+            _fast_split(graph, w, groups)
+        tail, head, caps = graph.arrays()
+        if packing_ok(fabric.n_nodes, fabric.n_ranks, tail, head, caps, k):
+            careful = False
+            break
+    if careful:
+        graph = SplitGraph(fabric, units)
         graph.drain_excess()
         graph.trim_out_excess(k)
         for w in order:
@@ -406,6 +200,21 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     if straighten:
         routes = straighten_routes(fabric, units, routes)
     return LogicalGraph(fabric.n_ranks, units_out, routes, careful, units, straighten)
+
+
+def _capped_first(units: np.ndarray, k: int | np.ndarray, n_ranks: int) -> list[np.ndarray]:
+    """The link units to split, first capped at ``need`` = Σ k (the trees to pack), then as given.
+
+    Where one slow rank sets the rate (Fail3: 18.8 of 406 GB/s at 512 GPUs) every other link's
+    integer capacity is ~20× what the trees can use, and the proportional split then links almost
+    every rank pair: 262 k logical arcs at 512 GPUs against 46 k healthy, and the straightening and
+    Phase 3 pay for each. Capped, the split stays as sparse as a healthy one. The cap is kept only
+    if the split passes the packing check (so k and the rate, hence the optimum, are unchanged);
+    healthy fabrics (no link above ``need``) split once, as before.
+    """
+    need = int(np.broadcast_to(np.asarray(k, dtype=np.int64), (n_ranks,)).sum())
+    capped = np.minimum(units, need)
+    return [capped, units] if bool((capped < units).any()) else [units]
 
 
 def _switch_distance(fabric: Fabric) -> np.ndarray:
