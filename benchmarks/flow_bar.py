@@ -15,7 +15,9 @@ Per HPN fabric (``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8
 * flow-level algbw at the size (grouped engine, ``SimOptions.executor()``: the executor's slicing, equal
   streams) of the chosen schedule and of the NCCL ring (8 channels) in the same run, CPU seconds of each
   simulation (``time.process_time``: the machine is shared), ``chosen / bound`` and ``chosen / ring``
-  (the bar: ≥ 0.95 and > 1).
+  (the bar: ≥ 0.95 and > 1);
+* α-β algbw (:func:`mccl.sim.evaluate`) of the same chosen schedule and the ring at 16 MiB and 1 GiB (the
+  choice is the one for ``--size``; at 16 MiB ``treepack.depth`` may pick another).
 
 Rows print as markdown as they finish and are appended to ``benchmarks/results/flow_bar.csv``.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from mccl.errors import MCCLError
 from mccl.schedule import Schedule, validate
-from mccl.sim import SimOptions, simulate_schedule
+from mccl.sim import SimOptions, evaluate, simulate_schedule
 from mccl.synth import allgather_cut_bound, optimize
 from mccl.synth.ring import nccl_ring
 from mccl.topology import Topology, apply_fault, rail_optimized
@@ -38,7 +40,7 @@ from mccl.topology import Topology, apply_fault, rail_optimized
 SHAPES = {16: (1, 2, 8), 64: (1, 8, 8), 128: (1, 16, 8), 512: (4, 16, 8)}
 CSV = Path(__file__).resolve().parent / "results" / "flow_bar.csv"
 COLUMNS = ["gpus", "fault", "size_bytes", "bound_gbs", "shape", "depth", "trees_per_source", "slices", "transfers",
-           "choice_cpu_s", "cached", "chosen_flow_gbs", "ring_flow_gbs", "chosen_vs_bound", "chosen_vs_ring",
+           "choice_cpu_s", "cached", "chosen_ab_16MiB", "ring_ab_16MiB", "chosen_ab_1GiB", "ring_ab_1GiB", "chosen_flow_gbs", "ring_flow_gbs", "chosen_vs_bound", "chosen_vs_ring",
            "ring_vs_bound", "chosen_sim_cpu_s", "ring_sim_cpu_s", "finished_utc"]
 
 
@@ -85,10 +87,14 @@ def measure(gpus: int, fault: str, size: float, cache: Path | None, synth_only: 
         "trees_per_source": round(len(schedule.chunks.fraction) / gpus, 2),
         "slices": SimOptions.executor().slices_for(schedule, size), "transfers": len(schedule.transfers.sender),
         "choice_cpu_s": round(choice_cpu, 1), "cached": cached}
+    ring = nccl_ring(topology, "allgather")
+    for label, ab_size in (("16MiB", 16 * 2**20), ("1GiB", 2**30)):
+        row[f"chosen_ab_{label}"] = round(evaluate(schedule, topology, ab_size).algbw_gbs, 2)
+        row[f"ring_ab_{label}"] = round(evaluate(ring, topology, ab_size).algbw_gbs, 2)
     if synth_only:
         return row
     chosen_gbs, chosen_cpu = flow(schedule, topology, size)
-    ring_gbs, ring_cpu = flow(nccl_ring(topology, "allgather"), topology, size)
+    ring_gbs, ring_cpu = flow(ring, topology, size)
     row.update({"chosen_flow_gbs": round(chosen_gbs, 2), "ring_flow_gbs": round(ring_gbs, 2),
                 "chosen_vs_bound": round(chosen_gbs / bound, 4), "chosen_vs_ring": round(chosen_gbs / ring_gbs, 3),
                 "ring_vs_bound": round(ring_gbs / bound, 4), "chosen_sim_cpu_s": round(chosen_cpu, 1),
