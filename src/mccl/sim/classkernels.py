@@ -27,7 +27,8 @@ arrived.
 Inlined helpers. Every helper of the loop is compiled into it (``inline="always"``): a call
 to a compiled function costs an atomic reference count up and down for every array it takes
 (``NRT_incref`` / ``NRT_decref``), which perf put at ~45 % of the loop's time at 128 GPUs
-before (the ring at 1 GiB: 10.8 → 6.4 s CPU). The helpers live in :mod:`mccl.sim.classheaps`,
+on the loaded box (the 128-GPU ring at 1 GiB: 10.8 → 6.4 s CPU at load ~25; 5.6–6.3 → 4.7–5.3 s at
+load ~5, where atomics are cheaper; BENCHMARKS.md, 2026-12-01 fourth session). The helpers live in :mod:`mccl.sim.classheaps`,
 :mod:`mccl.sim.classsolve` and :mod:`mccl.sim.indexheap`, but numba's file cache keys
 :func:`run_grouped` on THIS file only (see :mod:`mccl.sim.kernels`): after editing a helper,
 touch this file (or clear its ``__pycache__``), or the cached loop keeps the old helper.
