@@ -88,3 +88,46 @@ def test_a_sender_that_never_holds_its_chunk_is_rejected_by_the_grouped_engine()
         simulate_schedule(bad, fabric, 3e6, options=SimOptions.executor(engine="grouped"))
     assert np.isfinite(simulate_schedule(naive_ring(fabric, Collective.ALLGATHER), fabric, 3e6,
                                          options=SimOptions.executor(engine="grouped")).algbw_gbs)
+
+
+def test_live_class_lists_follow_activations_in_any_order():
+    """Per link, the live segment holds exactly the classes with flows on that link (swap removal)."""
+    from mccl.sim.classsolve import activate, deactivate
+
+    rng = np.random.default_rng(7)
+    n_classes, n_links = 40, 12
+    routes = [rng.choice(n_links, size=rng.integers(1, 5), replace=False) for _ in range(n_classes)]
+    c_lo = np.zeros(n_classes + 1, dtype=np.int64)
+    c_lo[1:] = np.cumsum([len(route) for route in routes])
+    c_links = np.concatenate(routes).astype(np.int64)
+    l_lo = np.zeros(n_links + 1, dtype=np.int64)
+    l_lo[1:] = np.cumsum(np.bincount(c_links, minlength=n_links))
+    a_cnt = np.zeros(n_links, dtype=np.int64)
+    a_cls, a_back = np.zeros(len(c_links), dtype=np.int64), np.zeros(len(c_links), dtype=np.int64)
+    a_pos = np.zeros(len(c_links), dtype=np.int64)
+    live, live_pos = np.zeros(n_classes, dtype=np.int64), np.zeros(n_classes, dtype=np.int64)
+    active: set[int] = set()
+    n_live = 0
+    for k in rng.integers(0, n_classes, size=400):
+        k = int(k)
+        if k in active:
+            n_live = deactivate(k, c_lo, c_links, l_lo, a_cnt, a_cls, a_back, a_pos, live, live_pos, n_live)
+            active.remove(k)
+        else:
+            n_live = activate(k, c_lo, c_links, l_lo, a_cnt, a_cls, a_back, a_pos, live, live_pos, n_live)
+            active.add(k)
+        assert sorted(live[:n_live]) == sorted(active)
+        for link in range(n_links):
+            on_link = {c for c in active if link in routes[c]}
+            assert sorted(a_cls[l_lo[link]:l_lo[link] + a_cnt[link]]) == sorted(on_link)
+
+
+def test_depth_chosen_packing_under_a_fault_matches_the_flow_engine():
+    """What treepack.depth issues on the 2×8 HPN with a slowed link (fewer trees per source, hops that go
+    idle between slices and come back): both engines agree."""
+    from mccl.synth import optimize
+
+    fabric = apply_fault(rail_optimized(1, 2, 8), "fail1")
+    schedule = optimize(fabric, "allgather", method="treepack.depth", size_bytes=64 * MiB).schedule
+    grouped, flows = both(schedule, fabric, 64 * MiB)
+    assert_same(grouped, flows)

@@ -14,12 +14,8 @@ bytes finishes when ``V`` reaches its tag ``V0 + b``. Its flows sit on a per-cla
 of tags, the classes on an indexed heap of their next finish time: a rate change
 re-keys one class, not its flows.
 
-Incremental exact max-min, as :mod:`mccl.sim.kernels` (Bertsekas & Gallager §6.5.2),
-over classes weighted by their multiplicity: re-solve the set S of classes whose
-multiplicity changed and those bottlenecked on a link whose load changed, by exact
-progressive filling on what the other classes leave; then check feasibility and the
-bottleneck condition on every link whose rates changed and add violators to S; repeat
-(S becomes every class once it holds a quarter of the live ones).
+Rates: incremental exact max-min over classes weighted by their multiplicity
+(:mod:`mccl.sim.classsolve`); heaps and work lists: :mod:`mccl.sim.classheaps`.
 
 Events are handled in the order and with the batching of :mod:`mccl.sim.engine`:
 flows whose last byte leaves by ``now + tolerance``, then arrivals by then, then every
@@ -28,8 +24,14 @@ Slices are implicit: transfer t (a schedule transfer) moves slices 0..T-1 in ord
 its connection; slice j of t is ready once slice j of every transfer t waits for has
 arrived.
 
-One compile unit: every jitted helper is in this file (numba's cache checks only the
-file of the function it compiled; see :mod:`mccl.sim.kernels`).
+Inlined helpers. Every helper of the loop is compiled into it (``inline="always"``): a call
+to a compiled function costs an atomic reference count up and down for every array it takes
+(``NRT_incref`` / ``NRT_decref``), which perf put at ~45 % of the loop's time at 128 GPUs
+on the loaded box (the 128-GPU ring at 1 GiB: 10.8 → 6.4 s CPU at load ~25; 5.6–6.3 → 4.7–5.3 s at
+load ~5, where atomics are cheaper; BENCHMARKS.md, 2026-12-01 fourth session). The helpers live in :mod:`mccl.sim.classheaps`,
+:mod:`mccl.sim.classsolve` and :mod:`mccl.sim.indexheap`, but numba's file cache keys
+:func:`run_grouped` on THIS file only (see :mod:`mccl.sim.kernels`): after editing a helper,
+touch this file (or clear its ``__pycache__``), or the cached loop keeps the old helper.
 """
 
 from __future__ import annotations
@@ -37,299 +39,27 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from mccl.sim.indexheap import heap_pop as _heap_pop
+from mccl.sim.classheaps import arr_pop as _arr_pop
+from mccl.sim.classheaps import arr_push as _arr_push
+from mccl.sim.classheaps import mark as _mark
+from mccl.sim.classheaps import tag_pop as _tag_pop
+from mccl.sim.classheaps import tag_push as _tag_push
+from mccl.sim.classsolve import activate as _activate
+from mccl.sim.classsolve import deactivate as _deactivate
+from mccl.sim.classsolve import recompute as _recompute
 from mccl.sim.indexheap import heap_set as _heap_set
 
 __all__ = ["run_grouped"]
 
 _jit = numba.njit(cache=True, nogil=True)
-_WHOLE = 0.25  # once S holds this share of the live classes, S becomes all of them
-_SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan instead of a heap
+_inline = numba.njit(cache=True, nogil=True, inline="always")  # module docstring: inlined helpers
 _LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause
 # run_grouped's status codes
 OK, STALLED, TOO_LONG = 0, 1, 2
 
 
-# -- plain binary heaps: a class's flows (tag, transfer); arrivals (time, seq, slice id) -------------
-@_jit
-def _tag_push(tags, items, base, size, tag, item):
-    at = size
-    while at > 0:
-        parent = (at - 1) >> 1
-        if tags[base + parent] <= tag:
-            break
-        tags[base + at] = tags[base + parent]
-        items[base + at] = items[base + parent]
-        at = parent
-    tags[base + at] = tag
-    items[base + at] = item
-
-
-@_jit
-def _tag_pop(tags, items, base, size):
-    """Drop the top of a heap of ``size`` entries at ``base`` (the caller read it)."""
-    size -= 1
-    if size == 0:
-        return
-    tag = tags[base + size]
-    item = items[base + size]
-    at = 0
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            break
-        if child + 1 < size and tags[base + child + 1] < tags[base + child]:
-            child += 1
-        if tags[base + child] >= tag:
-            break
-        tags[base + at] = tags[base + child]
-        items[base + at] = items[base + child]
-        at = child
-    tags[base + at] = tag
-    items[base + at] = item
-
-
-@_jit
-def _arr_less(a_time, a_seq, i, j):
-    return a_time[i] < a_time[j] or (a_time[i] == a_time[j] and a_seq[i] < a_seq[j])
-
-
-@_jit
-def _arr_push(a_time, a_seq, a_id, size, when, seq, item):
-    at = size
-    a_time[at] = when
-    a_seq[at] = seq
-    a_id[at] = item
-    while at > 0:
-        parent = (at - 1) >> 1
-        if not _arr_less(a_time, a_seq, at, parent):
-            break
-        a_time[at], a_time[parent] = a_time[parent], a_time[at]
-        a_seq[at], a_seq[parent] = a_seq[parent], a_seq[at]
-        a_id[at], a_id[parent] = a_id[parent], a_id[at]
-        at = parent
-
-
-@_jit
-def _arr_pop(a_time, a_seq, a_id, size):
-    size -= 1
-    a_time[0], a_seq[0], a_id[0] = a_time[size], a_seq[size], a_id[size]
-    at = 0
-    while True:
-        child = 2 * at + 1
-        if child >= size:
-            break
-        if child + 1 < size and _arr_less(a_time, a_seq, child + 1, child):
-            child += 1
-        if not _arr_less(a_time, a_seq, child, at):
-            break
-        a_time[at], a_time[child] = a_time[child], a_time[at]
-        a_seq[at], a_seq[child] = a_seq[child], a_seq[at]
-        a_id[at], a_id[child] = a_id[child], a_id[at]
-        at = child
-
-
-@_jit
-def _mark(item, marked, items, count):
-    if not marked[item]:
-        marked[item] = True
-        items[count] = item
-        return count + 1
-    return count
-
-
-# -- max-min over classes ---------------------------------------------------------------------------
-@_jit
-def _share(resid, cnt, link):
-    if cnt[link] <= 0:
-        return np.inf
-    return max(resid[link], 0.0) / cnt[link]
-
-
-@_jit
-def _recompute(now, eps, cap, mult, rate, bneck, vserv, tserv, c_lo, c_links, l_lo, l_cls, load,
-               dlist, n_dirty, dmark, clist, n_changed, cmark, n_live, s_in, s_frozen, s_rate, s_bneck,
-               members, touched, l_mark, resid, cnt, hp, hpos, hkey, need, checked, exact, rekey, n_rekey, rmark, counters):
-    """Re-solve the rates after the marked changes; return the new length of the ``rekey`` list."""
-    n_classes = len(mult)
-    m = 0
-    for j in range(n_dirty):
-        k = dlist[j]
-        dmark[k] = False
-        if mult[k] > 0 and not s_in[k]:
-            s_in[k] = True
-            members[m] = k
-            m += 1
-    for j in range(n_changed):
-        link = clist[j]
-        cmark[link] = False
-        for q in range(l_lo[link], l_lo[link + 1]):
-            k = l_cls[q]
-            if mult[k] > 0 and not s_in[k] and (bneck[k] == link or bneck[k] < 0):
-                s_in[k] = True
-                members[m] = k
-                m += 1
-    n_checked = 0
-    nt = 0
-    while True:
-        counters[3] += 1
-        nt = 0
-        for j in range(m):
-            k = members[j]
-            s_frozen[k] = False
-            for q in range(c_lo[k], c_lo[k + 1]):
-                link = c_links[q]
-                if not l_mark[link]:
-                    l_mark[link] = True
-                    touched[nt] = link
-                    nt += 1
-        use_heap = nt > _SCAN_LINKS
-        counters[4] += m
-        counters[5] += nt
-        size = 0
-        for j in range(nt):
-            link = touched[j]
-            r = cap[link] - load[link]
-            c = 0
-            for q in range(l_lo[link], l_lo[link + 1]):
-                k = l_cls[q]
-                if s_in[k] and mult[k] > 0:
-                    r += rate[k] * mult[k]
-                    c += mult[k]
-            resid[link] = r
-            cnt[link] = c
-            if use_heap:
-                size = _heap_set(hp, hpos, hkey, link, _share(resid, cnt, link), size)
-        while True:
-            if use_heap:
-                if size == 0:
-                    break
-                link = hp[0]
-                share = hkey[link]
-                size = _heap_pop(hp, hpos, hkey, size)
-                if cnt[link] == 0:
-                    continue
-            else:
-                link = -1
-                share = np.inf
-                for j in range(nt):
-                    other = touched[j]
-                    if cnt[other] > 0:
-                        value = _share(resid, cnt, other)
-                        if link < 0 or value < share:
-                            share = value
-                            link = other
-                if link < 0:
-                    break
-            for q in range(l_lo[link], l_lo[link + 1]):
-                k = l_cls[q]
-                if not s_in[k] or s_frozen[k] or mult[k] == 0:
-                    continue
-                s_frozen[k] = True
-                s_rate[k] = share
-                s_bneck[k] = link
-                for p in range(c_lo[k], c_lo[k + 1]):
-                    other = c_links[p]
-                    resid[other] -= share * mult[k]
-                    cnt[other] -= mult[k]
-            if use_heap:
-                for q in range(l_lo[link], l_lo[link + 1]):
-                    k = l_cls[q]
-                    if s_in[k] and s_bneck[k] == link and s_frozen[k]:
-                        for p in range(c_lo[k], c_lo[k + 1]):
-                            other = c_links[p]
-                            if hpos[other] >= 0:
-                                size = _heap_set(hp, hpos, hkey, other, _share(resid, cnt, other), size)
-        for j in range(n_changed):
-            need[clist[j]] = True
-        for j in range(m):
-            k = members[j]
-            if s_bneck[k] >= 0:
-                need[s_bneck[k]] = True
-            if s_rate[k] != rate[k]:
-                for q in range(c_lo[k], c_lo[k + 1]):
-                    need[c_links[q]] = True
-        grown = m
-        n_checked = 0
-        for j in range(nt + n_changed):
-            link = touched[j] if j < nt else clist[j - nt]
-            if not need[link]:
-                continue
-            need[link] = False
-            total = 0.0
-            top = 0.0
-            low_s = np.inf
-            top_kept = 0.0
-            low_kept_b = np.inf
-            for q in range(l_lo[link], l_lo[link + 1]):
-                k = l_cls[q]
-                if mult[k] == 0:
-                    continue
-                if s_in[k]:
-                    level = s_rate[k]
-                    if s_bneck[k] == link and level < low_s:
-                        low_s = level
-                else:
-                    level = rate[k]
-                    if level > top_kept:
-                        top_kept = level
-                    if bneck[k] == link and level < low_kept_b:
-                        low_kept_b = level
-                total += level * mult[k]
-                if level > top:
-                    top = level
-            checked[n_checked] = link
-            exact[n_checked] = total
-            n_checked += 1
-            saturated = total >= cap[link] * (1.0 - eps)
-            overloaded = total > cap[link] * (1.0 + eps)
-            if not (overloaded or top_kept > low_s * (1.0 + eps)
-                    or (low_kept_b < np.inf and (not saturated or low_kept_b < top * (1.0 - eps)))):
-                continue
-            for q in range(l_lo[link], l_lo[link + 1]):
-                k = l_cls[q]
-                if mult[k] == 0 or s_in[k]:
-                    continue
-                level = rate[k]
-                bad = overloaded or level > low_s * (1.0 + eps)
-                if bneck[k] == link and (not saturated or level < top * (1.0 - eps)):
-                    bad = True
-                if bad:
-                    s_in[k] = True
-                    members[grown] = k
-                    grown += 1
-        if grown == m:
-            break
-        m = grown
-        if m > _WHOLE * n_live:
-            for k in range(n_classes):
-                if mult[k] > 0 and not s_in[k]:
-                    s_in[k] = True
-                    members[m] = k
-                    m += 1
-        for j in range(nt):
-            l_mark[touched[j]] = False
-    for j in range(m):
-        k = members[j]
-        s_in[k] = False
-        bneck[k] = s_bneck[k]
-        new = s_rate[k]
-        if new != rate[k]:
-            vserv[k] += rate[k] * (now - tserv[k])
-            tserv[k] = now
-            for q in range(c_lo[k], c_lo[k + 1]):
-                load[c_links[q]] += (new - rate[k]) * mult[k]
-            rate[k] = new
-            n_rekey = _mark(k, rmark, rekey, n_rekey)
-    for j in range(n_checked):
-        load[checked[j]] = exact[j]
-    for j in range(nt):
-        l_mark[touched[j]] = False
-    return n_rekey
-
-
 # -- the event loop -----------------------------------------------------------------------------
-@_jit
+@_inline
 def _start_slice(t, now, c, cls_of, size, nxt, busy, mult, rate, vserv, tserv, c_lo, c_links, load, f_tag, f_item,
                  f_base, f_size):
     """Start slice ``nxt[t]`` of transfer t on its (free) connection c: one more flow of t's class."""
@@ -345,7 +75,7 @@ def _start_slice(t, now, c, cls_of, size, nxt, busy, mult, rate, vserv, tserv, c
         load[c_links[q]] += rate[k]
 
 
-@_jit
+@_inline
 def _next_finish(k, mult, rate, vserv, tserv, f_tag, f_base):
     if mult[k] == 0 or rate[k] <= 0.0:
         return np.inf
@@ -388,6 +118,12 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
     c_hp = np.arange(n_classes)
     c_hpos = np.arange(n_classes)
     c_hkey = np.full(n_classes, np.inf)
+    live = np.zeros(n_classes, dtype=np.int64)
+    live_pos = np.zeros(n_classes, dtype=np.int64)
+    a_cnt = np.zeros(n_links, dtype=np.int64)
+    a_cls = np.zeros(len(l_cls), dtype=np.int64)
+    a_back = np.zeros(len(l_cls), dtype=np.int64)
+    a_pos = np.zeros(len(c_links), dtype=np.int64)
     # rates: work lists and scratch
     load = np.zeros(n_links)
     dlist = np.zeros(n_classes, dtype=np.int64)
@@ -412,7 +148,9 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
     checked = np.zeros(n_links, dtype=np.int64)
     exact = np.zeros(n_links)
     # arrivals
-    a_cap = max(1024, 2 * n_conn)
+    # every slice is pushed once, so ``total`` never overflows; the heap is not grown in the loop because
+    # an array variable re-bound in a loop costs reference counting on every pass (perf: ~25 % of the time)
+    a_cap = max(1, total)
     a_time = np.zeros(a_cap)
     a_seq = np.zeros(a_cap, dtype=np.int64)
     a_id = np.zeros(a_cap, dtype=np.int64)
@@ -460,7 +198,7 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
                     cause[sid] = _CHUNK if last_dep[sid] >= 0 else _LAUNCH
             k = cls_of[t]
             if mult[k] == 0:
-                n_live += 1
+                n_live = _activate(k, c_lo, c_links, l_lo, a_cnt, a_cls, a_back, a_pos, live, live_pos, n_live)
             _start_slice(t, now, c, cls_of, size, nxt, busy, mult, rate, vserv, tserv, c_lo, c_links, load, f_tag,
                          f_item, f_base, f_size)
             counters[2] += 1
@@ -472,7 +210,7 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
         # -- rates ------------------------------------------------------------------------------------
         if n_dirty or n_changed:
             n_rekey = _recompute(now, eps, cap, mult, rate, bneck, vserv, tserv, c_lo, c_links, l_lo, l_cls, load,
-                                 dlist, n_dirty, dmark, clist, n_changed, cmark, n_live, s_in, s_frozen, s_rate,
+                                 dlist, n_dirty, dmark, clist, n_changed, cmark, live, n_live, a_cnt, a_cls, s_in, s_frozen, s_rate,
                                  s_bneck, members, touched, l_mark, resid, cnt, hp, hpos, hkey, need, checked, exact,
                                  rekey, n_rekey, rmark, counters)
             counters[1] += 1
@@ -513,15 +251,6 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
                 if keep_chain:
                     t_sent[sid] = now
                     t_bneck[sid] = bneck[k]
-                if a_size == len(a_time):
-                    grown = 2 * len(a_time)
-                    a_time2 = np.zeros(grown)
-                    a_seq2 = np.zeros(grown, dtype=np.int64)
-                    a_id2 = np.zeros(grown, dtype=np.int64)
-                    a_time2[:a_size] = a_time
-                    a_seq2[:a_size] = a_seq
-                    a_id2[:a_size] = a_id
-                    a_time, a_seq, a_id = a_time2, a_seq2, a_id2
                 seq += 1
                 _arr_push(a_time, a_seq, a_id, a_size, now + lat[t], seq, sid)
                 a_size += 1
@@ -535,7 +264,8 @@ def run_grouped(n_slices, conn_lo, conn_of, cls_of, size, lat, dep_lo, dep_tg, i
                 if mult[k] == 0:
                     rate[k] = 0.0
                     bneck[k] = -1
-                    n_live -= 1
+                    n_live = _deactivate(k, c_lo, c_links, l_lo, a_cnt, a_cls, a_back, a_pos, live, live_pos,
+                                         n_live)
                 else:
                     n_dirty = _mark(k, dmark, dlist, n_dirty)
             _heap_set(c_hp, c_hpos, c_hkey, k, _next_finish(k, mult, rate, vserv, tserv, f_tag, f_base), n_classes)

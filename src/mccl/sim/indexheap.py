@@ -12,7 +12,7 @@ import numba
 
 __all__ = ["sift_up", "sift_down", "heap_set", "heap_pop"]
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = numba.njit(cache=True, nogil=True, inline="always")  # inlined: see mccl.sim.classkernels
 
 
 @_jit

@@ -25,7 +25,11 @@ but one (2×8 Fail2 at 16 MiB: the latency-aware trees at 301.5 GB/s over the pa
 BENCHMARKS.md, 2026-12-01). The synth layer cannot run the simulator (DESIGN.md layering), so
 this is α-β; ``benchmarks/treepack_table.py`` checks the choice against the flow-level simulation.
 At 128 GPUs the choice is checked flow-level (grouped engine, BENCHMARKS.md 2026-12-01 third
-session: 0.995–0.998 of the bound in every fault case); at 512+ the weight is an extrapolation.
+session: 0.995–0.998 of the bound in every fault case). At 512 GPUs (BENCHMARKS.md, 2026-12-01
+fourth session) the healthy choice, the rail hierarchy (depth 3, 32 slices), simulates at 0.9725 of
+the bound, 0.987× the ring: each of its flows gets ~1/60 of a NIC, so each level's fill is a slice
+time of ~80 µs — 2.7 % of 2.7 ms, more than the 0.04 weight predicts; the estimate still ranks it
+first among the candidates (host-rail: 0.82 flow level).
 
 Fewer trees per source. With k trees per source a chunk is 1/k of a block, so it has k times
 fewer slices to fill its tree's pipeline with; the rounding (:mod:`.rounding`) keeps the k of the
