@@ -320,19 +320,15 @@ class ScheduleManager:
         """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
         name, kind = decision.communicator, decision.collective
         with self._lock:
-            comm = self._comms[name]
-            active = comm.active[kind]
-            if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+            comm, active = self._workable(decision)
+            if active is None:
                 return False
         capacities = self._synthesis_capacities(comm, decision)
         if not self._speculations.wanted((name, kind), active.version, capacities):
             return False
         start = time.perf_counter()
-        previous = active.result if active.result is not None else active.schedule
         try:
-            result = self._synthesize(self._measured_topology(capacities), kind, active.schedule.ranks,
-                                      previous=previous, method=self.config.methods.get(kind),
-                                      options=self.config.synth_options.get(kind))
+            result = self._resynthesize(active, kind, self._measured_topology(capacities))
             validate(result.schedule, self.topology)
         except MCCLError:  # SynthesisUnavailable / SynthesisError too: the flag's own synthesis reports it
             return False
@@ -345,9 +341,8 @@ class ScheduleManager:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
         name, kind = decision.communicator, decision.collective
         with self._lock:
-            comm = self._comms[name]
-            active = comm.active[kind]
-            if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+            comm, active = self._workable(decision)
+            if active is None:
                 return None
             active.busy = True
             reaction = Reaction(name, kind.value, active.version, self._ingested_at.get(name), time.time())
@@ -360,22 +355,33 @@ class ScheduleManager:
             with self._lock:
                 active.busy = False
 
+    def _workable(self, decision: Decision) -> tuple[_Communicator, _Active | None]:
+        """The decision's communicator and its active schedule, or None for the schedule when it cannot be
+        worked on now (busy, replaced since the decision, or its collective's synthesis is unavailable).
+        Called under the lock."""
+        name, kind = decision.communicator, decision.collective
+        comm = self._comms[name]
+        active = comm.active[kind]
+        if active.busy or active.version != decision.version or (name, kind) in self._unavailable:
+            return comm, None
+        return comm, active
+
+    def _resynthesize(self, active: _Active, kind: Collective, measured: Topology) -> SynthesisResult:
+        """``active``'s collective synthesized on ``measured``, warm from the active result (or schedule)."""
+        previous = active.result if active.result is not None else active.schedule
+        return self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
+                                method=self.config.methods.get(kind), options=self.config.synth_options.get(kind))
+
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
                     decision: Decision, reaction: Reaction) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
         measured = self._measured_topology(capacities)
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
-        previous = active.result if active.result is not None else active.schedule
         held = self._speculations.take((name, kind), active.version, capacities)
         ahead = held is not None
         try:
-            if ahead:
-                result = held.result
-            else:
-                result = self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
-                                          method=self.config.methods.get(kind),
-                                          options=self.config.synth_options.get(kind))
+            result = held.result if ahead else self._resynthesize(active, kind, measured)
             prepared = prepare_update(active.schedule, result, self.topology)  # validated where it changed
         except SynthesisUnavailable as error:
             with self._lock:
