@@ -463,4 +463,8 @@ def _explained_text(decision: GuardDecision) -> str:
     and whether the measured fabric explained it; nothing when no collective times were observed."""
     if math.isnan(decision.explained):
         return ""
-    return f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f})"
+    predicted = decision.predicted_s
+    gain = max((predicted[ACTIVE] / seconds for label, seconds in predicted.items() if label != ACTIVE), default=1.0) \
+        if ACTIVE in predicted else math.nan
+    return (f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f}, best predicted gain "
+            f"over the active {gain:.3f}x)")
