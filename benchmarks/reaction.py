@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--setup", choices=tuple(SETUPS), default="short")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
     config = replace(SETUPS[args.setup], fabric=args.fabric)
     if args.fabric == "netemu":
         from mccl.experiments.netemu import unsupported_reason
