@@ -189,7 +189,7 @@ def test_forest_round_trip(hpn: Topology, reduce: bool) -> None:
     rows = np.arange(len(forest.tail))
     chunk = forest.row_chunk  # treepack numbers chunks root by root: chunk c is root c // k's
     empty = np.zeros(0, dtype=np.int64)
-    again, _ = lower_rows(collective, schedule.ranks, k, forest, rows, chunk, empty, empty, empty, [], forest.depth)
+    again, _ = lower_rows(collective, schedule.ranks, k, forest, rows, chunk, empty, empty, empty, np.zeros(1, dtype=np.int64), empty, forest.depth)
     validate(again, hpn)
     assert np.array_equal(link_load(again, len(hpn.links)), link_load(schedule, len(hpn.links)))
     assert np.array_equal(np.sort(again.transfers.step), np.sort(schedule.transfers.step))

@@ -168,21 +168,22 @@ def new_depth_rows(new_chunk: np.ndarray, new_head: np.ndarray, flat_depth: np.n
 
 def lower_rows(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
                row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
-               new_routes: list[list[int]], depth: np.ndarray) -> tuple[Schedule, TransferOrigin | None]:
+               new_route_offsets: np.ndarray, new_route_links: np.ndarray, depth: np.ndarray
+               ) -> tuple[Schedule, TransferOrigin | None]:
     """A schedule of ``n · k`` chunks (chunk ``r · k + j`` is rank r's j-th) from forest rows and new rows,
     and (AllGather) which of its transfers copy the previous schedule's: a kept row whose sender sits at
     the same depth as before (same step), :mod:`mccl.schedule.incremental`.
 
     ``rows``/``row_chunk``: forest rows kept and the new chunk each belongs to; ``new_*``: tree edges
-    added by the warm start (AllGather direction) with routes; ``depth``: (n·k) × n tree depths.
+    added by the warm start (AllGather direction), their routes as CSR (``new_route_offsets`` into
+    ``new_route_links``, link ids); ``depth``: (n·k) × n tree depths.
     """
     n = forest.n
     tail = np.concatenate([forest.tail[rows], new_tail]).astype(np.int64)
     head = np.concatenate([forest.head[rows], new_head]).astype(np.int64)
     chunk = np.concatenate([row_chunk, new_chunk]).astype(np.int64)
-    new_lengths = np.fromiter((len(route) for route in new_routes), dtype=np.int64, count=len(new_routes))
-    flat_new = np.fromiter((link for route in new_routes for link in route), dtype=np.int64,
-                           count=int(new_lengths.sum()))
+    new_lengths = np.diff(new_route_offsets).astype(np.int64)
+    flat_new = np.asarray(new_route_links, dtype=np.int64)
     # One gather from [forest links | new links]: rows by chunk, parents first; each route reversed
     # for ReduceScatter (the forest holds AllGather direction).
     pool = np.concatenate([forest.route_links, flat_new])

@@ -125,7 +125,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         k, split_rate = warm.k, integral.rate_gbps
         t_phase2 = t_phase3 = time.perf_counter()
         schedule, origin = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
-                              warm.new_chunk, warm.new_routes, warm.depth)
+                              warm.new_chunk, warm.new_route_offsets, warm.new_route_links, warm.depth)
         new_root = warm.new_chunk // k
         stats.update({
             "tree_groups": float(n * k), "max_depth": float(warm.depth.max()), "switch_removal_careful": 0.0,
