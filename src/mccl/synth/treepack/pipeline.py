@@ -41,7 +41,8 @@ from mccl.synth.result import SynthesisResult, TreePackStats, stats_from_pairs
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
 from mccl.synth.treepack.fabric import fabric_of
-from mccl.synth.treepack.forest import Forest, forest_of, lower_rows
+from mccl.synth.treepack.forest import Forest, forest_of
+from mccl.synth.treepack.lowerkernel import lower_warm
 from mccl.synth.treepack.repair import warm_pack
 from mccl.synth.treepack.rounding import best_integral_rate
 from mccl.synth.treepack.treeset import lower_trees, route_table
@@ -124,7 +125,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         # Warm Phases 2+3 (:mod:`.repair`): previous trees kept or repaired on their physical routes.
         k, split_rate = warm.k, integral.rate_gbps
         t_phase2 = t_phase3 = time.perf_counter()
-        schedule, origin = lower_rows(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
+        schedule, origin = lower_warm(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
                               warm.new_chunk, warm.new_route_offsets, warm.new_route_links, warm.depth)
         new_root = warm.new_chunk // k
         stats.update({
