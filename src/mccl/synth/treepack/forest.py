@@ -25,6 +25,7 @@ import numpy as np
 
 from mccl.schedule import Chunks, Collective, Schedule, TransferOp, Transfers
 from mccl.schedule.incremental import TransferOrigin
+from mccl.synth.treepack.warmscan import depths_from_steps
 
 __all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths"]
 
@@ -36,10 +37,10 @@ class Forest:
     n: int
     root: np.ndarray  # int64 per chunk
     row_start: np.ndarray  # int64, chunks + 1: the rows of chunk c are row_start[c]:row_start[c + 1]
-    tail: np.ndarray  # int64 per row
-    head: np.ndarray  # int64 per row
+    tail: np.ndarray  # int per row (int32: the schedule's own column when it is grouped by chunk)
+    head: np.ndarray  # int per row
     route_offsets: np.ndarray  # int64, rows + 1
-    route_links: np.ndarray  # int64 link ids, AllGather direction
+    route_links: np.ndarray  # int link ids (int32, as the schedule's), AllGather direction
     depth: np.ndarray  # int32, chunks × n: depth of each rank in the chunk's tree (valid chunks)
     valid: np.ndarray  # bool per chunk: a spanning out-tree of its root
     transfers: Transfers | None = None  # the schedule's transfers the rows were read from
@@ -73,30 +74,32 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
     """The previous schedule's chunks as trees in AllGather direction (ReduceScatter: reversed)."""
     transfers = previous.transfers
     grouped = len(transfers.chunk) < 2 or bool(np.all(transfers.chunk[1:] >= transfers.chunk[:-1]))
-    order = np.arange(len(transfers.chunk)) if grouped else np.argsort(transfers.chunk, kind="stable")
-    chunk = transfers.chunk[order].astype(np.int64)
     reduce = collective is Collective.REDUCESCATTER
-    senders = transfers.sender[order].astype(np.int64)
-    receivers = transfers.receiver[order].astype(np.int64)
+    if grouped:  # rows are the transfers themselves: the schedule's own (read-only) columns, no copy
+        order = None
+        chunk, senders, receivers, steps = transfers.chunk, transfers.sender, transfers.receiver, transfers.step
+    else:
+        order = np.argsort(transfers.chunk, kind="stable")
+        chunk, senders, receivers = transfers.chunk[order], transfers.sender[order], transfers.receiver[order]
+        steps = transfers.step[order]
     tail, head = (receivers, senders) if reduce else (senders, receivers)
     if grouped and not reduce:  # already rows by chunk, routes in AllGather direction: no gather needed
-        links = transfers.route_links.astype(np.int64, copy=False)
+        links = transfers.route_links
         offsets = transfers.route_offsets.astype(np.int64, copy=False)
     else:
-        lengths = transfers.route_lengths[order].astype(np.int64)
-        links = segments(transfers.route_links.astype(np.int64), transfers.route_offsets[:-1][order], lengths,
-                         reverse=reduce)
+        lengths = transfers.route_lengths if order is None else transfers.route_lengths[order]
+        starts = transfers.route_offsets[:-1] if order is None else transfers.route_offsets[:-1][order]
+        links = segments(transfers.route_links, starts, lengths.astype(np.int64), reverse=reduce)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
     n_chunks = len(previous.chunks)
-    row_start = np.searchsorted(chunk, np.arange(n_chunks + 1)).astype(np.int64)
+    row_start = np.searchsorted(chunk, np.arange(n_chunks + 1, dtype=chunk.dtype)).astype(np.int64)
     root = (previous.chunks.destination if reduce else previous.chunks.source).astype(np.int64)
     n = previous.n_ranks
-    steps = transfers.step[order].astype(np.int64)
     found = _depths_from_steps(n, root, chunk, tail, head, steps, reduce)
     depth, valid = found if found is not None else tree_depths(n, root, chunk, tail, head)
     return Forest(n, root, row_start, tail, head, offsets, links, depth, valid, transfers,
-                  None if grouped else order.astype(np.int64))
+                  None if order is None else order.astype(np.int64))
 
 
 def _depths_from_steps(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray, head: np.ndarray,
@@ -110,20 +113,8 @@ def _depths_from_steps(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.nda
     (parents strictly shallower: every rank reaches the root). Two gathers instead of the
     ``log2 n`` pointer-doubling passes of :func:`tree_depths`; any mismatch falls back to those.
     """
-    n_chunks = len(root)
-    if n_chunks == 0 or len(chunk) == 0 or root.min() < 0 or root.max() >= n:
-        return None
-    key = chunk * n + head
-    counts = np.bincount(key, minlength=n_chunks * n)
-    expected = np.ones(n_chunks * n, dtype=np.int64)
-    expected[np.arange(n_chunks) * n + root] = 0
-    if not np.array_equal(counts, expected):
-        return None
-    depth = np.zeros(n_chunks * n, dtype=np.int64)
-    depth[key] = (int(step.max()) + 1 - step) if reduce else step + 1
-    if not np.array_equal(depth[chunk * n + tail] + 1, depth[key]):
-        return None
-    return depth.reshape(n_chunks, n).astype(np.int32), np.ones(n_chunks, dtype=bool)
+    fits, depth = depths_from_steps(n, root, chunk, tail, head, step, reduce)
+    return (depth, np.ones(len(root), dtype=bool)) if fits else None
 
 
 def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
@@ -137,6 +128,7 @@ def tree_depths(n: int, root: np.ndarray, chunk: np.ndarray, tail: np.ndarray,
     n_chunks = len(root)
     if n_chunks == 0:
         return np.zeros((0, n), dtype=np.int32), np.zeros(0, dtype=bool)
+    chunk, tail, head = (np.asarray(values, dtype=np.int64) for values in (chunk, tail, head))
     bad_root = (root < 0) | (root >= n)
     safe_root = np.where(bad_root, 0, root)
     # Transfer columns are ranks and chunk ids (the IR's invariants); a self-loop is no tree edge.

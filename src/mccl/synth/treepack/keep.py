@@ -25,6 +25,7 @@ from mccl.synth.cutbound import CutChecker
 from mccl.synth.treepack.cutproof import violated_cut
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest
+from mccl.synth.treepack.warmscan import arcs_of_links, chunk_load, chunk_touching, chunks_without_gaps, fit_chunks
 
 __all__ = ["Keeper", "TightCut"]
 
@@ -52,37 +53,27 @@ class Keeper:
 
     def __post_init__(self) -> None:
         forest, fabric = self.forest, self.fabric
-        arc_of_link = np.full(max(self.n_links, int(forest.route_links.max(initial=-1)) + 1), -1, dtype=np.int64)
+        arc_of_link = np.full(self.n_links, -1, dtype=np.int64)
         arc_of_link[fabric.link] = np.arange(fabric.n_arcs)
-        self.route_arcs = arc_of_link[forest.route_links]  # -1: a link this fabric lacks (or holds at 0 Gbit/s)
-        self.safe_arcs = np.maximum(self.route_arcs, 0)  # the same, -1 read as arc 0 (masked out by callers)
-        self.link_chunk = np.repeat(forest.row_chunk, forest.route_lengths)
+        # -1: a link this fabric lacks (or holds at 0 Gbit/s); int32, one pass (5 M links at 512 GPUs)
+        self.route_arcs = arcs_of_links(forest.route_links, arc_of_link)
         self.chunk_links = forest.route_offsets[forest.row_start]  # route-link range of each chunk
 
     def _load(self, chunks: np.ndarray) -> np.ndarray:
-        """Units per arc that the routes of the chunks in the mask use."""
-        mask = chunks[self.link_chunk]
-        return np.bincount(self.route_arcs[mask], minlength=self.fabric.n_arcs)
+        """Units per arc that the routes of the chunks in the mask use (none of them on a missing link)."""
+        return chunk_load(np.ascontiguousarray(chunks, dtype=np.bool_), self.chunk_links, self.route_arcs,
+                          self.fabric.n_arcs)
 
     def _touching(self, chunks: np.ndarray, arcs: np.ndarray) -> np.ndarray:
         """Per chunk, how many of its route links (chunks in the mask only) lie on the arcs in the mask."""
-        mask = chunks[self.link_chunk] & arcs[self.safe_arcs]
-        return np.bincount(self.link_chunk[mask], minlength=self.forest.n_chunks)
-
-    def _fits(self, chunk: int) -> bool:
-        """Keep chunk whole if its routes fit the residual (and take them)."""
-        arcs = self.route_arcs[self.chunk_links[chunk]:self.chunk_links[chunk + 1]]
-        used, counts = np.unique(arcs, return_counts=True)
-        if np.any(self.residual[used] < counts):
-            return False
-        self.residual[used] -= counts
-        return True
+        return chunk_touching(np.ascontiguousarray(chunks, dtype=np.bool_), np.ascontiguousarray(arcs, dtype=np.bool_),
+                              self.chunk_links, self.route_arcs)
 
     def keep(self) -> tuple[np.ndarray, list[list[int]]]:
         """Chunks kept whole (mask) and, per root, previous chunks to repair from (not kept, best first)."""
         forest, k, n = self.forest, self.k, self.fabric.n_ranks
         n_chunks = forest.n_chunks
-        usable = forest.valid & (np.bincount(self.link_chunk[self.route_arcs < 0], minlength=n_chunks) == 0)
+        usable = forest.valid & chunks_without_gaps(self.chunk_links, self.route_arcs)
         touch_all = self._touching(usable, self._load(usable) > self.residual)
         order = np.lexsort((np.arange(n_chunks), touch_all, ~usable, forest.root))
         sorted_roots = forest.root[order]
@@ -96,15 +87,13 @@ class Keeper:
         contested = np.flatnonzero(candidate & (touch > 0))
         others = order[usable[order] & (rank >= k)]
         tried: list[list[int]] = [[] for _ in range(n)]
-        for chunk in [*contested[np.argsort(touch[contested], kind="stable")].tolist(), *others.tolist()]:
-            root = int(forest.root[chunk])
-            if need[root] == 0:
-                continue
-            if self._fits(chunk):
-                kept[chunk] = True
-                need[root] -= 1
-            else:
-                tried[root].append(chunk)
+        # One by one, while they fit (taken from the residual then); a root that has its k skips the rest.
+        listed = np.concatenate([contested[np.argsort(touch[contested], kind="stable")], others]).astype(np.int64)
+        outcome = fit_chunks(listed, np.ascontiguousarray(forest.root, dtype=np.int64), need, self.residual,
+                             self.chunk_links, self.route_arcs)
+        kept[listed[outcome == 1]] = True
+        for chunk in listed[outcome == 2].tolist():
+            tried[int(forest.root[chunk])].append(chunk)
         return kept, tried
 
     def settle(self, kept: np.ndarray, tried: list[list[int]], checker: CutChecker) -> None:

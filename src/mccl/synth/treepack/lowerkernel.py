@@ -67,8 +67,10 @@ def _order(n_chunks: int, rows: np.ndarray, row_chunk: np.ndarray, new_chunk: np
 def _write(items: np.ndarray, n: int, reduce: bool, rows: np.ndarray, row_chunk: np.ndarray, new_tail: np.ndarray,
            new_head: np.ndarray, new_chunk: np.ndarray, new_offsets: np.ndarray, new_links: np.ndarray,
            depth: np.ndarray, deepest: int, tail: np.ndarray, head: np.ndarray, route_offsets: np.ndarray,
-           route_links: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The transfer columns (chunk, sender, receiver, step, route offsets, route links) of the items."""
+           route_links: np.ndarray, weight: float, n_links: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The transfer columns (chunk, sender, receiver, step, route offsets, route links) of the items,
+    and the link load (``weight`` per chunk crossing, summed in link order as ``link_load``'s bincount)."""
     count = len(items)
     chunk = np.empty(count, dtype=np.int32)
     sender = np.empty(count, dtype=np.int32)
@@ -93,6 +95,7 @@ def _write(items: np.ndarray, n: int, reduce: bool, rows: np.ndarray, row_chunk:
             sender[p], receiver[p], step[p] = u, v, depth[c, u]
         offsets[p + 1] = offsets[p] + length
     links = np.empty(offsets[count], dtype=np.int32)
+    load = np.zeros(n_links, dtype=np.float64)
     for p in range(count):
         item = items[p]
         if item >= 0:
@@ -102,13 +105,11 @@ def _write(items: np.ndarray, n: int, reduce: bool, rows: np.ndarray, row_chunk:
             j = -1 - item
             source, start, stop = new_links, new_offsets[j], new_offsets[j + 1]
         out = offsets[p]
-        if reduce:
-            for q in range(stop - start):
-                links[out + q] = source[stop - 1 - q]
-        else:
-            for q in range(stop - start):
-                links[out + q] = source[start + q]
-    return chunk, sender, receiver, step, offsets, links
+        for q in range(stop - start):
+            link = source[stop - 1 - q] if reduce else source[start + q]
+            links[out + q] = link
+            load[link] += weight
+    return chunk, sender, receiver, step, offsets, links, load
 
 
 @_jit
@@ -123,12 +124,14 @@ def _claims(items: np.ndarray, rows: np.ndarray, step: np.ndarray, n_rows: int, 
             first[i] = True
     source = np.full(len(items), -1, dtype=np.int64)
     running = -1
+    old_chunk = 0
     for p in range(len(items)):
         item = items[p]
         if item < 0 or not first[item]:
             continue
         row = rows[item]
-        old_chunk = np.searchsorted(row_start, row, side="right") - 1
+        if not (row_start[old_chunk] <= row < row_start[old_chunk + 1]):  # rows come chunk by chunk
+            old_chunk = np.searchsorted(row_start, row, side="right") - 1
         if forest_depth[old_chunk, tail[row]] != step[p]:
             continue
         previous = row_transfer[row] if mapped else row
@@ -140,9 +143,10 @@ def _claims(items: np.ndarray, rows: np.ndarray, step: np.ndarray, n_rows: int, 
 
 def lower_warm(collective: Collective, ranks: tuple[str, ...], k: int, forest: Forest, rows: np.ndarray,
                row_chunk: np.ndarray, new_tail: np.ndarray, new_head: np.ndarray, new_chunk: np.ndarray,
-               new_route_offsets: np.ndarray, new_route_links: np.ndarray, depth: np.ndarray
-               ) -> tuple[Schedule, TransferOrigin | None]:
-    """:func:`.forest.lower_rows` (same arguments, same schedule and origin), compiled."""
+               new_route_offsets: np.ndarray, new_route_links: np.ndarray, depth: np.ndarray, n_links: int
+               ) -> tuple[Schedule, TransferOrigin | None, np.ndarray]:
+    """:func:`.forest.lower_rows` (same arguments, same schedule and origin), compiled; also the schedule's
+    :func:`~mccl.schedule.link_load` on ``n_links`` links (the same floats: summed in the same order)."""
     n = forest.n
     reduce = collective is Collective.REDUCESCATTER
     tracked = not reduce and forest.transfers is not None
@@ -161,10 +165,11 @@ def lower_warm(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     # counting sort keeps.
     items = _order(n * k, rows, row_chunk, new_chunk, as64(row_key), as64(new_key))
     deepest = int(depth.max()) if depth.size else 0
-    chunk, sender, receiver, step, offsets, links = _write(
+    forest_links = np.ascontiguousarray(forest.route_links, dtype=np.int32)  # the schedule's own: no copy
+    chunk, sender, receiver, step, offsets, links, load = _write(
         items, n, reduce, rows, row_chunk, new_tail, new_head, new_chunk, as64(new_route_offsets),
-        as64(new_route_links), depth, deepest, as64(forest.tail), as64(forest.head), as64(forest.route_offsets),
-        as64(forest.route_links))
+        np.ascontiguousarray(new_route_links, dtype=np.int32), depth, deepest, forest.tail, forest.head,
+        as64(forest.route_offsets), forest_links, 1.0 / k, n_links)
     op = np.full(len(chunk), int(TransferOp.REDUCE if reduce else TransferOp.COPY), dtype=np.int8)
     for column in (chunk, sender, receiver, step, offsets, links, op):
         column.setflags(write=False)
@@ -176,7 +181,7 @@ def lower_warm(collective: Collective, ranks: tuple[str, ...], k: int, forest: F
     origin = None
     if tracked:
         row_transfer = as64(forest.row_transfer) if mapped else np.zeros(0, dtype=np.int64)
-        source = _claims(items, rows, step, len(forest.tail), as64(forest.row_start), as64(forest.tail),
+        source = _claims(items, rows, step, len(forest.tail), as64(forest.row_start), forest.tail,
                          forest.depth, row_transfer, mapped)
         origin = TransferOrigin(forest.transfers, source)
-    return Schedule(collective, ranks, table, transfers), origin
+    return Schedule(collective, ranks, table, transfers), origin, load

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mccl.schedule import Collective, Schedule, ScheduleMeta, bottleneck_cut
+from mccl.schedule import Collective, Schedule, ScheduleMeta, bottleneck_cut, link_load
 from mccl.synth.common import check_ranks, describe_on
 from mccl.synth.cutbound import CutChecker, max_rate
 from mccl.synth.options import TREEPACK_MAX_CHUNKS, TreePackOptions, resolve_options
@@ -116,6 +116,7 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     t_rounding = time.perf_counter()
     n = len(ranks)
     stats: dict[str, float] = {}
+    load = None  # the schedule's link load, once (describe_on and the bottleneck cut both read it)
     warm = None
     origin = None  # which transfers copy the previous schedule's (warm repair only)
     if forest is not None:
@@ -125,8 +126,9 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         # Warm Phases 2+3 (:mod:`.repair`): previous trees kept or repaired on their physical routes.
         k, split_rate = warm.k, integral.rate_gbps
         t_phase2 = t_phase3 = time.perf_counter()
-        schedule, origin = lower_warm(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail, warm.new_head,
-                              warm.new_chunk, warm.new_route_offsets, warm.new_route_links, warm.depth)
+        schedule, origin, load = lower_warm(collective, ranks, k, forest, warm.rows, warm.row_chunk, warm.new_tail,
+                                            warm.new_head, warm.new_chunk, warm.new_route_offsets,
+                                            warm.new_route_links, warm.depth, len(topology.links))
         new_root = warm.new_chunk // k
         stats.update({
             "tree_groups": float(n * k), "max_depth": float(warm.depth.max()), "switch_removal_careful": 0.0,
@@ -176,11 +178,12 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
         inputs=(("chunks", str(chunks)), ("latency_aware", str(latency_aware).lower()),
                 ("warm", "true" if previous is not None else "false")),
         throughput_bound_gbs=n * optimum.rate_gbps / 8.0))
-    schedule = describe_on(schedule, topology)
+    load = link_load(schedule, len(topology.links)) if load is None else load
+    schedule = describe_on(schedule, topology, load=load)
     cut_links = sorted({int(fabric.link[arc]) for arc in optimum.cut_arcs})
     achieved = schedule.meta.achieved_gbs or 0.0
     stats["rounding_gap"] = max(0.0, 1.0 - achieved / schedule.meta.throughput_bound_gbs)
-    meta = replace(schedule.meta, bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut_links),
+    meta = replace(schedule.meta, bottleneck_cut=bottleneck_cut(schedule, topology, cut_links=cut_links, load=load),
                    stats=tuple(sorted(stats.items())))
     bound = float(schedule.meta.throughput_bound_gbs)
     return SynthesisResult(schedule=replace(schedule, meta=meta), method="treepack", bound_gbs=bound,

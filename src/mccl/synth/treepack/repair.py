@@ -168,7 +168,7 @@ def _compiled_repair(keeper: Keeper, latency_aware: bool, need_left: np.ndarray
     else:
         entering = np.zeros((0, fabric.n_arcs), dtype=np.bool_)
         inside = np.zeros((0, n), dtype=np.bool_)
-    route_arcs = np.ascontiguousarray(keeper.route_arcs, dtype=np.int64)
+    route_arcs = keeper.route_arcs  # int32, one per route link of the forest
     seed_depth = np.ascontiguousarray(forest.depth)
     residual = keeper.residual
 

@@ -22,6 +22,7 @@ from mccl.schedule import Collective, Schedule
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.forest import Forest
 from mccl.synth.treepack.tree import Tree
+from mccl.synth.treepack.warmscan import MISFIT_REASONS, edges_seen_before, route_misfit
 from mccl.topology import Topology, fabric_view
 
 __all__ = ["WarmHints", "warm_hints", "preferred_arcs", "kept_fraction", "kept_fraction_of_rows"]
@@ -67,25 +68,13 @@ def _misfit(previous: Schedule, topology: Topology) -> str | None:
     matters (same links between the same nodes), checked with numpy instead of a full replay.
     """
     transfers = previous.transfers
-    links = transfers.route_links.astype(np.int64)
-    if len(links) == 0 or links.min() < 0 or links.max() >= len(topology.links):
-        return "its routes use links that this topology does not have"
+    if len(transfers.route_links) == 0:
+        return MISFIT_REASONS[1]
     view = fabric_view(topology, previous.ranks)  # rank r at position r: route ends compare with ranks directly
-    link_src, link_dst = view.link_src, view.link_dst
-    first = transfers.route_offsets[:-1]
-    last = transfers.route_offsets[1:] - 1
-    if np.any(link_src[links[first]] != transfers.sender):
-        return "a route does not start at its sender's GPU"
-    if np.any(link_dst[links[last]] != transfers.receiver):
-        return "a route does not end at its receiver's GPU"
-    inner = np.ones(len(links), dtype=bool)
-    inner[last] = False
-    positions = np.flatnonzero(inner)
-    if np.any(link_dst[links[positions]] != link_src[links[positions + 1]]):
-        return "a route is not contiguous on this topology"
-    if np.any(view.is_gpu_position(link_dst[links[positions]])):
-        return "a route passes through a GPU of this topology"
-    return None
+    return MISFIT_REASONS[route_misfit(transfers.route_links, transfers.route_offsets, transfers.sender,
+                                       transfers.receiver, np.ascontiguousarray(view.link_src, dtype=np.int64),
+                                       np.ascontiguousarray(view.link_dst, dtype=np.int64), view.n_ranks,
+                                       view.n_nodes)]
 
 
 def preferred_arcs(forest: Forest) -> list[frozenset[tuple[int, int]]]:
@@ -117,8 +106,10 @@ def kept_fraction_of_rows(forest: Forest, kept_rows: int, new_root: np.ndarray, 
     if len(new_root) == 0:
         return 1.0
     n = forest.n
-    row_root = forest.root[forest.row_chunk]
-    mask = np.isin(row_root, np.unique(new_root))
-    previous = (row_root[mask] * n + forest.tail[mask]) * n + forest.head[mask]
-    fresh = (new_root * n + new_tail) * n + new_head
-    return (kept_rows + int(np.isin(fresh, previous).sum())) / total
+    roots = np.asarray(forest.root, dtype=np.int64)
+    ranked = np.flatnonzero((roots >= 0) & (roots < n))
+    chunks_of_root = ranked[np.argsort(roots[ranked], kind="stable")].astype(np.int64)
+    root_start = np.searchsorted(roots[chunks_of_root], np.arange(n + 1)).astype(np.int64)
+    seen = edges_seen_before(n, root_start, chunks_of_root, forest.row_start, forest.tail, forest.head,
+                             *(np.ascontiguousarray(a, dtype=np.int64) for a in (new_root, new_tail, new_head)))
+    return (kept_rows + seen) / total
