@@ -27,7 +27,7 @@ from mccl.schedule import Chunks, Collective, Schedule, TransferOp, Transfers
 from mccl.schedule.incremental import TransferOrigin
 from mccl.synth.treepack.warmscan import depths_from_steps
 
-__all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths"]
+__all__ = ["Forest", "forest_of", "segments", "lower_rows", "tree_depths", "readonly"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +70,13 @@ def segments(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *, rev
     return values[np.repeat(starts - (ends - lengths), lengths) + np.arange(total)]
 
 
+def readonly(values: np.ndarray) -> np.ndarray:
+    """A read-only view of ``values`` (no copy)."""
+    view = values.view()
+    view.setflags(write=False)
+    return view
+
+
 def forest_of(previous: Schedule, collective: Collective) -> Forest:
     """The previous schedule's chunks as trees in AllGather direction (ReduceScatter: reversed)."""
     transfers = previous.transfers
@@ -82,6 +89,9 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
         order = np.argsort(transfers.chunk, kind="stable")
         chunk, senders, receivers = transfers.chunk[order], transfers.sender[order], transfers.receiver[order]
         steps = transfers.step[order]
+    # Read-only views throughout (no copy): the compiled scans see one array type whether the schedule
+    # was made here (its columns read-only) or unpickled (writable), so numba compiles each kernel once.
+    chunk, senders, receivers, steps = map(readonly, (chunk, senders, receivers, steps))
     tail, head = (receivers, senders) if reduce else (senders, receivers)
     if grouped and not reduce:  # already rows by chunk, routes in AllGather direction: no gather needed
         links = transfers.route_links
@@ -92,6 +102,7 @@ def forest_of(previous: Schedule, collective: Collective) -> Forest:
         links = segments(transfers.route_links, starts, lengths.astype(np.int64), reverse=reduce)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
+    links, offsets = readonly(links), readonly(offsets)
     n_chunks = len(previous.chunks)
     row_start = np.searchsorted(chunk, np.arange(n_chunks + 1, dtype=chunk.dtype)).astype(np.int64)
     root = (previous.chunks.destination if reduce else previous.chunks.source).astype(np.int64)

@@ -20,7 +20,7 @@ import numpy as np
 from mccl.errors import SynthesisError
 from mccl.schedule import Collective, Schedule
 from mccl.synth.treepack.fabric import Fabric
-from mccl.synth.treepack.forest import Forest
+from mccl.synth.treepack.forest import Forest, readonly
 from mccl.synth.treepack.tree import Tree
 from mccl.synth.treepack.warmscan import MISFIT_REASONS, edges_seen_before, route_misfit
 from mccl.topology import Topology, fabric_view
@@ -71,8 +71,8 @@ def _misfit(previous: Schedule, topology: Topology) -> str | None:
     if len(transfers.route_links) == 0:
         return MISFIT_REASONS[1]
     view = fabric_view(topology, previous.ranks)  # rank r at position r: route ends compare with ranks directly
-    return MISFIT_REASONS[route_misfit(transfers.route_links, transfers.route_offsets, transfers.sender,
-                                       transfers.receiver, np.ascontiguousarray(view.link_src, dtype=np.int64),
+    columns = (transfers.route_links, transfers.route_offsets, transfers.sender, transfers.receiver)
+    return MISFIT_REASONS[route_misfit(*map(readonly, columns), np.ascontiguousarray(view.link_src, dtype=np.int64),
                                        np.ascontiguousarray(view.link_dst, dtype=np.int64), view.n_ranks,
                                        view.n_nodes)]
 
