@@ -246,6 +246,31 @@ def _push_list(values: np.ndarray, size: int, value: int) -> np.ndarray:
 
 
 @_jit
+def _evaluate(batch: np.ndarray, count: int, heap: np.ndarray, heap_size: int, waiting: np.ndarray, waited: int,
+              at_home: np.ndarray, n: int, root: int, left_root: bool, residual: np.ndarray, into_start: np.ndarray,
+              into_arcs: np.ndarray, arc_tail: np.ndarray, arc_head: np.ndarray, reached: np.ndarray,
+              egress: np.ndarray, need_left: np.ndarray, group: np.ndarray, depth: np.ndarray, latency_aware: bool,
+              toward: np.ndarray, stamp: np.ndarray, calls: int, frontier: np.ndarray, frontier_width: np.ndarray,
+              onward: np.ndarray, onward_width: np.ndarray, route: np.ndarray
+              ) -> tuple[np.ndarray, int, np.ndarray, int]:
+    """Route search for each orphan in ``batch[:count]``: onto the heap (negated key, rank) or the waiting list."""
+    for i in range(count):
+        w = batch[i]
+        found, key, length = _route(w, n, root, left_root, residual, into_start, into_arcs, arc_tail, arc_head,
+                                    reached, egress, need_left, group, depth, latency_aware, toward, stamp,
+                                    calls + i, frontier, frontier_width, onward, onward_width, route)
+        if not found:
+            waiting = _push_list(waiting, waited, w)
+            waited += 1
+        else:
+            heap = _heap_push(heap, heap_size, (-key[0], -key[1], -key[2], -key[3], w))
+            heap_size += 1
+            if group[w] >= 0 and group[arc_tail[route[0]]] == group[w]:
+                at_home[w] = True
+    return heap, heap_size, waiting, waited
+
+
+@_jit
 def repair_tree(seed: int, root: int, n: int, residual: np.ndarray, need_left: np.ndarray,
                 into_start: np.ndarray, into_arcs: np.ndarray, arc_tail: np.ndarray, arc_head: np.ndarray,
                 group: np.ndarray, latency_aware: bool, tight_entering: np.ndarray, tight_inside: np.ndarray,
@@ -310,12 +335,20 @@ def repair_tree(seed: int, root: int, n: int, residual: np.ndarray, need_left: n
             if keep[i]:
                 for p in range(route_offsets[r0 + i], route_offsets[r0 + i + 1]):
                     residual[route_arcs[p]] -= 1
-        hard = np.flatnonzero(contested)
-        hard_depth = np.empty(len(hard), dtype=np.int64)
-        for j in range(len(hard)):
-            hard_depth[j] = seed_depth[seed, row_tail[r0 + hard[j]]]
-        for j in np.argsort(hard_depth, kind="mergesort"):
-            i = hard[j]
+        # Contested rows by their tail's depth, stable (an insertion sort: a few rows per tree).
+        hard = np.empty(rows, dtype=np.int64)
+        n_hard = 0
+        for i in range(rows):
+            if contested[i]:
+                d = seed_depth[seed, row_tail[r0 + i]]
+                j = n_hard
+                while j > 0 and seed_depth[seed, row_tail[r0 + hard[j - 1]]] > d:
+                    hard[j] = hard[j - 1]
+                    j -= 1
+                hard[j] = i
+                n_hard += 1
+        for h in range(n_hard):
+            i = hard[h]
             p0, p1 = route_offsets[r0 + i], route_offsets[r0 + i + 1]
             fits = True
             for p in range(p0, p1):
@@ -383,53 +416,44 @@ def repair_tree(seed: int, root: int, n: int, residual: np.ndarray, need_left: n
     added_offsets = np.zeros(n, dtype=np.int64)
     added_arcs = np.empty(4 * n + 16, dtype=np.int64)
     n_added = 0
-    again = np.empty(64, dtype=np.int64)
+    batch = np.empty(n, dtype=np.int64)  # orphans whose routes to (re-)evaluate next
+    batched = 0
+    retried = False  # the batch is the waiting orphans, retried because the heap ran empty
     evaluate_all = True  # evaluate every pending orphan (in rank order) before the next pop
     ok = True
     while True:
         if evaluate_all:
             evaluate_all = False
+            batched = 0
             for w in range(n):
                 if pending[w]:
-                    found, key, length = _route(w, n, root, left_root, residual, into_start, into_arcs, arc_tail,
-                                                arc_head, reached, egress, need_left, group, depth, latency_aware,
-                                                toward, stamp, calls, frontier, frontier_width, onward,
-                                                onward_width, route)
-                    calls += 1
-                    if not found:
-                        waiting = _push_list(waiting, waited, w)
-                        waited += 1
-                    else:
-                        heap = _heap_push(heap, heap_size, (-key[0], -key[1], -key[2], -key[3], w))
-                        heap_size += 1
-                        if group[w] >= 0 and group[arc_tail[route[0]]] == group[w]:
-                            at_home[w] = True
+                    batch[batched] = w
+                    batched += 1
+        if batched > 0:  # one call site for the route search of every orphan to (re-)evaluate
+            heap, heap_size, waiting, waited = _evaluate(
+                batch, batched, heap, heap_size, waiting, waited, at_home, n, root, left_root, residual, into_start,
+                into_arcs, arc_tail, arc_head, reached, egress, need_left, group, depth, latency_aware, toward,
+                stamp, calls, frontier, frontier_width, onward, onward_width, route)
+            calls += batched
+            batched = 0
+            if heap_size > 0:
+                retried = False
+            continue
         if left == 0:
             break
         if heap_size == 0:
-            n_again = 0
-            for i in range(waited):
-                if pending[waiting[i]]:
-                    again = _push_list(again, n_again, waiting[i])
-                    n_again += 1
-            waited = 0
-            for i in range(n_again):
-                w = again[i]
-                found, key, length = _route(w, n, root, left_root, residual, into_start, into_arcs, arc_tail,
-                                            arc_head, reached, egress, need_left, group, depth, latency_aware,
-                                            toward, stamp, calls, frontier, frontier_width, onward,
-                                            onward_width, route)
-                calls += 1
-                if not found:
-                    waiting = _push_list(waiting, waited, w)
-                    waited += 1
-                else:
-                    heap = _heap_push(heap, heap_size, (-key[0], -key[1], -key[2], -key[3], w))
-                    heap_size += 1
-                    if group[w] >= 0 and group[arc_tail[route[0]]] == group[w]:
-                        at_home[w] = True
-            if heap_size > 0:
-                continue
+            if not retried:  # the heap ran empty: retry the waiting orphans still pending, once
+                n_again = 0
+                for i in range(waited):
+                    if pending[waiting[i]]:
+                        batch[n_again] = waiting[i]
+                        n_again += 1
+                waited = 0
+                if n_again > 0:
+                    batched = n_again
+                    retried = True
+                    continue
+            retried = False  # nothing came of the retry: dissolve
             stuck_any = False
             for w in range(n):
                 if pending[w] and not dissolved[w]:
@@ -515,23 +539,21 @@ def repair_tree(seed: int, root: int, n: int, residual: np.ndarray, need_left: n
         left -= 1
         for w in range(n):
             if pending[w] and not at_home[w] and group[w] >= 0 and touched[group[w]]:
-                found, key, length = _route(w, n, root, left_root, residual, into_start, into_arcs, arc_tail,
-                                            arc_head, reached, egress, need_left, group, depth, latency_aware,
-                                            toward, stamp, calls, frontier, frontier_width, onward,
-                                            onward_width, route)
-                calls += 1
-                if not found:
-                    waiting = _push_list(waiting, waited, w)
-                    waited += 1
-                else:
-                    heap = _heap_push(heap, heap_size, (-key[0], -key[1], -key[2], -key[3], w))
-                    heap_size += 1
-                    if group[w] >= 0 and group[arc_tail[route[0]]] == group[w]:
-                        at_home[w] = True
+                batch[batched] = w
+                batched += 1
     if not ok:
         residual[:] = saved
         empty = np.zeros(0, dtype=np.int64)
         return False, empty, empty, empty, np.zeros(1, dtype=np.int64), empty, depth
-    kept_rows = np.flatnonzero(keep) + seed_row0
+    n_kept = 0
+    for i in range(rows):
+        if keep[i]:
+            n_kept += 1
+    kept_rows = np.empty(n_kept, dtype=np.int64)
+    n_kept = 0
+    for i in range(rows):
+        if keep[i]:
+            kept_rows[n_kept] = seed_row0 + i
+            n_kept += 1
     return (True, kept_rows, added_tail[:n_added].copy(), added_head[:n_added].copy(),
             added_offsets[:n_added + 1].copy(), added_arcs[:added_offsets[n_added]].copy(), depth)
