@@ -125,3 +125,19 @@ def test_a_cached_reference_check_never_outlives_its_allocation(service):
     finally:
         owner.close()
         user.close()
+
+
+def test_a_spinning_shim_gets_the_same_results(service):
+    spinning = _client(service, "alice", Shim, spin_us=200.0)
+    try:
+        assert spinning.spin_ns == 200_000
+        comm = spinning.join("spin", [0])
+        x = spinning.empty(8)
+        x.copy_(torch.arange(8.0))
+        out = spinning.empty(8)
+        for _ in range(3):
+            comm.all_gather_into_tensor(out, x)
+            comm.all_reduce(x, "max")
+        assert torch.equal(out, torch.arange(8.0))
+    finally:
+        spinning.close()

@@ -30,7 +30,15 @@ from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
 
-__all__ = ["Allocation", "Joined", "ProviderClient", "ask_status"]
+__all__ = ["Allocation", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
+
+SPIN_US = 0.0
+"""How long a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
+0: it sleeps at once. Why it exists: this machine's idle vCPUs halt at once (``haltpoll.guest_halt_poll_ns``
+is 0), and a reply that finds its tenant's vCPU halted waits for the hypervisor to wake it. Why it is off:
+measured under load (``benchmarks/provider.py --single-host``, both in one run, BENCHMARKS.md fourth session),
+a 200 µs spin doubled the service's collective time (its gloo thread waits for the spinner's CPU on 2 cores)
+and added 80–230 µs per call more than sleeping; whether it pays on an idle machine the same command shows."""
 
 
 @dataclass(eq=False)
@@ -57,13 +65,15 @@ class ProviderClient:
     unauthenticated in-process service."""
 
     def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
-                 fast: bool = True) -> None:
+                 fast: bool = True, spin_us: float = SPIN_US) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
+        self.spin_ns = int(spin_us * 1e3)  # how long a fast-path call polls for its reply before it sleeps
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
         self._poll: select.poll | None = None
+        self._tails: dict[tuple, bytes] = {}  # encoded fast-path requests less length and id, by what they ask
         self.trace: list[tuple[int, ...]] | None = None  # set to a list: each collective appends its stamps
         self._context = zmq.Context()
         self._ids = itertools.count(1)
@@ -144,13 +154,24 @@ class ProviderClient:
         request_id = next(self._ids)
         tracing = self.trace is not None
         sent = time.perf_counter_ns()
+        key = (joined.comm, kind, dtype, reduce, tracing, *map(tuple, refs))
+        tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
+        if tail is None:
+            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs,
+                                          channel.TRACE if tracing else 0)[channel.LENGTH.size + 8:]
+            if len(self._tails) >= 256:
+                self._tails.clear()
+            self._tails[key] = tail
         try:
-            os.write(self._channel[0], channel.encode_request(request_id, joined.comm, kind, dtype, reduce, refs,
-                                                              channel.TRACE if tracing else 0))
+            os.write(self._channel[0], channel.HEAD.pack(8 + len(tail), request_id) + tail)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "
                                 "collectives use the session socket now") from None
+        if self.spin_ns:
+            poll, spin_end = self._poll.poll, time.perf_counter_ns() + self.spin_ns
+            while not poll(0) and time.perf_counter_ns() < spin_end:
+                os.sched_yield()
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -161,6 +182,10 @@ class ProviderClient:
                 self._close_channel()
                 raise ProviderError("the provider service closed this session's fast path")
             for frame in frames:
+                if len(frame) == channel.REPLY.size and frame[8] == 0 and not tracing:  # the usual reply: ok
+                    if int.from_bytes(frame[:8], "little") == request_id:
+                        return
+                    continue
                 reply_id, error, stamps = channel.decode_reply(frame)
                 if reply_id != request_id:
                     continue  # (a reply to an earlier, timed-out request)
