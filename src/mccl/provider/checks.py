@@ -74,7 +74,7 @@ class CollectiveChecks:
         """Run a checked collective. ``stamps``: append the stage times (tracing)."""
         job, kind, tensors, reduce, _ = prepared
         if job.broken:
-            raise JobFailed(f"job {job.spec.name!r} is broken ({job.communicator.broken}); join it again")
+            raise JobFailed(f"job {job.spec.name!r} is broken ({job.failure}); join it again")
         if stamps is not None:
             stamps.append(time.perf_counter_ns())
         job.run(kind, tensors, reduce)

@@ -12,7 +12,7 @@ and a count.
 
 The session's socket accepts only its own tenant's key (a ZAP domain of its own), and its end
 follows the connection: when the tenant process's connection drops (exit, crash, SIGKILL) the
-session ends — its jobs are closed (their groups aborted, so the job's ranks on other hosts stop
+session ends — its jobs are closed (their groups destroyed, so the job's ranks on other hosts stop
 waiting) and its allocations are freed. A collective the tenant was inside when it died still
 completes on this side (the service holds the mapping), so the job's other ranks finish it too.
 """
@@ -101,6 +101,7 @@ class Session:
             "collective": self._collective, "bye": self._bye, "channel": self._open_channel,
             "channel_attached": self._channel_attached}
         self._ending = False
+        self._lost = False  # ended by its connection's loss, not a bye: counted once its memory is freed
         self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
         self._tenant_fds: set[int] | None = None  # the tenant's connection, once authenticated
         self._created = time.monotonic()
@@ -122,8 +123,7 @@ class Session:
                 if self.socket in ready:
                     self._drain()
                 if self._tenant_fds is None and time.monotonic() - self._created > _CONNECT_S:
-                    self.service.count("sessions_lost")  # said hello, never connected to its session
-                    self._ending = True
+                    self._lost = self._ending = True  # said hello, never connected to its session
         except Exception:  # a bug here must end this session only, never the service
             log.exception("mccl provider: session %d of tenant %r failed", self.session_id, self.tenant)
         finally:
@@ -150,8 +150,7 @@ class Session:
                 if self._tenant_fds is not None and fd in self._tenant_fds:
                     self._tenant_fds.discard(fd)
                     if not self._tenant_fds:  # the tenant process is gone (exit, crash, SIGKILL)
-                        self.service.count("sessions_lost")
-                        self._ending = True
+                        self._lost = self._ending = True
 
     def _drain(self) -> None:
         while not self._ending:
@@ -260,6 +259,7 @@ class Session:
     def _end(self) -> None:
         if self.fast is not None:
             self.fast.stop()  # (its collective in flight completes first)
+            self.fast.forget()  # its checked requests hold the jobs (Job.close releases their groups anyway)
         for job in self.jobs.values():
             try:
                 job.close()
@@ -273,5 +273,7 @@ class Session:
         self.socket.disable_monitor()
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
+        if self._lost:  # (after the cleanup: a status that counts the loss shows its memory freed)
+            self.service.count("sessions_lost")
         self.service.session_ended(self)
 
