@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from provider_ranks import OPS, SIZES, STAGES, _inproc_rank, _interleaved_tenant, _pair_tenant, _tenant  # noqa: E402
+from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _interleaved_tenant, _pair_tenant, _tenant  # noqa: E402
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.runtime.launch import free_port, run_ranks
@@ -215,15 +215,18 @@ def _print_single_host(sizes: list[int], quick: bool) -> int:
                    "socket_added_vs_inproc_us": socket_path - inproc, "zmq_round_trip_us": zmq_rt,
                    "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_spin_us": cpu_spin,
                    "reps": len(times[("provider", op, size)])}
-            row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)]) for stage in STAGES})
+            row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)])
+                        for stage in STAGES + CPU_STAGES})
             rows.append(row)
             print(f"{op:<11}{size:>9}{inproc:>8.0f}{checked:>8.0f}{provider:>10.0f}{provider - inproc:>7.0f}"
                   f"{spin:>9.0f}{spin - inproc:>7.0f}{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}"
                   f"{pipe_rt:>8.0f}{cpu:>9.0f}{cpu_spin:>8.0f}")
-    print("\nfast-path stages, medians (µs): " + ", ".join(STAGES))
-    for row in rows:
-        print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"
-                                                                 for stage in STAGES))
+    for title, names in (("fast-path stages, wall", STAGES), ("their CPU (one thread each; provider_ranks.py)",
+                                                              CPU_STAGES)):
+        print(f"\n{title}, medians (µs): " + ", ".join(names))
+        for row in rows:
+            print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"
+                                                                     for stage in names))
     print(f"(this process's CPU: {time.process_time() - cpu_before:.1f} s)")
     write_csv(Path(__file__).parent / "results" / "provider_single_host.csv", rows)
     return 0

@@ -2,9 +2,17 @@
 server of the bare round trips. Spawned by the driver (``provider.py``), so they live in a module of their own.
 
 Stages (``STAGES``) of a traced fast-path call, from the stamps the service returns
-(:mod:`mccl.provider.channel`): *shim* = the tenant's own work, *to_service* = the request's trip until the
-service's fast-path thread wakes, *read* = until the frame is read, *decode*, *checks* (the references),
+(:mod:`mccl.provider.channel`, :class:`~mccl.provider.client.FastTrace`): *shim* = the tenant's own work,
+*to_service* = the request's trip until the service's fast-path thread has read it (since the fifth session
+the thread blocks in ``read``: the read is in this stage), *read* = until it holds the session's lock,
+*decode* (or the cached request's look-up), *checks* (the references; the job's state when cached),
 *collective*, *reply* (its encoding), *to_tenant* = the reply's trip until the tenant has it.
+
+CPU stages (``CPU_STAGES``, µs of one thread's CPU, ``time.thread_time_ns``: under load the wall stages are
+mostly waiting for a core, these are what the path costs): *cpu_shim* = the tenant's calling thread outside
+the trip, *cpu_trip* = the tenant's thread from encoding the request to having the reply (encode, write,
+poll, read, decode), then the service's fast-path thread: *cpu_decode*, *cpu_checks*, *cpu_collective*
+(that thread only: gloo's worker threads are not in it), *cpu_reply*.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB, 64 * KIB, 512 * KIB, 8 * MIB]
 OPS = ("all_gather", "all_reduce")
 STAGES = ("shim", "to_service", "read", "decode", "checks", "collective", "reply", "to_tenant")
+CPU_STAGES = ("cpu_shim", "cpu_trip", "cpu_decode", "cpu_checks", "cpu_collective", "cpu_reply")
 
 def _reps(size: int, quick: bool) -> int:
     base = 200 if size <= 64 * KIB else (100 if size <= MIB else 30)
@@ -50,11 +59,21 @@ def _compared(local: dict, remote, mine, shared) -> dict:
             "provider": (_calls(remote), shared)}
 
 
-def _add_stages(stages: dict, key: tuple, total_ns: int, trace: tuple[int, ...]) -> None:
-    """Append one traced call's stage times (µs) under ``(*key, stage)`` (module docstring)."""
-    sent, woke, received, parsed, checked, ran, replied, got = trace
-    for stage, ns in zip(STAGES, (total_ns - (got - sent), woke - sent, received - woke, parsed - received,
-                                  checked - parsed, ran - checked, replied - ran, got - replied), strict=True):
+def _add_stages(stages: dict, key: tuple, total_ns: int, cpu_ns: int, trace) -> None:
+    """Append one traced call's stage times (µs) under ``(*key, stage)`` (module docstring): the wall stages,
+    or with CPU stamps in ``trace`` (a :class:`~mccl.provider.client.FastTrace`) the CPU stages; ``cpu_ns``:
+    the calling thread's CPU for the whole call."""
+    t = trace
+    if not t.got_cpu:
+        for stage, ns in zip(STAGES, (total_ns - (t.got - t.sent), t.woke - t.sent, t.received - t.woke,
+                                      t.decoded - t.received, t.checked - t.decoded, t.ran - t.checked,
+                                      t.replied - t.ran, t.got - t.replied), strict=True):
+            stages.setdefault((*key, stage), []).append(ns / 1e3)
+        return
+    tenant_trip = t.got_cpu - t.sent_cpu
+    for stage, ns in zip(CPU_STAGES, (cpu_ns - tenant_trip, tenant_trip, t.decoded_cpu - t.received_cpu,
+                                      t.checked_cpu - t.decoded_cpu, t.ran_cpu - t.checked_cpu,
+                                      t.replied_cpu - t.ran_cpu), strict=True):
         stages.setdefault((*key, stage), []).append(ns / 1e3)
 
 
@@ -62,7 +81,8 @@ def _interleave(variants: dict, shim, op: str, size: int, reps: int, times: dict
                 before=None) -> None:
     """Five warm-up calls of every variant, then ``reps`` repetitions of each in turn, in a random order
     (``before`` ahead of each call: a barrier across hosts), so all see the same load; the provider's calls
-    are traced."""
+    are traced (wall stamps only: they cost ~0.1 µs; a ``provider_cpu`` variant, where given, is the same
+    call traced with CPU stamps too, which cost ~2 µs each, so it is not the bar's figure)."""
     for calls, (output, input) in variants.values():
         for _ in range(5):
             _run(calls, op, output, input)
@@ -76,16 +96,18 @@ def _interleave(variants: dict, shim, op: str, size: int, reps: int, times: dict
         for variant, (calls, (output, input)) in order:
             if before is not None:
                 before()
-            shim.trace = [] if variant == "provider" else None
-            cpu = time.process_time_ns()
+            shim.trace = [] if variant in ("provider", "provider_cpu") else None
+            shim.trace_cpu = variant == "provider_cpu"
+            cpu, thread_cpu = time.process_time_ns(), time.thread_time_ns()
             start = time.perf_counter_ns()
             _run(calls, op, output, input)
             total = time.perf_counter_ns() - start
+            thread_cpu = time.thread_time_ns() - thread_cpu
             times.setdefault((variant, op, size), []).append(total / 1e9)
             times.setdefault((f"cpu:{variant}", op, size), []).append((time.process_time_ns() - cpu) / 1e9)
-            if variant == "provider":
-                _add_stages(stages, (op, size), total, shim.trace[0])
-            shim.trace = None
+            if shim.trace:
+                _add_stages(stages, (op, size), total, thread_cpu, shim.trace[0])
+            shim.trace, shim.trace_cpu = None, False
 
 
 def _inproc_rank(rank: int, n: int, sizes: list[int], quick: bool, check: bool) -> dict:
@@ -239,6 +261,7 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
             shared_socket = _buffers(op, size, 1, shim_socket.empty)
             shared_spin = _buffers(op, size, 1, shim_spin.empty)
             variants = {**_compared(local, remote, mine, shared),
+                        "provider_cpu": (_calls(remote), shared),
                         "provider_spin": (_calls(remote_spin), shared_spin),
                         "provider_socket": (_calls(remote_socket), shared_socket),
                         "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),

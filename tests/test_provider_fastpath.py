@@ -65,8 +65,13 @@ def test_fast_path_and_socket_give_the_same_results_and_trace_their_stages(servi
         fast.trace = []
         comm = fast.join("traced", [0])
         comm.all_reduce(fast.empty(4))
-        (stamps,) = fast.trace
-        assert len(stamps) == 8 and list(stamps) == sorted(stamps)  # tenant sent .. service stages .. tenant got
+        fast.trace_cpu = True
+        comm.all_reduce(fast.empty(4))
+        untraced_cpu, stamps = fast.trace
+        assert list(untraced_cpu) == sorted(untraced_cpu[:8]) + [0] * 7  # wall only unless asked
+        wall, service_cpu = stamps[:8], stamps[9:14]
+        assert list(wall) == sorted(wall)  # tenant sent .. service stages .. tenant got
+        assert list(service_cpu) == sorted(service_cpu) and stamps.got_cpu > stamps.sent_cpu  # per-thread CPU
     finally:
         fast.close()
         slow.close()

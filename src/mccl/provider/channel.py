@@ -23,8 +23,9 @@ Frames (little-endian). Every frame is ``u32 length`` and that many bytes:
 * request: ``u64 id, u32 comm, u8 kind, u8 dtype, u8 reduce, u8 flags, u8 refs`` and 3 bytes of
   padding, then ``refs`` × ``(u64 allocation id, u64 offset, u64 length)``. Codes index
   :data:`~.protocol.KINDS`, :data:`~.protocol.DTYPES` and :data:`~.protocol.REDUCTIONS` in their
-  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread woke,
-  read the frame, decoded it, checked the references, ran the collective, wrote the reply).
+  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread had read
+  the frame, held the session's lock, decoded it, checked the references, ran the collective, encoded the
+  reply); bit 1, with bit 0: the thread's CPU time at the last five of those points follows.
 * reply: ``u64 id, u8 status`` (0 ok, 1 error), ``u8 stamps`` and 6 bytes of padding, then
   ``stamps`` × ``u64`` (``time.perf_counter_ns``, CLOCK_MONOTONIC: one clock for every process of
   the machine), then for an error the JSON ``{"error": class name, "message": ...}``.
@@ -46,7 +47,8 @@ from mccl.provider.errors import BadRequest
 from mccl.provider.protocol import DTYPES, KINDS, REDUCTIONS
 
 __all__ = ["REQUEST", "REPLY", "REF", "MAX_FRAME", "MAX_REFS", "encode_request", "decode_request", "encode_reply",
-           "encode_ok", "decode_reply", "HEAD", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE"]
+           "encode_ok", "decode_reply", "HEAD", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE",
+           "TRACE_CPU"]
 
 LENGTH = struct.Struct("<I")
 REQUEST = struct.Struct("<QIBBBBB3x")
@@ -57,6 +59,7 @@ HEAD = struct.Struct("<IQ")  # a request's length and id: what differs between t
 MAX_REFS = 4
 MAX_FRAME = 4000  # < PIPE_BUF (4096): a frame and its length are written atomically
 TRACE = 1
+TRACE_CPU = 2  # with TRACE: the stamps carry the service thread's CPU too (a system call each: ~2 µs here)
 
 KIND_NAMES, DTYPE_NAMES = tuple(KINDS), tuple(DTYPES)
 KIND_CODES = {name: code for code, name in enumerate(KIND_NAMES)}

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -30,7 +30,7 @@ from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
 
-__all__ = ["Allocation", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
+__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
 
 SPIN_US = 0.0
 """How long a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
@@ -49,6 +49,29 @@ class Allocation:
     nbytes: int
     buffer: mmap.mmap = field(repr=False)
     path: str = ""  # where it was opened (the service's descriptor, closed once this process mapped it)
+
+
+class FastTrace(NamedTuple):
+    """One traced fast-path collective (:attr:`ProviderClient.trace`): wall stamps (``time.perf_counter_ns``,
+    one clock for every process here) from the tenant's send through the service's stages to the tenant's
+    receipt, then, when :attr:`ProviderClient.trace_cpu` is set (else 0), CPU stamps (``time.thread_time_ns``)
+    of the tenant's calling thread and of the service's fast-path thread. Stages: ``benchmarks/provider_ranks.py``."""
+
+    sent: int
+    woke: int  # the service's thread has read the request
+    received: int  # ... and holds the session's lock
+    decoded: int
+    checked: int
+    ran: int  # the collective returned
+    replied: int  # the reply is encoded
+    got: int  # the tenant has the reply
+    sent_cpu: int = 0
+    received_cpu: int = 0
+    decoded_cpu: int = 0
+    checked_cpu: int = 0
+    ran_cpu: int = 0
+    replied_cpu: int = 0
+    got_cpu: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,7 +97,8 @@ class ProviderClient:
         self._reader: channel.FrameReader | None = None
         self._poll: select.poll | None = None
         self._tails: dict[tuple, bytes] = {}  # encoded fast-path requests less length and id, by what they ask
-        self.trace: list[tuple[int, ...]] | None = None  # set to a list: each collective appends its stamps
+        self.trace: list[tuple[int, ...]] | None = None  # a list: each collective appends a FastTrace (socket: 2 stamps)
+        self.trace_cpu = False  # traced fast-path calls carry CPU stamps too (~2 µs each: a system call)
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         main = self._connect(endpoint)
@@ -154,11 +178,12 @@ class ProviderClient:
         request_id = next(self._ids)
         tracing = self.trace is not None
         sent = time.perf_counter_ns()
-        key = (joined.comm, kind, dtype, reduce, tracing, *map(tuple, refs))
+        sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
+        flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
+        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
         tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
         if tail is None:
-            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs,
-                                          channel.TRACE if tracing else 0)[channel.LENGTH.size + 8:]
+            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs, flags)[channel.LENGTH.size + 8:]
             if len(self._tails) >= 256:
                 self._tails.clear()
             self._tails[key] = tail
@@ -190,7 +215,9 @@ class ProviderClient:
                 if reply_id != request_id:
                     continue  # (a reply to an earlier, timed-out request)
                 if tracing:
-                    self.trace.append((sent, *stamps, time.perf_counter_ns()))
+                    got = time.perf_counter_ns()
+                    cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()
+                    self.trace.append(FastTrace(sent, *stamps[:6], got, *cpu))
                 if error is not None:
                     raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
                 return
