@@ -19,8 +19,9 @@ process per host):
 
 ``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
 in a new random order every repetition (what ran just before decides whether the service is warm), its own
-world-1 communicator (agreement off, on), the same call through its service on the fast path (default: no
-reply spin), with a 200 µs reply spin (``spin``), on the session socket, and the two bare round trips; plus
+world-1 communicator (agreement off, on), the same call through its service on the fast path (default: the
+reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core), without
+the spin (``no spin``), on the session socket, and the two bare round trips; plus
 the tenant's CPU per call and the service's stages of the traced fast-path call. The processes themselves are
 in ``provider_ranks.py``.
 
@@ -199,21 +200,21 @@ def _print_single_host(sizes: list[int], quick: bool) -> int:
     print(f"1 host, tenant and service processes, interleaved; {started}; load average before {load_before[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f} (2 cores shared)")
     med = {key: statistics.median(values) * 1e6 for key, values in times.items()}
-    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'spin':>9}{'added':>7}"
-          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu':>9}{'spin':>8}   (µs, medians)")
+    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'no spin':>9}{'added':>7}"
+          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu':>9}{'nospin':>8}   (µs, medians)")
     rows = []
     for op in OPS:
         for size in sizes:
             inproc, checked, provider, spin, socket_path, zmq_rt, pipe_rt, cpu, cpu_spin = (
-                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_spin",
+                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_nospin",
                                                          "provider_socket", "zmq_floor", "pipe_floor",
-                                                         "cpu:provider", "cpu:provider_spin"))
+                                                         "cpu:provider", "cpu:provider_nospin"))
             row = {"op": op, "size_bytes": size, "inproc_us": inproc, "inproc_check_us": checked,
                    "provider_us": provider, "added_vs_inproc_us": provider - inproc,
-                   "added_vs_inproc_check_us": provider - checked, "provider_spin_us": spin,
-                   "spin_added_vs_inproc_us": spin - inproc, "provider_socket_us": socket_path,
+                   "added_vs_inproc_check_us": provider - checked, "provider_nospin_us": spin,
+                   "nospin_added_vs_inproc_us": spin - inproc, "provider_socket_us": socket_path,
                    "socket_added_vs_inproc_us": socket_path - inproc, "zmq_round_trip_us": zmq_rt,
-                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_spin_us": cpu_spin,
+                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_nospin_us": cpu_spin,
                    "reps": len(times[("provider", op, size)])}
             row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)])
                         for stage in STAGES + CPU_STAGES})

@@ -229,9 +229,9 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
     credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
     shim = Shim(endpoint, credential)
     shim_socket = Shim(endpoint, credential, fast=False)
-    shim_spin = Shim(endpoint, credential, spin_us=200.0)  # the fast path with a 200 µs reply spin (off by default)
+    shim_nospin = Shim(endpoint, credential, spin_us=0.0)  # the fast path without the reply spin (mccl.provider.replyspin)
     remote, remote_socket = shim.join("single", [0]), shim_socket.join("single-socket", [0])
-    remote_spin = shim_spin.join("single-spin", [0])
+    remote_nospin = shim_nospin.join("single-nospin", [0])
     context = mp.get_context("spawn")
     mine_end, echo_end = context.Pipe()
     echo = context.Process(target=_echo, args=(secret_hex, echo_end), daemon=True)
@@ -259,21 +259,24 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
             mine = _buffers(op, size, 1, lambda count: torch.ones(count))
             shared = _buffers(op, size, 1, shim.empty)
             shared_socket = _buffers(op, size, 1, shim_socket.empty)
-            shared_spin = _buffers(op, size, 1, shim_spin.empty)
+            shared_nospin = _buffers(op, size, 1, shim_nospin.empty)
             variants = {**_compared(local, remote, mine, shared),
                         "provider_cpu": (_calls(remote), shared),
-                        "provider_spin": (_calls(remote_spin), shared_spin),
+                        "provider_nospin": (_calls(remote_nospin), shared_nospin),
                         "provider_socket": (_calls(remote_socket), shared_socket),
                         "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),
                         "pipe_floor": ({"all_gather": pipe_round_trip, "all_reduce": pipe_round_trip}, mine)}
             _interleave(variants, shim, op, size, _reps(size, quick), times, stages)
+    calls = sum(len(values) + 5 for key, values in times.items() if key[0] in ("provider", "provider_cpu"))
+    print(f"provider calls (both traced variants, warm-ups included) that spun for their reply: {shim._spin.spun} "
+          f"of {calls} (mccl.provider.replyspin: only while no task waits for a core)", flush=True)
     os.close(pipe_out)
     os.close(pipe_in)
     dealer.close(linger=0)
     echo.join(timeout=10)
     shim.close()
     shim_socket.close()
-    shim_spin.close()
+    shim_nospin.close()
     results.put((times, stages))
 
 

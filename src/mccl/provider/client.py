@@ -29,16 +29,15 @@ from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
+from mccl.provider.replyspin import ReplySpin
 
 __all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
 
-SPIN_US = 0.0
-"""How long a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
-0: it sleeps at once. Why it exists: this machine's idle vCPUs halt at once (``haltpoll.guest_halt_poll_ns``
-is 0), and a reply that finds its tenant's vCPU halted waits for the hypervisor to wake it. Why it is off:
-measured under load (``benchmarks/provider.py --single-host``, both in one run, BENCHMARKS.md fourth session),
-a 200 µs spin doubled the service's collective time (its gloo thread waits for the spinner's CPU on 2 cores)
-and added 80–230 µs per call more than sleeping; whether it pays on an idle machine the same command shows."""
+SPIN_US = 200.0
+"""The most a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
+0: it sleeps at once. It polls only around the reply's expected time and only while no task waits for a core
+(:mod:`.replyspin` says why: the fourth session's spin from the send, always on, cost more than it saved under
+load). ``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
 
 
 @dataclass(eq=False)
@@ -91,7 +90,8 @@ class ProviderClient:
                  fast: bool = True, spin_us: float = SPIN_US) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
-        self.spin_ns = int(spin_us * 1e3)  # how long a fast-path call polls for its reply before it sleeps
+        self.spin_ns = int(spin_us * 1e3)  # the most a fast-path call polls for its reply (.replyspin)
+        self._spin: ReplySpin | None = None
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
@@ -161,6 +161,7 @@ class ProviderClient:
         self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
+        self._spin = ReplySpin(self.spin_ns, reply_fd) if self.spin_ns else None
 
     @property
     def fast(self) -> bool:
@@ -172,7 +173,7 @@ class ProviderClient:
             for fd in self._channel:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._channel, self._reader, self._poll = None, None, None
+        self._channel, self._reader, self._poll, self._spin = None, None, None, None
 
     def _ask_fast(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str) -> None:
         request_id = next(self._ids)
@@ -193,10 +194,8 @@ class ProviderClient:
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "
                                 "collectives use the session socket now") from None
-        if self.spin_ns:
-            poll, spin_end = self._poll.poll, time.perf_counter_ns() + self.spin_ns
-            while not poll(0) and time.perf_counter_ns() < spin_end:
-                os.sched_yield()
+        if self._spin is not None:
+            self._spin.wait(key, sent)
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -209,11 +208,15 @@ class ProviderClient:
             for frame in frames:
                 if len(frame) == channel.REPLY.size and frame[8] == 0 and not tracing:  # the usual reply: ok
                     if int.from_bytes(frame[:8], "little") == request_id:
+                        if self._spin is not None:
+                            self._spin.record(key, time.perf_counter_ns() - sent)
                         return
                     continue
                 reply_id, error, stamps = channel.decode_reply(frame)
                 if reply_id != request_id:
                     continue  # (a reply to an earlier, timed-out request)
+                if self._spin is not None:
+                    self._spin.record(key, time.perf_counter_ns() - sent)
                 if tracing:
                     got = time.perf_counter_ns()
                     cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()
