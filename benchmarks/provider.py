@@ -20,10 +20,10 @@ process per host):
 ``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
 in a new random order every repetition (what ran just before decides whether the service is warm), its own
 world-1 communicator (agreement off, on), the same call through its service on the fast path (default: the
-reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core), without
-the spin (``no spin``), on the session socket, and the two bare round trips; plus
-the tenant's CPU per call and the service's stages of the traced fast-path call. The processes themselves are
-in ``provider_ranks.py``.
+reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core; untraced,
+as a tenant's call is), without the spin (``no spin``), on the session socket, and the two bare round trips;
+plus the tenant's CPU per call and the stages of two traced variants of the fast-path call (wall stamps; CPU
+stamps, which cost ~2 µs each). The processes themselves are in ``provider_ranks.py``.
 
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and
 provider − inproc (everything a tenant pays, the agreement included). Each repetition is timed on

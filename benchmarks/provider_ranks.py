@@ -80,13 +80,15 @@ def _add_stages(stages: dict, key: tuple, total_ns: int, cpu_ns: int, trace) -> 
 def _interleave(variants: dict, shim, op: str, size: int, reps: int, times: dict, stages: dict,
                 before=None) -> None:
     """Five warm-up calls of every variant, then ``reps`` repetitions of each in turn, in a random order
-    (``before`` ahead of each call: a barrier across hosts), so all see the same load; the provider's calls
-    are traced (wall stamps only: they cost ~0.1 µs; a ``provider_cpu`` variant, where given, is the same
-    call traced with CPU stamps too, which cost ~2 µs each, so it is not the bar's figure)."""
+    (``before`` ahead of each call: a barrier across hosts), so all see the same load. The stages come from
+    traced calls: of ``provider_traced`` (wall stamps) and ``provider_cpu`` (CPU stamps too, ~2 µs each: a
+    system call) where the variants include them — then ``provider``, the bar's figure, is untraced, as a
+    tenant's call is — else of ``provider`` itself."""
     for calls, (output, input) in variants.values():
         for _ in range(5):
             _run(calls, op, output, input)
     order = list(variants.items())
+    traced = {"provider_traced", "provider_cpu"} if "provider_traced" in variants else {"provider"}
     shuffle = random.Random(size).shuffle  # (the same orders on every host: a barrier must pair the same calls)
     for _ in range(reps):
         # a new order each repetition: what ran just before decides whether the service's thread and caches are
@@ -96,7 +98,7 @@ def _interleave(variants: dict, shim, op: str, size: int, reps: int, times: dict
         for variant, (calls, (output, input)) in order:
             if before is not None:
                 before()
-            shim.trace = [] if variant in ("provider", "provider_cpu") else None
+            shim.trace = [] if variant in traced else None
             shim.trace_cpu = variant == "provider_cpu"
             cpu, thread_cpu = time.process_time_ns(), time.thread_time_ns()
             start = time.perf_counter_ns()
@@ -261,14 +263,15 @@ def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick:
             shared_socket = _buffers(op, size, 1, shim_socket.empty)
             shared_nospin = _buffers(op, size, 1, shim_nospin.empty)
             variants = {**_compared(local, remote, mine, shared),
-                        "provider_cpu": (_calls(remote), shared),
+                        "provider_traced": (_calls(remote), shared), "provider_cpu": (_calls(remote), shared),
                         "provider_nospin": (_calls(remote_nospin), shared_nospin),
                         "provider_socket": (_calls(remote_socket), shared_socket),
                         "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),
                         "pipe_floor": ({"all_gather": pipe_round_trip, "all_reduce": pipe_round_trip}, mine)}
             _interleave(variants, shim, op, size, _reps(size, quick), times, stages)
-    calls = sum(len(values) + 5 for key, values in times.items() if key[0] in ("provider", "provider_cpu"))
-    print(f"provider calls (both traced variants, warm-ups included) that spun for their reply: {shim._spin.spun} "
+    calls = sum(len(values) + 5 for key, values in times.items()
+                if key[0] in ("provider", "provider_traced", "provider_cpu"))
+    print(f"provider calls (its three variants, warm-ups included) that spun for their reply: {shim._spin.spun} "
           f"of {calls} (mccl.provider.replyspin: only while no task waits for a core)", flush=True)
     os.close(pipe_out)
     os.close(pipe_in)
