@@ -17,6 +17,14 @@ process per host):
 * ``provider``: a tenant process per host calls the shim; its host's service process runs the
   collective on buffers in shared memory.
 
+``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
+in a new random order every repetition (what ran just before decides whether the service is warm), its own
+world-1 communicator (agreement off, on), the same call through its service on the fast path (default: the
+reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core; untraced,
+as a tenant's call is), without the spin (``no spin``), on the session socket, and the two bare round trips;
+plus the tenant's CPU per call and the stages of two traced variants of the fast-path call (wall stamps; CPU
+stamps, which cost ~2 µs each). The processes themselves are in ``provider_ranks.py``.
+
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and
 provider − inproc (everything a tenant pays, the agreement included). Each repetition is timed on
 every rank after a barrier and the slowest rank's time is kept; figures are medians over
@@ -35,280 +43,10 @@ import sys
 import time
 from pathlib import Path
 
+from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _interleaved_tenant, _pair_tenant, _tenant  # noqa: E402
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.runtime.launch import free_port, run_ranks
-
-KIB, MIB = 1 << 10, 1 << 20
-SIZES = [4 * KIB, 64 * KIB, 512 * KIB, 8 * MIB]
-OPS = ("all_gather", "all_reduce")
-
-
-def _reps(size: int, quick: bool) -> int:
-    base = 200 if size <= 64 * KIB else (100 if size <= MIB else 30)
-    return base // 4 if quick else base
-
-
-def _buffers(op: str, size: int, n: int, empty):
-    """(output, input) for nccl-tests' S: AllGather S = output bytes per rank, AllReduce S = the buffer."""
-    if op == "all_gather":
-        return empty(size // 4), empty(size // 4 // n)
-    buffer = empty(size // 4)
-    return buffer, buffer
-
-
-def _run(comm_call, op: str, output, input) -> None:
-    if op == "all_gather":
-        comm_call["all_gather"](output, input)
-    else:
-        comm_call["all_reduce"](output)
-
-
-def _inproc_rank(rank: int, n: int, sizes: list[int], quick: bool, check: bool) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    import mccl
-
-    comm = mccl.init(hot_swap=False, check=check)
-    calls = {"all_gather": comm.all_gather_into_tensor, "all_reduce": comm.all_reduce}
-    times: dict = {}
-    for op in OPS:
-        for size in sizes:
-            output, input = _buffers(op, size, n, lambda count: torch.ones(count))
-            for _ in range(5):
-                _run(calls, op, output, input)
-            samples = []
-            for _ in range(_reps(size, quick)):
-                dist.barrier()
-                start = time.perf_counter()
-                _run(calls, op, output, input)
-                samples.append(time.perf_counter() - start)
-            times[(op, size)] = samples
-    comm.close()
-    return times
-
-
-def _tenant(host: int, n: int, endpoint: str, secret_hex: str, sizes: list[int], quick: bool, results) -> None:
-    import torch
-
-    from mccl.control.auth import JobSecret
-    from mccl.provider.keys import tenant_credential
-    from mccl.provider.shim import Shim
-
-    torch.set_num_threads(1)
-    client = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
-    comm = client.join("bench", list(range(n)))
-    calls = {"all_gather": comm.all_gather_into_tensor, "all_reduce": comm.all_reduce}
-    flag = client.empty(1)
-    times: dict = {}
-    for op in OPS:
-        for size in sizes:
-            output, input = _buffers(op, size, n, client.empty)
-            output.fill_(1.0)
-            input.fill_(1.0)
-            for _ in range(5):
-                _run(calls, op, output, input)
-            samples = []
-            for _ in range(_reps(size, quick)):
-                comm.all_reduce(flag)  # the barrier: through the service too
-                start = time.perf_counter()
-                _run(calls, op, output, input)
-                samples.append(time.perf_counter() - start)
-            times[(op, size)] = samples
-            client.free_tensor(output)
-            if input is not output:
-                client.free_tensor(input)
-    client.close()
-    results.put((host, times))
-
-
-def _echo(secret_hex: str, ready) -> None:
-    """The floors: a bare ZeroMQ ROUTER (CURVE, ipc) and a bare pipe pair, each answering every message."""
-    import tempfile
-
-    import zmq
-
-    from mccl.control.auth import JobSecret
-
-    context = zmq.Context()
-    router = context.socket(zmq.ROUTER)
-    JobSecret.from_hex(secret_hex).make_server(router)
-    run_dir = tempfile.mkdtemp(prefix="mccl-bench-echo-")
-    router.bind(f"ipc://{run_dir}/echo.sock")
-    request_read, request_write = os.pipe()
-    reply_read, reply_write = os.pipe()
-    pid = os.getpid()
-    ready.send((router.getsockopt_string(zmq.LAST_ENDPOINT), f"/proc/{pid}/fd/{request_write}",
-                f"/proc/{pid}/fd/{reply_read}"))
-    ready.recv()  # the tenant has opened its ends
-    os.close(request_write)
-    os.close(reply_read)
-    poller = zmq.Poller()
-    poller.register(router, zmq.POLLIN)
-    poller.register(request_read, zmq.POLLIN)
-    while True:
-        found = dict(poller.poll(1000))
-        if request_read in found:
-            data = os.read(request_read, 4096)
-            if not data:
-                return
-            os.write(reply_write, data)
-        if router in found:
-            identity, frame = router.recv_multipart()
-            router.send_multipart([identity, frame])
-
-
-def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick: bool, results) -> None:
-    """One host: the tenant times, repetition by repetition, the same collective on its own in-process
-    communicator (world 1, check off and on), through its service on the fast path and on the session
-    socket, and the two bare round trips (ZeroMQ with CURVE, a pipe pair) — all under the same load.
-    The fast-path calls are traced: the service's stage timestamps come back in each reply."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    import zmq
-
-    from mccl.control.auth import JobSecret
-    from mccl.provider.keys import tenant_credential
-    from mccl.provider.shim import Shim
-    from mccl.runtime.communicator import Communicator
-    from mccl.runtime.transport import Transport
-
-    torch.set_num_threads(1)
-    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60))
-    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
-             for check in (False, True)}
-    credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
-    shim = Shim(endpoint, credential)
-    shim_socket = Shim(endpoint, credential, fast=False)
-    remote, remote_socket = shim.join("single", [0]), shim_socket.join("single-socket", [0])
-    context = mp.get_context("spawn")
-    mine_end, echo_end = context.Pipe()
-    echo = context.Process(target=_echo, args=(secret_hex, echo_end), daemon=True)
-    echo.start()
-    zmq_endpoint, request_path, reply_path = mine_end.recv()
-    dealer = zmq.Context().socket(zmq.DEALER)
-    credential.make_client(dealer)
-    dealer.connect(zmq_endpoint)
-    pipe_out, pipe_in = os.open(request_path, os.O_WRONLY), os.open(reply_path, os.O_RDONLY)
-    mine_end.send("opened")
-    message = b"x" * 100  # about a collective request's size
-
-    def zmq_round_trip(*_: object) -> None:
-        dealer.send(message)
-        dealer.recv()
-
-    def pipe_round_trip(*_: object) -> None:
-        os.write(pipe_out, message)
-        os.read(pipe_in, 4096)
-
-    times: dict = {}
-    stages: dict = {}
-    for op in OPS:
-        for size in sizes:
-            mine = _buffers(op, size, 1, lambda count: torch.ones(count))
-            shared = _buffers(op, size, 1, shim.empty)
-            shared_socket = _buffers(op, size, 1, shim_socket.empty)
-            variants = {"inproc": ({"all_gather": local[False].all_gather_into_tensor,
-                                    "all_reduce": local[False].all_reduce}, mine),
-                        "inproc_check": ({"all_gather": local[True].all_gather_into_tensor,
-                                          "all_reduce": local[True].all_reduce}, mine),
-                        "provider": ({"all_gather": remote.all_gather_into_tensor, "all_reduce": remote.all_reduce},
-                                     shared),
-                        "provider_socket": ({"all_gather": remote_socket.all_gather_into_tensor,
-                                             "all_reduce": remote_socket.all_reduce}, shared_socket),
-                        "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),
-                        "pipe_floor": ({"all_gather": pipe_round_trip, "all_reduce": pipe_round_trip}, mine)}
-            for calls, (output, input) in variants.values():
-                for _ in range(5):
-                    _run(calls, op, output, input)
-            for _ in range(_reps(size, quick)):
-                for variant, (calls, (output, input)) in variants.items():
-                    if variant == "provider":
-                        shim.trace = []
-                    start = time.perf_counter_ns()
-                    _run(calls, op, output, input)
-                    total = time.perf_counter_ns() - start
-                    times.setdefault((variant, op, size), []).append(total / 1e9)
-                    if variant == "provider":
-                        sent, woke, received, parsed, checked, ran, replied, got = shim.trace[0]
-                        shim.trace = None
-                        for stage, ns in (("shim", total - (got - sent)), ("to_service", woke - sent),
-                                          ("read", received - woke),
-                                          ("decode", parsed - received), ("checks", checked - parsed),
-                                          ("collective", ran - checked), ("reply", replied - ran),
-                                          ("to_tenant", got - replied)):
-                            stages.setdefault((op, size, stage), []).append(ns / 1e3)
-    os.close(pipe_out)
-    os.close(pipe_in)
-    dealer.close(linger=0)
-    echo.join(timeout=10)
-    shim.close()
-    shim_socket.close()
-    results.put((times, stages))
-
-
-def _pair_tenant(host: int, n: int, endpoint: str, secret_hex: str, port: int, sizes: list[int], quick: bool,
-                 results) -> None:
-    """Two hosts, interleaved: this tenant process is rank ``host`` of an in-process gloo job over the
-    tenants' own processes (check off and on) *and* of a job in the services; each repetition runs the three
-    after an in-process barrier, so all see the same load. The service's stages come back traced."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from mccl.control.auth import JobSecret
-    from mccl.provider.keys import tenant_credential
-    from mccl.provider.shim import Shim
-    from mccl.runtime.communicator import Communicator
-    from mccl.runtime.transport import Transport
-
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, n, host == 0, timedelta(seconds=300))
-    group = dist.ProcessGroupGloo(dist.PrefixStore("inproc/", store), host, n, timedelta(seconds=300))
-    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
-             for check in (False, True)}
-    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
-    remote = shim.join("pair", list(range(n)))
-    times: dict = {}
-    stages: dict = {}
-    for op in OPS:
-        for size in sizes:
-            mine, shared = _buffers(op, size, n, lambda count: torch.ones(count)), _buffers(op, size, n, shim.empty)
-            for tensor in shared:
-                tensor.fill_(1.0)
-            variants = {"inproc": ({"all_gather": local[False].all_gather_into_tensor,
-                                    "all_reduce": local[False].all_reduce}, mine),
-                        "inproc_check": ({"all_gather": local[True].all_gather_into_tensor,
-                                          "all_reduce": local[True].all_reduce}, mine),
-                        "provider": ({"all_gather": remote.all_gather_into_tensor, "all_reduce": remote.all_reduce},
-                                     shared)}
-            for calls, (output, input) in variants.values():
-                for _ in range(5):
-                    _run(calls, op, output, input)
-            for _ in range(_reps(size, quick)):
-                for variant, (calls, (output, input)) in variants.items():
-                    local[False].barrier()
-                    shim.trace = [] if variant == "provider" else None
-                    start = time.perf_counter_ns()
-                    _run(calls, op, output, input)
-                    total = time.perf_counter_ns() - start
-                    times.setdefault((variant, op, size), []).append(total / 1e9)
-                    if variant == "provider":
-                        sent, woke, received, parsed, checked, ran, replied, got = shim.trace[0]
-                        for stage, ns in (("shim", total - (got - sent)), ("to_service", woke - sent),
-                                          ("read", received - woke), ("decode", parsed - received),
-                                          ("checks", checked - parsed), ("collective", ran - checked),
-                                          ("reply", replied - ran), ("to_tenant", got - replied)):
-                            stages.setdefault((op, size, stage), []).append(ns / 1e3)
-                    shim.trace = None
-    shim.close()
-    for comm in local.values():
-        comm.close()
-    results.put((host, times, stages))
 
 
 def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
@@ -353,9 +91,6 @@ def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
                                                                  for stage in STAGES))
     write_csv(Path(__file__).parent / "results" / "provider_two_host.csv", rows)
     return 0
-
-
-STAGES = ("shim", "to_service", "read", "decode", "checks", "collective", "reply", "to_tenant")
 
 
 def _interleaved(sizes: list[int], quick: bool) -> tuple[dict, dict]:
@@ -465,27 +200,34 @@ def _print_single_host(sizes: list[int], quick: bool) -> int:
     print(f"1 host, tenant and service processes, interleaved; {started}; load average before {load_before[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f} (2 cores shared)")
     med = {key: statistics.median(values) * 1e6 for key, values in times.items()}
-    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'socket':>8}{'added':>7}"
-          f"{'zmq rt':>8}{'pipe rt':>8}   (µs, medians)")
+    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'no spin':>9}{'added':>7}"
+          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu':>9}{'nospin':>8}   (µs, medians)")
     rows = []
     for op in OPS:
         for size in sizes:
-            inproc, checked, provider, socket_path, zmq_rt, pipe_rt = (
-                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_socket",
-                                                         "zmq_floor", "pipe_floor"))
+            inproc, checked, provider, spin, socket_path, zmq_rt, pipe_rt, cpu, cpu_spin = (
+                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_nospin",
+                                                         "provider_socket", "zmq_floor", "pipe_floor",
+                                                         "cpu:provider", "cpu:provider_nospin"))
             row = {"op": op, "size_bytes": size, "inproc_us": inproc, "inproc_check_us": checked,
                    "provider_us": provider, "added_vs_inproc_us": provider - inproc,
-                   "added_vs_inproc_check_us": provider - checked, "provider_socket_us": socket_path,
+                   "added_vs_inproc_check_us": provider - checked, "provider_nospin_us": spin,
+                   "nospin_added_vs_inproc_us": spin - inproc, "provider_socket_us": socket_path,
                    "socket_added_vs_inproc_us": socket_path - inproc, "zmq_round_trip_us": zmq_rt,
-                   "pipe_round_trip_us": pipe_rt, "reps": len(times[("provider", op, size)])}
-            row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)]) for stage in STAGES})
+                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_nospin_us": cpu_spin,
+                   "reps": len(times[("provider", op, size)])}
+            row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)])
+                        for stage in STAGES + CPU_STAGES})
             rows.append(row)
             print(f"{op:<11}{size:>9}{inproc:>8.0f}{checked:>8.0f}{provider:>10.0f}{provider - inproc:>7.0f}"
-                  f"{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}{pipe_rt:>8.0f}")
-    print("\nfast-path stages, medians (µs): " + ", ".join(STAGES))
-    for row in rows:
-        print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"
-                                                                 for stage in STAGES))
+                  f"{spin:>9.0f}{spin - inproc:>7.0f}{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}"
+                  f"{pipe_rt:>8.0f}{cpu:>9.0f}{cpu_spin:>8.0f}")
+    for title, names in (("fast-path stages, wall", STAGES), ("their CPU (one thread each; provider_ranks.py)",
+                                                              CPU_STAGES)):
+        print(f"\n{title}, medians (µs): " + ", ".join(names))
+        for row in rows:
+            print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"
+                                                                     for stage in names))
     print(f"(this process's CPU: {time.process_time() - cpu_before:.1f} s)")
     write_csv(Path(__file__).parent / "results" / "provider_single_host.csv", rows)
     return 0

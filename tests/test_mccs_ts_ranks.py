@@ -24,6 +24,19 @@ def test_the_time_shared_job_sends_only_in_the_prioritized_jobs_idle_windows():
         ungated = len(rank["sends"]) - gated
         assert gated > 0, f"b's rank never ran under windows ({seen})"
         assert outside == 0, f"{outside} of {gated} gated sends were posted outside the windows ({seen})"
+        # the windows the gate enforced are its version's windows, except where they reached the gate only after
+        # the version's first collectives ran (the controller did not answer the gate's ask in time: fail-static,
+        # counted in fetch_failures): judging those sends by windows the gate never had was this test's flake.
+        # The mapping itself is checked: per version, once the gate had its windows, every later collective of
+        # that version ran under them (the ones before are a prefix)
+        settled: set[int] = set()
+        for seq in sorted(rank["windows"]):
+            version = rank["version_of"].get(seq)
+            same = rank["windows"][seq] == rank["version_windows"][seq]
+            assert same or version not in settled, \
+                f"collective {seq} (version {version}) left its version's windows ({seen})"
+            if same:
+                settled.add(version)
         assert rank["swaps"] >= 1 and len(rank["versions"]) >= 2, seen  # the windows came with a new plan version
         assert ungated > 0, seen  # before the controller knew a's rhythm, b ran ungated
     # the check can fail: b's sends before the gate fall outside the later windows too

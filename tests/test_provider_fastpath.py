@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+import time
 
 import pytest
 
@@ -65,8 +67,13 @@ def test_fast_path_and_socket_give_the_same_results_and_trace_their_stages(servi
         fast.trace = []
         comm = fast.join("traced", [0])
         comm.all_reduce(fast.empty(4))
-        (stamps,) = fast.trace
-        assert len(stamps) == 8 and list(stamps) == sorted(stamps)  # tenant sent .. service stages .. tenant got
+        fast.trace_cpu = True
+        comm.all_reduce(fast.empty(4))
+        untraced_cpu, stamps = fast.trace
+        assert list(untraced_cpu) == sorted(untraced_cpu[:8]) + [0] * 7  # wall only unless asked
+        wall, service_cpu = stamps[:8], stamps[9:14]
+        assert list(wall) == sorted(wall)  # tenant sent .. service stages .. tenant got
+        assert list(service_cpu) == sorted(service_cpu) and stamps.got_cpu > stamps.sent_cpu  # per-thread CPU
     finally:
         fast.close()
         slow.close()
@@ -125,3 +132,49 @@ def test_a_cached_reference_check_never_outlives_its_allocation(service):
     finally:
         owner.close()
         user.close()
+
+
+def test_a_spinning_shim_gets_the_same_results(service):
+    spinning = _client(service, "alice", Shim, spin_us=200.0)
+    try:
+        assert spinning.spin_ns == 200_000
+        spinning._spin._idle = lambda: True  # spin whatever the machine's load (the rule is tested below)
+        comm = spinning.join("spin", [0])
+        x = spinning.empty(8)
+        x.copy_(torch.arange(8.0))
+        out = spinning.empty(8)
+        for _ in range(3):
+            comm.all_gather_into_tensor(out, x)
+            comm.all_reduce(x, "max")
+        assert torch.equal(out, torch.arange(8.0))
+        assert spinning._spin.spun >= 1 and len(spinning._spin._took) == 2  # one duration per request
+    finally:
+        spinning.close()
+
+
+def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_is_due():
+    from mccl.provider.replyspin import ReplySpin
+
+    read_end, write_end = os.pipe()
+    try:
+        busy = ReplySpin(200_000, read_end, idle=lambda: False)
+        busy.record("k", 10**9)
+        started = time.perf_counter_ns()
+        busy.wait("k", started)
+        assert busy.spun == 0 and time.perf_counter_ns() - started < 10**8  # no nap, no spin: poll's to sleep
+
+        idle = ReplySpin(200_000, read_end, idle=lambda: True)
+        started = time.perf_counter_ns()
+        idle.wait("new", started)  # no history: polls from the send, at most the window
+        assert idle.spun == 1 and time.perf_counter_ns() - started < 10**8
+
+        idle.record("slow", 2 * 10**9)  # a 2 s call: it naps until ~2 s, unless the reply comes first
+        timer = threading.Timer(0.05, os.write, (write_end, b"r"))
+        started = time.perf_counter_ns()
+        timer.start()
+        idle.wait("slow", started)
+        assert time.perf_counter_ns() - started < 10**9 and os.read(read_end, 1) == b"r"
+        assert idle.spun == 1  # the reply ended the nap: no spin needed
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -127,9 +127,15 @@ def _rank(rank: int, world: int, endpoint: str, secret: str, texts: dict[str, st
                 exact &= bool(torch.equal(output, expected))
                 calls += 1
             feed.stop()
-            windows = {seq: gate.windows_for(seq) for seq in sorted({seq for _, _, seq in sends})}
+            seqs = sorted({seq for _, _, seq in sends})
+            gated_seqs = set(seqs)
+            # what the gate enforced per collective (the check's reference), and what its version's windows
+            # turned out to be (they differ only where they reached the gate after the collective ran)
             out.update(sends=sends, calls=calls, held=gate.held, held_sends=gate.held_sends, waited_s=gate.waited_s,
-                       windows={seq: windows_field(w) for seq, w in windows.items()},
+                       windows={seq: windows_field(gate.enforced.get(seq)) for seq in seqs},
+                       version_windows={seq: windows_field(gate.windows_for(seq)) for seq in seqs},
+                       fetch_failures=gate.fetch_failures,
+                       version_of={seq: version for seq, _, version in comm.history if seq in gated_seqs},
                        versions=sorted({v for _, _, v in comm.history if v is not None}))
         out["exact"] = exact
         out["swaps"] = len(comm.swaps)

@@ -14,16 +14,18 @@ ZeroMQ socket, after the CURVE handshake, and hands the tenant's ends over exact
 shared-memory allocations (:mod:`.memory`): paths under ``/proc/<service pid>/fd/``, which the
 tenant opens once, after which it says ``channel_attached`` and the service closes its copies of
 those ends. From then on only the tenant process holds them; the frames it writes are its session's
-and are checked exactly as the JSON requests are (:meth:`~.session.Session.collective_request`):
-the fast path changes the encoding, never the checks.
+and are checked exactly as the JSON requests are (:meth:`~.checks.CollectiveChecks.prepare`):
+the fast path changes the encoding, never the checks. The service serves the pipe on a thread of the
+session's own (:mod:`.fastpath`).
 
 Frames (little-endian). Every frame is ``u32 length`` and that many bytes:
 
 * request: ``u64 id, u32 comm, u8 kind, u8 dtype, u8 reduce, u8 flags, u8 refs`` and 3 bytes of
   padding, then ``refs`` × ``(u64 allocation id, u64 offset, u64 length)``. Codes index
   :data:`~.protocol.KINDS`, :data:`~.protocol.DTYPES` and :data:`~.protocol.REDUCTIONS` in their
-  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread woke,
-  read the frame, decoded it, checked the references, ran the collective, wrote the reply).
+  order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread had read
+  the frame, held the session's lock, decoded it, checked the references, ran the collective, encoded the
+  reply); bit 1, with bit 0: the thread's CPU time at the last five of those points follows.
 * reply: ``u64 id, u8 status`` (0 ok, 1 error), ``u8 stamps`` and 6 bytes of padding, then
   ``stamps`` × ``u64`` (``time.perf_counter_ns``, CLOCK_MONOTONIC: one clock for every process of
   the machine), then for an error the JSON ``{"error": class name, "message": ...}``.
@@ -45,16 +47,19 @@ from mccl.provider.errors import BadRequest
 from mccl.provider.protocol import DTYPES, KINDS, REDUCTIONS
 
 __all__ = ["REQUEST", "REPLY", "REF", "MAX_FRAME", "MAX_REFS", "encode_request", "decode_request", "encode_reply",
-           "decode_reply", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE"]
+           "encode_ok", "decode_reply", "HEAD", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE",
+           "TRACE_CPU"]
 
 LENGTH = struct.Struct("<I")
 REQUEST = struct.Struct("<QIBBBBB3x")
 REPLY = struct.Struct("<QBB6x")
 REF = struct.Struct("<QQQ")
 STAMP = struct.Struct("<Q")
+HEAD = struct.Struct("<IQ")  # a request's length and id: what differs between two requests for the same thing
 MAX_REFS = 4
 MAX_FRAME = 4000  # < PIPE_BUF (4096): a frame and its length are written atomically
 TRACE = 1
+TRACE_CPU = 2  # with TRACE: the stamps carry the service thread's CPU too (a system call each: ~2 µs here)
 
 KIND_NAMES, DTYPE_NAMES = tuple(KINDS), tuple(DTYPES)
 KIND_CODES = {name: code for code, name in enumerate(KIND_NAMES)}
@@ -90,6 +95,14 @@ def encode_reply(request_id: int, error: dict[str, Any] | None = None, stamps: S
     if error is not None:
         body += json.dumps({"error": error["error"], "message": error["message"][:500]}).encode()  # ASCII: ≤ 3 KB
     return LENGTH.pack(len(body)) + body
+
+
+_OK = struct.Struct("<IQBB6x")  # a whole success reply without stamps: its length, then REPLY
+
+
+def encode_ok(request_id: int) -> bytes:
+    """The usual reply (success, untraced) in one pack: :func:`encode_reply` of ``request_id`` alone."""
+    return _OK.pack(REPLY.size, request_id, 0, 0)
 
 
 def decode_reply(body: bytes) -> tuple[int, dict[str, Any] | None, list[int]]:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -29,8 +29,15 @@ from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
+from mccl.provider.replyspin import ReplySpin
 
-__all__ = ["Allocation", "Joined", "ProviderClient", "ask_status"]
+__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
+
+SPIN_US = 200.0
+"""The most a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
+0: it sleeps at once. It polls only around the reply's expected time and only while no task waits for a core
+(:mod:`.replyspin` says why: the fourth session's spin from the send, always on, cost more than it saved under
+load). ``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
 
 
 @dataclass(eq=False)
@@ -41,6 +48,29 @@ class Allocation:
     nbytes: int
     buffer: mmap.mmap = field(repr=False)
     path: str = ""  # where it was opened (the service's descriptor, closed once this process mapped it)
+
+
+class FastTrace(NamedTuple):
+    """One traced fast-path collective (:attr:`ProviderClient.trace`): wall stamps (``time.perf_counter_ns``,
+    one clock for every process here) from the tenant's send through the service's stages to the tenant's
+    receipt, then, when :attr:`ProviderClient.trace_cpu` is set (else 0), CPU stamps (``time.thread_time_ns``)
+    of the tenant's calling thread and of the service's fast-path thread. Stages: ``benchmarks/provider_ranks.py``."""
+
+    sent: int
+    woke: int  # the service's thread has read the request
+    received: int  # ... and holds the session's lock
+    decoded: int
+    checked: int
+    ran: int  # the collective returned
+    replied: int  # the reply is encoded
+    got: int  # the tenant has the reply
+    sent_cpu: int = 0
+    received_cpu: int = 0
+    decoded_cpu: int = 0
+    checked_cpu: int = 0
+    ran_cpu: int = 0
+    replied_cpu: int = 0
+    got_cpu: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,14 +87,18 @@ class ProviderClient:
     unauthenticated in-process service."""
 
     def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
-                 fast: bool = True) -> None:
+                 fast: bool = True, spin_us: float = SPIN_US) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
+        self.spin_ns = int(spin_us * 1e3)  # the most a fast-path call polls for its reply (.replyspin)
+        self._spin: ReplySpin | None = None
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
         self._poll: select.poll | None = None
-        self.trace: list[tuple[int, ...]] | None = None  # set to a list: each collective appends its stamps
+        self._tails: dict[tuple, bytes] = {}  # encoded fast-path requests less length and id, by what they ask
+        self.trace: list[tuple[int, ...]] | None = None  # a list: each collective appends a FastTrace (socket: 2 stamps)
+        self.trace_cpu = False  # traced fast-path calls carry CPU stamps too (~2 µs each: a system call)
         self._context = zmq.Context()
         self._ids = itertools.count(1)
         main = self._connect(endpoint)
@@ -127,6 +161,7 @@ class ProviderClient:
         self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
+        self._spin = ReplySpin(self.spin_ns, reply_fd) if self.spin_ns else None
 
     @property
     def fast(self) -> bool:
@@ -138,19 +173,29 @@ class ProviderClient:
             for fd in self._channel:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._channel, self._reader, self._poll = None, None, None
+        self._channel, self._reader, self._poll, self._spin = None, None, None, None
 
     def _ask_fast(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str) -> None:
         request_id = next(self._ids)
         tracing = self.trace is not None
         sent = time.perf_counter_ns()
+        sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
+        flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
+        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
+        tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
+        if tail is None:
+            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs, flags)[channel.LENGTH.size + 8:]
+            if len(self._tails) >= 256:
+                self._tails.clear()
+            self._tails[key] = tail
         try:
-            os.write(self._channel[0], channel.encode_request(request_id, joined.comm, kind, dtype, reduce, refs,
-                                                              channel.TRACE if tracing else 0))
+            os.write(self._channel[0], channel.HEAD.pack(8 + len(tail), request_id) + tail)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "
                                 "collectives use the session socket now") from None
+        if self._spin is not None:
+            self._spin.wait(key, sent)
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -161,11 +206,21 @@ class ProviderClient:
                 self._close_channel()
                 raise ProviderError("the provider service closed this session's fast path")
             for frame in frames:
+                if len(frame) == channel.REPLY.size and frame[8] == 0 and not tracing:  # the usual reply: ok
+                    if int.from_bytes(frame[:8], "little") == request_id:
+                        if self._spin is not None:
+                            self._spin.record(key, time.perf_counter_ns() - sent)
+                        return
+                    continue
                 reply_id, error, stamps = channel.decode_reply(frame)
                 if reply_id != request_id:
                     continue  # (a reply to an earlier, timed-out request)
+                if self._spin is not None:
+                    self._spin.record(key, time.perf_counter_ns() - sent)
                 if tracing:
-                    self.trace.append((sent, *stamps, time.perf_counter_ns()))
+                    got = time.perf_counter_ns()
+                    cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()
+                    self.trace.append(FastTrace(sent, *stamps[:6], got, *cpu))
                 if error is not None:
                     raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
                 return

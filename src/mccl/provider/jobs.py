@@ -106,11 +106,14 @@ class Job:
         self.communicator = Communicator(Transport(self.group, backend="gloo"), name=spec.key, control=control,
                                          check=self.size > 1)
         self.collectives = 0
+        self.closed = False
         self.strategy = strategy(self) if strategy is not None else None
 
     def run(self, kind: str, tensors: list[torch.Tensor], reduce: str) -> None:
         """One collective on tensors that view the tenant's checked buffers; :class:`JobFailed` when the
         group broke, any other refusal of the runtime as :class:`BadRequest`."""
+        if self.closed:
+            raise JobFailed(f"job {self.spec.name!r} on host rank {self.rank} is closed")
         if self.strategy is not None:
             nbytes = max(tensor.numel() * tensor.element_size() for tensor in tensors)
             self.strategy.between(self, kind, nbytes)
@@ -138,16 +141,34 @@ class Job:
 
     @property
     def broken(self) -> bool:
-        return self.communicator.broken is not None
+        return self.failure is not None
+
+    @property
+    def failure(self) -> str | None:
+        """Why this job takes no more collectives (closed, or its group broke), None while it does."""
+        if self.closed:
+            return "closed"
+        broken = self.communicator.broken
+        return None if broken is None else str(broken)
 
     def close(self) -> None:
-        """End this rank: the strategy, the communicator's threads, and the group (aborted, so a peer
-        waiting in a collective of this job gets an error now rather than at its timeout)."""
+        """End this rank: the strategy, the communicator's threads, and the group.
+
+        The peers must learn of it now, not at the job's timeout (a rank of a tenant that crashed, blocked in
+        a collective of this job on another host). gloo's ``abort()`` does not close the group's connections
+        (measured, torch 2.13: the peer still waits for its timeout); destroying the group does. So the job
+        drops its own references to the group and its communicator here, whoever still holds the ``Job``
+        (a session's cached checks, a strategy): a closed job only refuses collectives."""
+        if self.closed:
+            return
+        self.closed = True
         if self.strategy is not None:
             try:
                 self.strategy.closed(self)
             except Exception:  # a policy's bug must not keep a session from ending
                 log.exception("mccl provider: the strategy of job %s failed to close", self.spec.key)
+            self.strategy = None
         self.communicator.close()
         with contextlib.suppress(RuntimeError):
             self.group.abort()
+        del self.communicator, self.group  # (the last references: the group is destroyed, its connections closed)

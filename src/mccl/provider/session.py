@@ -2,16 +2,17 @@
 
 The thread that reads a request is the thread that runs it, collectives included, so a collective
 costs one round trip and no hand-off. Once the tenant opens the session's fast path
-(:mod:`.channel`), the same thread also waits on its pipe: a collective then costs a pipe round trip
-(~8 µs) instead of a ZeroMQ one (~70 µs), and a reference checked once is taken from a cache while
-its allocation lives (:meth:`Session._buffer`). Sessions never share a thread, so a session blocked in a
+(:mod:`.fastpath`), a second thread of the session waits on its pipe and runs the collectives sent
+there: a pipe round trip instead of a ZeroMQ one; the two threads take the session's :attr:`Session.lock`
+per request, so the session's requests still run one at a time. Both paths check a collective the same
+way (:mod:`.checks`). Sessions never share a thread, so a session blocked in a
 collective (its job's peer host is slow, or gone until the job's timeout) delays nobody else; and
 nothing a session receives can raise out of its loop: every failure becomes an ``error`` reply
 and a count.
 
 The session's socket accepts only its own tenant's key (a ZAP domain of its own), and its end
 follows the connection: when the tenant process's connection drops (exit, crash, SIGKILL) the
-session ends — its jobs are closed (their groups aborted, so the job's ranks on other hosts stop
+session ends — its jobs are closed (their groups destroyed, so the job's ranks on other hosts stop
 waiting) and its allocations are freed. A collective the tenant was inside when it died still
 completes on this side (the service holds the mapping), so the job's other ranks finish it too.
 """
@@ -20,31 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from mccl.provider import channel
-from mccl.provider.errors import BadReference, BadRequest, JobFailed, ProviderError, QuotaExceeded
-from mccl.provider.jobs import TORCH_DTYPES, Job, JobSpec
+from mccl.provider.checks import CollectiveChecks
+from mccl.provider.errors import BadReference, BadRequest, ProviderError, QuotaExceeded
+from mccl.provider.fastpath import FastPath
+from mccl.provider.jobs import Job, JobSpec
 from mccl.provider.memory import Registry, Segment
-from mccl.provider.protocol import (
-    DTYPES,
-    KINDS,
-    MAX_MESSAGE_BYTES,
-    REDUCTIONS,
-    decode,
-    encode,
-    error_reply,
-    hosts_field,
-    name_field,
-)
+from mccl.provider.protocol import MAX_MESSAGE_BYTES, decode, encode, error_reply, hosts_field, name_field
 
 __all__ = ["Session", "SessionHost"]
 
@@ -52,7 +42,6 @@ log = logging.getLogger("mccl.provider")
 
 _POLL_MS = 100
 _CONNECT_S = 30.0  # a session whose tenant does not connect within this is ended
-_VIEW_CACHE = 64  # checked references kept per session, by (allocation, offset, length, dtype): see _buffer
 
 
 class SessionHost(Protocol):
@@ -93,12 +82,10 @@ class Session:
         self.allocations: set[int] = set()
         self.jobs: dict[int, Job] = {}
         self._next_comm = 1
-        self._views: dict[tuple[int, int, int, str], tuple[Segment, torch.Tensor]] = {}
-        self._prepared: dict[bytes, tuple] = {}  # fast-path requests (less their ids) already checked: _prepare
+        self.checks = CollectiveChecks(tenant, service.registry, self.jobs, service.count)
+        self.lock = threading.Lock()  # held while a request runs, on the socket thread or the fast path's
+        self.fast: FastPath | None = None
         self._user_id = service.user_id(tenant)  # (derived from the secret: ~0.2 ms, so once)
-        self._channel: tuple[int, int] | None = None  # the fast path's (request read end, reply write end)
-        self._channel_reader: channel.FrameReader | None = None
-        self._offered: list[int] = []  # the tenant's ends of the pair, until it has opened them
         self.socket = service.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -114,10 +101,10 @@ class Session:
             "collective": self._collective, "bye": self._bye, "channel": self._open_channel,
             "channel_attached": self._channel_attached}
         self._ending = False
+        self._lost = False  # ended by its connection's loss, not a bye: counted once its memory is freed
         self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
         self._tenant_fds: set[int] | None = None  # the tenant's connection, once authenticated
         self._created = time.monotonic()
-        self._woke = 0
         self.thread = threading.Thread(target=self._run, name=f"mccl-session-{session_id}", daemon=True)
 
     def start(self) -> None:
@@ -125,22 +112,18 @@ class Session:
 
     # ---- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
-        self._poller = poller = zmq.Poller()
+        poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
         poller.register(self.monitor, zmq.POLLIN)
         try:
             while not self._ending and not self.service.stopping:
                 ready = dict(poller.poll(_POLL_MS))
-                self._woke = time.perf_counter_ns()  # (the first stage stamp of a traced fast-path call)
-                if self._channel is not None and self._channel[0] in ready:
-                    self._drain_channel()
                 if self.monitor in ready:
                     self._connection_events()
                 if self.socket in ready:
                     self._drain()
                 if self._tenant_fds is None and time.monotonic() - self._created > _CONNECT_S:
-                    self.service.count("sessions_lost")  # said hello, never connected to its session
-                    self._ending = True
+                    self._lost = self._ending = True  # said hello, never connected to its session
         except Exception:  # a bug here must end this session only, never the service
             log.exception("mccl provider: session %d of tenant %r failed", self.session_id, self.tenant)
         finally:
@@ -167,8 +150,7 @@ class Session:
                 if self._tenant_fds is not None and fd in self._tenant_fds:
                     self._tenant_fds.discard(fd)
                     if not self._tenant_fds:  # the tenant process is gone (exit, crash, SIGKILL)
-                        self.service.count("sessions_lost")
-                        self._ending = True
+                        self._lost = self._ending = True
 
     def _drain(self) -> None:
         while not self._ending:
@@ -195,7 +177,8 @@ class Session:
             if handler is None:
                 raise BadRequest(f"unknown operation {message['op'][:40]!r} (a session takes "
                                  f"{', '.join(sorted(self._handlers))})")
-            reply = handler(message)
+            with self.lock:
+                reply = handler(message)
         except Exception as error:
             return self._refusal(request_id, error)
         reply["id"] = request_id
@@ -210,74 +193,18 @@ class Session:
         log.error("mccl provider: session %d: request failed", self.session_id, exc_info=error)
         return error_reply(request_id, ProviderError(f"internal error: {type(error).__name__}: {error}"))
 
-    # ---- the fast path (mccl.provider.channel) -------------------------------------------------
+    # ---- the fast path (mccl.provider.fastpath) -----------------------------------------------
     def _open_channel(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self._channel is not None or self._offered:
+        if self.fast is not None and not self.fast.closed:
             raise BadRequest("this session has its fast-path channel already")
-        request_read, request_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        os.set_blocking(request_read, False)
-        os.set_blocking(reply_write, False)  # a tenant that stops reading fills the pipe: its channel closes
-        self._channel = (request_read, reply_write)
-        self._channel_reader = channel.FrameReader(request_read)
-        self._offered = [request_write, reply_read]
-        self._poller.register(request_read, zmq.POLLIN)
-        pid = os.getpid()
-        return {"op": "channel", "request": f"/proc/{pid}/fd/{request_write}", "reply": f"/proc/{pid}/fd/{reply_read}"}
+        self.fast = FastPath(self.session_id, self.checks, self.lock, self._refusal, self.service.count)
+        return {"op": "channel", **self.fast.paths()}
 
     def _channel_attached(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The tenant has opened its ends: close the service's copies (only the tenant holds them now)."""
-        for fd in self._offered:
-            os.close(fd)
-        self._offered = []
+        if self.fast is None:
+            raise BadRequest("this session has no fast-path channel to attach")
+        self.fast.attached()
         return {"op": "ok"}
-
-    def _close_channel(self) -> None:
-        if self._channel is not None:
-            with contextlib.suppress(KeyError):
-                self._poller.unregister(self._channel[0])
-            for fd in (*self._channel, *self._offered):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._channel, self._channel_reader, self._offered = None, None, []
-
-    def _drain_channel(self) -> None:
-        frames = self._channel_reader.read()
-        if frames is None:  # the tenant closed it, or broke the framing: the channel ends, the session stays
-            if self._channel_reader._buffer:
-                self.service.count("malformed")
-            self._close_channel()
-            return
-        for frame in frames:
-            received = time.perf_counter_ns()
-            request_id, stamps, error = 0, None, None
-            try:
-                prepared = self._prepared.get(frame[8:])  # the same request as before, but for its id?
-                if prepared is not None and all(self.service.registry.live(s) for s in prepared[4]):
-                    request_id = int.from_bytes(frame[:8], "little")
-                    stamps = ([self._woke, received, time.perf_counter_ns()]
-                              if frame[15] & channel.TRACE else None)
-                else:
-                    request_id, flags, message = channel.decode_request(frame)
-                    stamps = [self._woke, received, time.perf_counter_ns()] if flags & channel.TRACE else None
-                    prepared = self._prepare(message)
-                    if len(self._prepared) >= _VIEW_CACHE:
-                        self._prepared.pop(next(iter(self._prepared)))
-                    self._prepared[frame[8:]] = prepared
-                self._execute(prepared, stamps)
-            except BadRequest as refused:
-                request_id = refused.args[1] if len(refused.args) > 1 else request_id
-                error = self._refusal(request_id, BadRequest(refused.args[0]))
-            except Exception as failed:
-                error = self._refusal(request_id, failed)
-            if stamps is not None:
-                stamps.append(time.perf_counter_ns())
-            try:
-                os.write(self._channel[1], channel.encode_reply(request_id, error, stamps or ()))
-            except (BlockingIOError, BrokenPipeError):  # not reading its replies, or gone
-                self.service.count("malformed")
-                self._close_channel()
-                return
 
     # ---- requests ----------------------------------------------------------------------------
     def _alloc(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -299,8 +226,9 @@ class Session:
 
     def _free(self, message: dict[str, Any]) -> dict[str, Any]:
         segment = self._own(message)
-        self._views = {key: view for key, view in self._views.items() if key[0] != segment.alloc_id}
-        self._prepared.clear()
+        self.checks.forget(segment.alloc_id)
+        if self.fast is not None:
+            self.fast.forget()
         self.allocations.discard(segment.alloc_id)
         self.service.registry.release(self.tenant, segment.alloc_id)
         return {"op": "ok"}
@@ -320,65 +248,8 @@ class Session:
 
     def _collective(self, message: dict[str, Any]) -> dict[str, Any]:
         """One collective request of the JSON protocol."""
-        self._execute(self._prepare(message), None)
+        self.checks.execute(self.checks.prepare(message))
         return {"op": "ok"}
-
-    def _prepare(self, message: dict[str, Any]) -> tuple[Job, str, list[torch.Tensor], str, list[Segment]]:
-        """A collective request checked: (job, kind, tensors viewing the buffers, reduction, their segments).
-        The fast path keeps it by the request's bytes (less the id): a repeated request is then run again
-        once its segments are checked still live (nothing else it was checked against can change; the job's
-        state is checked by :meth:`_execute` every time)."""
-        job = self.jobs.get(message.get("comm")) if type(message.get("comm")) is int else None
-        if job is None:
-            raise BadRequest(f"no communicator {str(message.get('comm'))[:20]} in this session (join a job first)")
-        kind, dtype, reduce = message.get("kind"), message.get("dtype"), message.get("reduce", "sum")
-        if kind not in KINDS:
-            raise BadRequest(f"unknown collective {str(kind)[:40]!r} (one of {', '.join(KINDS)})")
-        if dtype not in DTYPES:
-            raise BadRequest(f"unknown dtype {str(dtype)[:40]!r} (one of {', '.join(DTYPES)})")
-        if reduce not in REDUCTIONS or (reduce == "avg" and not TORCH_DTYPES[dtype].is_floating_point):
-            raise BadRequest(f"reduction {str(reduce)[:20]!r} is not one of {', '.join(REDUCTIONS)} "
-                             "(avg: floating-point dtypes only)")
-        refs = message.get("refs")
-        names = KINDS[kind]
-        if not isinstance(refs, list) or len(refs) != len(names):
-            raise BadReference(f"{kind} takes {len(names)} buffer references ({', '.join(names)})")
-        buffers = [self._buffer(ref, dtype, f"{kind} {name}") for ref, name in zip(refs, names, strict=True)]
-        _check_shapes(kind, [length for length, _, _ in buffers], job.size, DTYPES[dtype])
-        return job, kind, [view for _, view, _ in buffers], reduce, [segment for _, _, segment in buffers]
-
-    def _execute(self, prepared: tuple[Job, str, list[torch.Tensor], str, list[Segment]],
-                 stamps: list[int] | None) -> None:
-        """Run a checked collective. ``stamps``: append the stage times (tracing)."""
-        job, kind, tensors, reduce, _ = prepared
-        if job.broken:
-            raise JobFailed(f"job {job.spec.name!r} is broken ({job.communicator.broken}); join it again")
-        if stamps is not None:
-            stamps.append(time.perf_counter_ns())
-        job.run(kind, tensors, reduce)
-        if stamps is not None:
-            stamps.append(time.perf_counter_ns())
-        self.service.count("collectives")
-
-    def _buffer(self, ref: object, dtype: str, what: str) -> tuple[int, torch.Tensor, Segment]:
-        """(byte length, tensor view, its segment) of a reference. A reference checked before (same three integers, same
-        dtype) is taken from the cache while its allocation is still live in the registry — the check's
-        result depends on nothing else (the tenant of a session never changes, an allocation's size never
-        does, ids are never reused) — so a training loop's repeated buffers are checked once."""
-        if type(ref) is list and len(ref) == 3 and type(ref[0]) is int and type(ref[1]) is int \
-                and type(ref[2]) is int:
-            cached = self._views.get((ref[0], ref[1], ref[2], dtype))
-            if cached is not None and self.service.registry.live(cached[0]):
-                return ref[2], cached[1], cached[0]
-        segment, checked = self.service.registry.resolve(self.tenant, ref, DTYPES[dtype], what)
-        torch_dtype = TORCH_DTYPES[dtype]
-        view = (torch.empty(0, dtype=torch_dtype) if checked.length == 0 else
-                torch.frombuffer(segment.buffer, dtype=torch_dtype, count=checked.length // DTYPES[dtype],
-                                 offset=checked.offset))
-        if len(self._views) >= _VIEW_CACHE:
-            self._views.pop(next(iter(self._views)))
-        self._views[(checked.alloc_id, checked.offset, checked.length, dtype)] = (segment, view)
-        return checked.length, view, segment
 
     def _bye(self, message: dict[str, Any]) -> dict[str, Any]:
         self._ending = True
@@ -386,6 +257,9 @@ class Session:
 
     # ---- the end -------------------------------------------------------------------------------
     def _end(self) -> None:
+        if self.fast is not None:
+            self.fast.stop()  # (its collective in flight completes first)
+            self.fast.forget()  # its checked requests hold the jobs (Job.close releases their groups anyway)
         for job in self.jobs.values():
             try:
                 job.close()
@@ -393,25 +267,13 @@ class Session:
                 log.exception("mccl provider: closing job %s failed", job.spec.key)
             self.service.release_job(job.spec)
         self.jobs.clear()
-        self._views.clear()
-        self._prepared.clear()
-        self._close_channel()
+        self.checks.forget()
         self.service.registry.release_all(self.allocations)
         self.allocations.clear()
         self.socket.disable_monitor()
         self.monitor.close(linger=0)
         self.socket.close(linger=0)
+        if self._lost:  # (after the cleanup: a status that counts the loss shows its memory freed)
+            self.service.count("sessions_lost")
         self.service.session_ended(self)
 
-
-def _check_shapes(kind: str, lengths: list[int], size: int, itemsize: int) -> None:
-    """The sizes of a collective's buffers against each other and the job's size, in bytes."""
-    if kind == "all_gather" and lengths[0] != size * lengths[1]:
-        raise BadReference(f"all_gather: the output is {lengths[0]} bytes; it must be {size} × the input's "
-                           f"{lengths[1]}")
-    if kind == "reduce_scatter" and lengths[1] != size * lengths[0]:
-        raise BadReference(f"reduce_scatter: the input is {lengths[1]} bytes; it must be {size} × the output's "
-                           f"{lengths[0]}")
-    if kind == "all_to_all" and (lengths[0] != lengths[1] or (lengths[1] // itemsize) % size):
-        raise BadReference(f"all_to_all: input and output must be the same size, a multiple of {size} elements "
-                           f"(got {lengths[1]} and {lengths[0]} bytes)")

@@ -76,7 +76,7 @@ class Shim(ProviderClient):
 
     def ref(self, tensor: torch.Tensor) -> list[int] | None:
         """[allocation id, offset, length] of a contiguous CPU tensor inside one of this client's allocations."""
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        if not tensor.is_cpu or not tensor.is_contiguous():  # (is_cpu: 0.3 µs; device.type: 1.6 µs)
             return None
         start, length = tensor.data_ptr(), tensor.nbytes
         found = self._refs.get((start, length))
@@ -115,11 +115,12 @@ class ProviderCommunicator:
 
     def _call(self, kind: str, tensors: Sequence[torch.Tensor], reduce: str = "sum") -> None:
         """``tensors[0]`` is the output (written back when staged), the rest inputs."""
-        dtype = _DTYPE_NAMES.get(tensors[0].dtype)
-        if dtype is None or any(tensor.dtype != tensors[0].dtype for tensor in tensors):
-            raise ProviderError(f"{kind}: one dtype of {', '.join(_DTYPE_NAMES.values())} for every tensor")
+        first = tensors[0].dtype
+        dtype = _DTYPE_NAMES.get(first)
         refs, copy_out = [], None
         for slot, tensor in enumerate(tensors):
+            if dtype is None or tensor.dtype is not first:  # (torch dtypes are singletons)
+                raise ProviderError(f"{kind}: one dtype of {', '.join(_DTYPE_NAMES.values())} for every tensor")
             ref = self.shim.ref(tensor)
             if ref is None:  # not in shared memory: stage it
                 staged = self._stage(tensor, slot)

@@ -31,6 +31,7 @@ do not pass the executor and are not gated.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -42,6 +43,8 @@ from mccl.telemetry import SendWindows
 __all__ = ["SendGate", "WindowsFeed", "attach"]
 
 log = logging.getLogger("mccl.runtime")
+
+ENFORCED_KEPT = 4096  # collectives whose enforced windows a gate remembers (as a communicator's history)
 
 Fetch = Callable[[], tuple[int, SendWindows | None]]
 """The controller's answer for this communicator: (plan version, its windows or None)."""
@@ -66,6 +69,11 @@ class SendGate:
         self.waited_s = 0.0  # total time held, for telemetry and tests
         self.held = 0  # collectives that had to wait before their first send
         self.held_sends = 0  # sends held inside a collective (its window closed meanwhile)
+        self.fetch_failures = 0  # asks to the controller that failed (the newest older windows stayed in force)
+        # the windows each collective was gated by, as enforced (by seq; the last ENFORCED_KEPT): what a check of
+        # the gate must compare sends with — the windows of a collective's version can arrive after it ran
+        # (a slow controller: fail-static), and then windows_for(seq) asked later differs from what was enforced
+        self.enforced: collections.OrderedDict[int, SendWindows | None] = collections.OrderedDict()
 
     def update(self, windows: SendWindows | None, from_seq: int) -> None:
         """Gate with ``windows`` (None: never hold) from collective ``from_seq`` on."""
@@ -108,6 +116,7 @@ class SendGate:
         try:
             version, windows = self.fetch()
         except MCCLError as error:  # fail-static: the newest windows known stay in force
+            self.fetch_failures += 1
             log.warning("mccl: no send windows from the controller (%s); keeping the last ones", error)
             return
         self.offer(version, windows)
@@ -122,6 +131,9 @@ class SendGate:
     def wait(self, seq: int) -> float:
         """Block until collective ``seq`` may post its sends; returns the seconds held."""
         windows = self._current = self.windows_for(seq)
+        self.enforced[seq] = windows
+        if len(self.enforced) > ENFORCED_KEPT:
+            self.enforced.popitem(last=False)
         if windows is None:
             return 0.0
         held = self._hold(windows)

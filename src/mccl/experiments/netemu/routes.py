@@ -25,10 +25,10 @@ Links are shaped with ``htb`` on the egress of both ends (:mod:`.shaping`): host
 send across at once and the uplinks run at half the host rate, as on the MCCS testbed. The
 byte counters of the uplinks' qdiscs (``tc -s``) show which spine carried a flow.
 
-What is not done: gloo's connections cannot be pinned by port (above); pinning a rank pair's
-gloo traffic would need a rule on the pair's addresses (``ip rule from A to B``), i.e. one path
-per host pair rather than per connection — the granularity the MCCS source-port trick improves
-on. The fabric :mod:`.fabric` builds (one bridge for the whole switch fabric) is left as it is.
+gloo's connections cannot be pinned by port (above): :mod:`.gloopin` pins them by the pair's
+addresses (``ip rule from A to B``), one path per host pair rather than per connection — the
+granularity the MCCS source-port trick improves on. The fabric :mod:`.fabric` builds (one bridge
+for the whole switch fabric) is left as it is.
 """
 
 from __future__ import annotations
