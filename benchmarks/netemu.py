@@ -122,6 +122,15 @@ def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], Netemu
     return row, versions, report
 
 
+def guard_events(index: int, report: NetemuReport) -> list[dict]:
+    """The controller's flags and decisions of one run (the guard's r, "explained"/"unexplained", is in
+    the text of its issued / kept events), timed from the fault (s)."""
+    return [{"run": index, "t_from_fault_s": round(event["time"] - report.degraded_at, 3), "event": event["kind"],
+             "collective": event["collective"], "version": event["version"], "value": round(event["value"], 4),
+             "text": event.get("text", "")}
+            for event in report.events if event["kind"] in ("flagged", "issued", "kept", "aborted")]
+
+
 def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int,
                 degrade: bool) -> dict:  # noqa: ANN001 - FabricPlan
     """Each schedule for ``repeats`` collectives (no controller, no swaps); the slowest rank's time is
@@ -397,19 +406,23 @@ def main() -> None:
         for row in overhead_rows:
             print(row, flush=True)
         write_csv(RESULTS / f"netemu_overhead{args.tag}.csv", overhead_rows)
-    rows, versions = [], []
+    rows, versions, decisions = [], [], []
     for index in range(args.runs):
         started = time.strftime("%H:%M:%S", time.gmtime())
         row, version_rows, report = loop_run(index, config)
         row["started_utc"] = started
         rows.append(row)
         versions += version_rows
+        decisions += guard_events(index, report)
         print(row, flush=True)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
     if rows:
         write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
         write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+        write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
+        for decision in decisions:
+            print("guard:", decision)
     fresh_rows: list[dict] = []
     if args.fresh_repeats:
         fresh_rows = fresh(config, args.fresh_repeats)

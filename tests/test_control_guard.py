@@ -240,8 +240,11 @@ def test_guard_keeps_the_schedule_when_the_measured_fabric_does_not_explain_the_
         if slows else healthy_s
     for seq in range(5, 12):
         manager.ingest(samples(16, seq, slow_rank=0) + _timed(seq, faulted_s))
-    decision_events = [event.kind for event in manager.step()]
+    events = manager.step()
+    decision_events = [event.kind for event in events]
     decision = manager.guard.decisions[-1]
+    verdict = "explained" if decision.trusted else "unexplained"
+    assert f"{verdict} (r {decision.explained:.3f}, best predicted gain" in events[-1].text  # the check, reported
     assert decision.observed_s == (pytest.approx(healthy_s), pytest.approx(faulted_s, rel=0.02))  # EWMA, α 0.5
     if slows:
         assert decision_events == ["flagged", "synthesized", "issued"]

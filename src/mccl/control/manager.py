@@ -422,8 +422,7 @@ class ScheduleManager:
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}" + (
-                                    "" if verdict.trusted else f"; unexplained ({verdict.explained:.3f})"))
+                                f"guard: {dict(verdict.predicted_s)}" + _explained_text(verdict))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
@@ -438,7 +437,8 @@ class ScheduleManager:
             self._relearn(comm, capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}")
+                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
+                        + ("" if guarded is None else _explained_text(guarded[0])))
             return schedule
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
@@ -462,3 +462,15 @@ class ScheduleManager:
         except MCCLError as error:
             log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
             return None
+
+
+def _explained_text(decision: GuardDecision) -> str:
+    """The guard's explanation check in an event's text: r (predicted / observed time of the active schedule)
+    and whether the measured fabric explained it; nothing when no collective times were observed."""
+    if math.isnan(decision.explained):
+        return ""
+    predicted = decision.predicted_s
+    gain = max((predicted[ACTIVE] / seconds for label, seconds in predicted.items() if label != ACTIVE), default=1.0) \
+        if ACTIVE in predicted else math.nan
+    return (f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f}, best predicted gain "
+            f"over the active {gain:.3f}x)")
