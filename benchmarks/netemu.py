@@ -19,7 +19,8 @@ downlink), summed over the union of their windows, against the shaped goodput of
 Mbit/s × 1448/1514). ``benchmarks/netemu_telemetry.py``: the same error outside the loop, with the
 NIC-busy fraction next to it.
 
-Fresh references (same fabric, no controller, no swaps): the healthy schedule on the healthy fabric,
+Fresh references (same fabric, no controller, no swaps, telemetry on as in the loop so that both run one
+executor driver): the healthy schedule on the healthy fabric,
 the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
 (``optimize`` on the nominal topology with gpu0's NIC at ``fault_factor``) started fresh on it —
 the bar "recovered ≥ 80 % of the re-synthesized schedule started fresh".
@@ -134,12 +135,15 @@ def guard_events(index: int, report: NetemuReport) -> list[dict]:
 def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int,
                 degrade: bool) -> dict:  # noqa: ANN001 - FabricPlan
     """Each schedule for ``repeats`` collectives (no controller, no swaps); the slowest rank's time is
-    taken by the caller. ``degrade``: rank 0 halves its NIC first."""
+    taken by the caller. ``degrade``: rank 0 halves its NIC first. Telemetry on, as in the loop (a sink that
+    keeps the samples, the loop's flush interval): a metered communicator runs AllToAll on the eager driver,
+    an unmetered one on the exchange driver, so a fresh reference without telemetry times another driver
+    than the loop it is the bar for (closing note of the fourth session)."""
     import torch
     import torch.distributed as dist
 
     from mccl.experiments.netemu.demo import _known_answer, _source
-    from mccl.runtime import init
+    from mccl.runtime import MemorySink, TelemetryConfig, init
     from mccl.schedule import loads_schedule
     from mccl.topology import parse_topology
 
@@ -150,7 +154,8 @@ def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, 
     for name, text in texts.items():
         schedule = loads_schedule(text)
         kind = schedule.collective.value
-        comm = init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False, name=name)
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False, name=name,
+                    sink=MemorySink(), telemetry=TelemetryConfig(flush_interval_s=0.02))
         times = []
         for index in range(repeats):
             sources = [_source(kind, config, world, peer, index, torch) for peer in range(world)]

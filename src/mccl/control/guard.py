@@ -71,7 +71,7 @@ from mccl.schedule import Collective, Schedule, gbps_to_gbs, link_load
 from mccl.topology import Topology
 
 __all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "CollectiveClock", "GuardDecision", "Guard", "SizeMeter",
-           "alpha_beta_seconds", "choose", "explained", "size_from_bytes"]
+           "alpha_beta_seconds", "choose", "explained", "fixed_plus_links", "size_from_bytes"]
 
 Predictor = Callable[[Schedule, Topology, float], float]
 """``predict(schedule, topology, size_bytes) -> seconds`` of one collective of nccl-tests size S."""
@@ -175,6 +175,14 @@ class GuardDecision:
     explained: float = math.nan  # predicted over observed time of the active schedule, better calibration (module doc)
     observed_s: tuple[float, float] = (math.nan, math.nan)  # the active one's observed time: reference, now
     trusted: bool = True  # False: the measured fabric did not explain the observed time within the tolerance
+    # untrusted, but explained as a fixed part plus a part on the links (fixed s, observed s per predicted s):
+    # the choice was made on these calibrated times (:func:`fixed_plus_links`); None otherwise
+    affine: tuple[float, float] | None = None
+
+    def calibrated_s(self, label: str) -> float:
+        """The time the choice used for ``label``: predicted, or calibrated by :attr:`affine`."""
+        seconds = self.predicted_s[label]
+        return seconds if self.affine is None else self.affine[0] + self.affine[1] * seconds
 
     def speedup(self, over: str) -> float:
         """How much faster the chosen schedule is predicted to be than ``over``."""
@@ -205,6 +213,21 @@ def explained(predicted_base_s: float, predicted_now_s: float, observed_referenc
     return (predicted_now_s / predicted_base_s) / (observed_now_s / observed_reference_s)
 
 
+def fixed_plus_links(predicted_base_s: float, predicted_now_s: float, observed_reference_s: float,
+                     observed_now_s: float) -> tuple[float, float] | None:
+    """The one affine reading of two observations, observed = fixed + slope · predicted, through (base,
+    reference) and (now, now), if it is physical: slope > 0 and fixed ≥ 0 (a part of the collective's time
+    that the links do not set: start-up, CPU, the executor's waits). It exists exactly when the observed change
+    is in the predicted direction and no larger than predicted (the fabric overstates, never understates,
+    the change); returns (fixed seconds, slope), else None."""
+    values = (predicted_base_s, predicted_now_s, observed_reference_s, observed_now_s)
+    if not all(value > 0 and math.isfinite(value) for value in values) or predicted_now_s == predicted_base_s:
+        return None
+    slope = (observed_now_s - observed_reference_s) / (predicted_now_s - predicted_base_s)
+    fixed = observed_reference_s - slope * predicted_base_s
+    return (fixed, slope) if slope > 0 and fixed >= 0 else None
+
+
 class CollectiveClock:
     """The observed times of a communicator's collectives, from the ranks' ``"collective"`` samples
     (:class:`~mccl.telemetry.Sample`), per (collective tag, schedule version); untagged samples are
@@ -227,6 +250,7 @@ class CollectiveClock:
         self._open: dict[tuple[str, int], tuple[int, list[float] | None]] = {}  # None: that seq is counted
         self._first: dict[tuple[str, int], list[float]] = {}
         self._now: dict[tuple[str, int], float] = {}
+        self._last: dict[tuple[str, int], float] = {}  # the last counted collective's time, unsmoothed
         self._size: dict[str, float] = {}  # tag -> the last reported size S
 
     def size(self, collective: Collective) -> float | None:
@@ -257,6 +281,7 @@ class CollectiveClock:
         first = self._first.setdefault(key, [])
         if len(first) < self.keep:
             first.append(value)
+        self._last[key] = value
         previous = self._now.get(key)
         self._now[key] = value if previous is None else self.alpha * value + (1.0 - self.alpha) * previous
 
@@ -269,9 +294,13 @@ class CollectiveClock:
                 return statistics.median(first), self._now[key]
         return None
 
+    def last(self, collective: Collective, version: int) -> float | None:
+        """The time of the last counted collective of ``version`` (tagged samples only), or None."""
+        return self._last.get((collective.value, version))
+
     def forget_untagged(self) -> None:
         """A new version took over: untagged samples from now on measure it, not the old one."""
-        for table in (self._open, self._first, self._now):
+        for table in (self._open, self._first, self._now, self._last):
             table.pop(("", -1), None)
 
 
@@ -384,6 +413,10 @@ class Guard:
         it again."""
         self._expected[(communicator, kind, version)] = (decision.size_bytes, decision.predicted_s[decision.chosen])
 
+    def forget(self, communicator: str, kind: Collective, version: int) -> None:
+        """``version``'s base changed (the manager's late-landing check): its prediction there is made again."""
+        self._expected.pop((communicator, kind, version), None)
+
     def compare(self, communicator: str, kind: Collective, active_version: int, schedules: dict[str, Schedule],
                 measured: Topology, size: tuple[float, str], *, observed: tuple[float, float] | None = None,
                 base_gbps: np.ndarray | None = None) -> GuardDecision:
@@ -397,7 +430,7 @@ class Guard:
         for label, seconds in predicted.items():
             if not (seconds > 0 and np.isfinite(seconds)):
                 raise ControllerError(f"the predictor gave {seconds} s for the {label} schedule")
-        ratio, trusted = math.nan, True
+        ratio, trusted, affine = math.nan, True, None
         if observed is not None and self.explain_tolerance is not None and ACTIVE in predicted:
             key = (communicator, kind, active_version)
             expected = self._expected.get(key)
@@ -409,11 +442,20 @@ class Guard:
             ratio = min(explained(expected[1], predicted[ACTIVE], *observed), predicted[ACTIVE] / observed[1],
                         key=lambda value: abs(math.log(value)))
             trusted = abs(math.log(ratio)) <= math.log1p(self.explain_tolerance)
-        chosen = choose(predicted, self.tolerance)
-        if not trusted and chosen != ACTIVE and predicted[ACTIVE] <= predicted[chosen] * max(ratio, 1.0 / ratio) ** 2:
-            chosen = ACTIVE  # a gain within what the predictor's error on the active one allows is no evidence
+            if not trusted:
+                affine = fixed_plus_links(expected[1], predicted[ACTIVE], *observed)
+        if affine is not None:  # the fabric overstates the change: part of the time is not on its links (module doc)
+            calibrated = {label: affine[0] + affine[1] * seconds for label, seconds in predicted.items()}
+            chosen = choose(calibrated, self.tolerance)
+            if chosen != ACTIVE and calibrated[ACTIVE] <= calibrated[chosen] * (1.0 + self.tolerance):
+                chosen = ACTIVE  # on a fabric known to overstate, a tie is no evidence for a swap
+        else:
+            chosen = choose(predicted, self.tolerance)
+            if not trusted and chosen != ACTIVE and \
+                    predicted[ACTIVE] <= predicted[chosen] * max(ratio, 1.0 / ratio) ** 2:
+                chosen = ACTIVE  # a gain within what the predictor's error on the active one allows is no evidence
         decision = GuardDecision(communicator, kind, active_version, size[0], size[1], MappingProxyType(predicted),
                                  chosen, time.perf_counter() - start, ratio,
-                                 observed or (math.nan, math.nan), trusted)
+                                 observed or (math.nan, math.nan), trusted, affine)
         self.decisions.append(decision)
         return decision
