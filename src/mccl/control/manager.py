@@ -52,9 +52,10 @@ its base says degraded: ``base · factor`` stays degraded, no path speeds up aga
 after the repair, and the schedule made for the fault runs on for good. Where ranks report collective
 times, the replaced version's keep reaching its clock series after the issue; once the new version has
 run a collective, the replaced one's last time is compared with its time when the flag was decided: faster
-by more than Γ (the drift test's own threshold) means the change cleared before the new version landed,
-and the base goes back to the one before it ("rebased" event). The drift test then reads the version's
-cut, profiled on the degraded fabric, against the fabric as it is, and flags it back.
+by more than Γ (the drift test's own threshold) and back within Γ of its own reference time means the
+change cleared before the new version landed, and the base goes back to the one before it ("rebased"
+event). The drift test then reads the version's cut, profiled on the degraded fabric, against the fabric
+as it is, and flags it back (a second swap for that repair: the first landed after it).
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
@@ -299,15 +300,17 @@ class ScheduleManager:
 
     def _check_landing(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> None:
         """Late landing (module docstring): once ``active`` has run a collective, did the version it replaced
-        get faster by more than Γ between the flag and its own last collective? Then the change it was made for
-        cleared before it landed: its references stand for the base before it, not the fabric it was made for.
-        Called under the lock."""
+        get faster by more than Γ between the flag and its own last collective, back to within Γ of the time it
+        had when its references were learned? Then the change it was made for cleared before it landed: its
+        references stand for the base before it, not the fabric it was made for. (Both conditions: one slow
+        outlier in the clock's level at the flag must not read as a repair.) Called under the lock."""
         if comm.clock.last(kind, active.version) is None:
             return  # not landed yet (or its collective times not reported)
-        replaced, at_flag_s, base_before = active.landing
+        replaced, (reference_s, at_flag_s), base_before = active.landing
         active.landing = None
         last_s = comm.clock.last(kind, replaced)
-        if last_s is None or not at_flag_s > last_s * (1.0 + self.config.gamma):
+        gamma = self.config.gamma
+        if last_s is None or not (at_flag_s > last_s * (1.0 + gamma) and last_s <= reference_s * (1.0 + gamma)):
             return
         comm.base = None if base_before is None else np.array(base_before, dtype=float)
         self.guard.forget(name, kind, active.version)
@@ -468,7 +471,7 @@ class ScheduleManager:
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
                                                prepared=prepared if chosen == "candidate" else None)
             if observed is not None:
-                comm.active[kind].landing = (active.version, observed[1], base_before)
+                comm.active[kind].landing = (active.version, observed, base_before)
             self._relearn(comm, capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),

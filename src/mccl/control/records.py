@@ -89,9 +89,10 @@ class _Active:
     _text: str | None = None
     _text_lock: threading.Lock = field(default_factory=threading.Lock)
     schedule_format: str = "binary"  # ControlConfig.schedule_format
-    # set at issue when collective times are reported: (the replaced version, its observed time when the flag was
-    # decided, the base before this version's); checked once this version has run (manager, "Late landing")
-    landing: tuple[int, float, object] | None = None
+    # set at issue when collective times are reported: (the replaced version, its observed (reference, now) seconds
+    # when the flag was decided, the base before this version's); checked once this version has run (manager,
+    # "Late landing")
+    landing: tuple[int, tuple[float, float], object] | None = None
 
     @property
     def text(self) -> str:
