@@ -90,8 +90,9 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, CollectiveClock, Guard, GuardDecision, Predictor
+from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
+from mccl.control.observed import CollectiveClock
 from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -411,6 +412,9 @@ class ScheduleManager:
         measured = self._measured_topology(capacities)
         with self._lock:  # what the active one was observed to take when the fabric was measured, not after synthesis
             observed = comm.clock.observed(kind, active.version)
+            # False: the fabric was measured from samples of a collective the clock has not counted yet (a flag on
+            # the first samples of a fault, before any slowed collective completed on every rank)
+            clock_current = comm.clock.counted_through(kind, active.version) >= comm.last_seq
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         held = self._speculations.take((name, kind), active.version, capacities)
@@ -452,8 +456,12 @@ class ScheduleManager:
                 verdict, baseline = guarded
                 chosen = verdict.chosen
                 if chosen == ACTIVE:  # still predicted fastest, or the measured fabric does not explain what the
-                    # active one experiences (guard.py): keep it, judged from now
-                    active.cut = self._cut_on(active.schedule, measured)
+                    # active one experiences (guard.py): keep it, judged from now — on this fabric, unless the clock
+                    # was behind it: then the same evidence is judged again once the slowed collectives are counted
+                    # (measured, pacer demo: a flag at δ 0.26 saw 44.77 -> 44.71 ms, was kept and re-based, and the
+                    # fault was never flagged again)
+                    if verdict.trusted or clock_current:
+                        active.cut = self._cut_on(active.schedule, measured)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),

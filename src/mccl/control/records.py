@@ -13,7 +13,7 @@ import numpy as np
 
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import CollectiveClock, SizeMeter
+from mccl.control.observed import CollectiveClock, SizeMeter
 from mccl.control.plausible import PortRates
 from mccl.schedule import Collective, Schedule, dumps_schedule, schedule_binary_text
 from mccl.synth import SynthesisResult
