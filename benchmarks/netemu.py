@@ -19,7 +19,8 @@ downlink), summed over the union of their windows, against the shaped goodput of
 Mbit/s × 1448/1514). ``benchmarks/netemu_telemetry.py``: the same error outside the loop, with the
 NIC-busy fraction next to it.
 
-Fresh references (same fabric, no controller, no swaps): the healthy schedule on the healthy fabric,
+Fresh references (same fabric, no controller, no swaps, telemetry on as in the loop so that both run one
+executor driver): the healthy schedule on the healthy fabric,
 the healthy schedule on the degraded fabric, and the schedule synthesized for the degraded topology
 (``optimize`` on the nominal topology with gpu0's NIC at ``fault_factor``) started fresh on it —
 the bar "recovered ≥ 80 % of the re-synthesized schedule started fresh".
@@ -122,15 +123,27 @@ def loop_run(index: int, config: NetemuConfig) -> tuple[dict, list[dict], Netemu
     return row, versions, report
 
 
+def guard_events(index: int, report: NetemuReport) -> list[dict]:
+    """The controller's flags and decisions of one run (the guard's r, "explained"/"unexplained", is in
+    the text of its issued / kept events), timed from the fault (s)."""
+    return [{"run": index, "t_from_fault_s": round(event["time"] - report.degraded_at, 3), "event": event["kind"],
+             "collective": event["collective"], "version": event["version"], "value": round(event["value"], 4),
+             "text": event.get("text", "")}
+            for event in report.events if event["kind"] in ("flagged", "issued", "kept", "aborted")]
+
+
 def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, repeats: int,
                 degrade: bool) -> dict:  # noqa: ANN001 - FabricPlan
     """Each schedule for ``repeats`` collectives (no controller, no swaps); the slowest rank's time is
-    taken by the caller. ``degrade``: rank 0 halves its NIC first."""
+    taken by the caller. ``degrade``: rank 0 halves its NIC first. Telemetry on, as in the loop (a sink that
+    keeps the samples, the loop's flush interval): a metered communicator runs AllToAll on the eager driver,
+    an unmetered one on the exchange driver, so a fresh reference without telemetry times another driver
+    than the loop it is the bar for (closing note of the fourth session)."""
     import torch
     import torch.distributed as dist
 
     from mccl.experiments.netemu.demo import _known_answer, _source
-    from mccl.runtime import init
+    from mccl.runtime import MemorySink, TelemetryConfig, init
     from mccl.schedule import loads_schedule
     from mccl.topology import parse_topology
 
@@ -141,7 +154,8 @@ def _fresh_rank(rank: int, world: int, plan, texts: dict, config: NetemuConfig, 
     for name, text in texts.items():
         schedule = loads_schedule(text)
         kind = schedule.collective.value
-        comm = init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False, name=name)
+        comm = init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False, name=name,
+                    sink=MemorySink(), telemetry=TelemetryConfig(flush_interval_s=0.02))
         times = []
         for index in range(repeats):
             sources = [_source(kind, config, world, peer, index, torch) for peer in range(world)]
@@ -397,19 +411,23 @@ def main() -> None:
         for row in overhead_rows:
             print(row, flush=True)
         write_csv(RESULTS / f"netemu_overhead{args.tag}.csv", overhead_rows)
-    rows, versions = [], []
+    rows, versions, decisions = [], [], []
     for index in range(args.runs):
         started = time.strftime("%H:%M:%S", time.gmtime())
         row, version_rows, report = loop_run(index, config)
         row["started_utc"] = started
         rows.append(row)
         versions += version_rows
+        decisions += guard_events(index, report)
         print(row, flush=True)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
     if rows:
         write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
         write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
+        write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
+        for decision in decisions:
+            print("guard:", decision)
     fresh_rows: list[dict] = []
     if args.fresh_repeats:
         fresh_rows = fresh(config, args.fresh_repeats)

@@ -214,7 +214,7 @@ def _through_backend(rank, n, topology, ag, a2a, rs):
                                                  None]:
         failures.append(f"rank {rank}: backend calls did not all reach mccl: {list(history)}")
     mb.communicator(group).flush_telemetry()
-    if not sink.samples or {s.kind for s in sink.samples} - {"intra", "inter"}:
+    if not sink.samples or {s.kind for s in sink.samples} - {"intra", "inter", "collective"}:
         failures.append(f"rank {rank}: no telemetry from the backend's collectives")
     return failures
 

@@ -88,9 +88,19 @@ def current_mask(comm: _Communicator, batch: Batch) -> np.ndarray:
     return np.where(tagged, tagged_ok, current)
 
 
+def _clock_replaced(comm: _Communicator, batch: Batch, keep: np.ndarray) -> None:
+    """Collective times of a replaced version still run to its clock series (not counted as taken): the
+    manager compares its last one with its time at the flag when the new version lands ("Late landing")."""
+    late = (batch.kind == 2) & ~keep & (batch.tag != "") & (batch.version >= 0) & (batch.seq > comm.startup_through)
+    for index in np.flatnonzero(late).tolist():
+        comm.clock.add(str(batch.tag[index]), int(batch.version[index]), int(batch.seq[index]),
+                       float(batch.seconds[index]), comm.ewma.n_ranks, float(batch.nbytes[index]))
+
+
 def fold(comm: _Communicator, batch: Batch) -> tuple[int, int]:
     """Fold ``batch`` into ``comm`` (the EWMAs, the size meter, the last seq); ``(taken, ignored)``."""
     keep = current_mask(comm, batch)
+    _clock_replaced(comm, batch, keep)
     if not keep.any():
         return 0, len(keep)
     picked = np.flatnonzero(keep)

@@ -46,6 +46,17 @@ decision, and a degradation that starts inside that window is measured relative 
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
 
+Late landing (issue 15, the AllToAll that stayed at 0.90 of healthy). A version made for a fault that
+clears before the ranks reach its first collective learns its references on the repaired fabric while
+its base says degraded: ``base · factor`` stays degraded, no path speeds up against references learned
+after the repair, and the schedule made for the fault runs on for good. Where ranks report collective
+times, the replaced version's keep reaching its clock series after the issue; once the new version has
+run a collective, the replaced one's last time is compared with its time when the flag was decided: faster
+by more than Γ (the drift test's own threshold) and back within Γ of its own reference time means the
+change cleared before the new version landed, and the base goes back to the one before it ("rebased"
+event). The drift test then reads the version's cut, profiled on the degraded fabric, against the fabric
+as it is, and flags it back (a second swap for that repair: the first landed after it).
+
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
 
@@ -79,8 +90,9 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, CollectiveClock, Guard, GuardDecision, Predictor
+from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
+from mccl.control.observed import CollectiveClock
 from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -281,9 +293,31 @@ class ScheduleManager:
                 if comm.ewma.learned == 0 or comm.ewma.learning > 0:
                     continue
                 for kind, active in comm.active.items():
+                    if active.landing is not None:
+                        self._check_landing(name, comm, kind, active)
                     if comm.last_seq > active.judge_after_seq:
                         decisions.append(self._decide(name, comm, kind, active))
         return decisions
+
+    def _check_landing(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> None:
+        """Late landing (module docstring): once ``active`` has run a collective, did the version it replaced
+        get faster by more than Γ between the flag and its own last collective, back to within Γ of the time it
+        had when its references were learned? Then the change it was made for cleared before it landed: its
+        references stand for the base before it, not the fabric it was made for. (Both conditions: one slow
+        outlier in the clock's level at the flag must not read as a repair.) Called under the lock."""
+        if comm.clock.last(kind, active.version) is None:
+            return  # not landed yet (or its collective times not reported)
+        replaced, (reference_s, at_flag_s), base_before = active.landing
+        active.landing = None
+        last_s = comm.clock.last(kind, replaced)
+        gamma = self.config.gamma
+        if last_s is None or not (at_flag_s > last_s * (1.0 + gamma) and last_s <= reference_s * (1.0 + gamma)):
+            return
+        comm.base = None if base_before is None else np.array(base_before, dtype=float)
+        self.guard.forget(name, kind, active.version)
+        self._event("rebased", name, kind, active.version, at_flag_s / last_s,
+                    f"v{replaced} ran {at_flag_s / last_s:.2f}x faster before v{active.version} landed "
+                    f"({at_flag_s * 1e3:.4g} -> {last_s * 1e3:.4g} ms): its references stand for the fabric before")
 
     def step(self, on_issue: Callable[[], None] | None = None) -> list[Event]:
         """Check every schedule; re-synthesize the flagged ones (synchronously), then synthesize ahead for the
@@ -376,6 +410,11 @@ class ScheduleManager:
                     decision: Decision, reaction: Reaction) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
         measured = self._measured_topology(capacities)
+        with self._lock:  # what the active one was observed to take when the fabric was measured, not after synthesis
+            observed = comm.clock.observed(kind, active.version)
+            # False: the fabric was measured from samples of a collective the clock has not counted yet (a flag on
+            # the first samples of a fault, before any slowed collective completed on every rank)
+            clock_current = comm.clock.counted_through(kind, active.version) >= comm.last_seq
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         held = self._speculations.take((name, kind), active.version, capacities)
@@ -404,7 +443,7 @@ class ScheduleManager:
                         f"ahead of the flag: {held.seconds * 1e3:.1f} ms, {(time.time() - held.at) * 1e3:.0f} ms before"
                         if ahead else "")
         guard_start = time.perf_counter()
-        guarded = self._compare(name, comm, kind, active, result, measured) if self.config.guard else None
+        guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
         with self._lock:
             again = self._decide(name, comm, kind, active)
@@ -417,13 +456,16 @@ class ScheduleManager:
                 verdict, baseline = guarded
                 chosen = verdict.chosen
                 if chosen == ACTIVE:  # still predicted fastest, or the measured fabric does not explain what the
-                    # active one experiences (guard.py): keep it, judged from now
-                    active.cut = self._cut_on(active.schedule, measured)
+                    # active one experiences (guard.py): keep it, judged from now — on this fabric, unless the clock
+                    # was behind it: then the same evidence is judged again once the slowed collectives are counted
+                    # (measured, pacer demo: a flag at δ 0.26 saw 44.77 -> 44.71 ms, was kept and re-based, and the
+                    # fault was never flagged again)
+                    if verdict.trusted or clock_current:
+                        active.cut = self._cut_on(active.schedule, measured)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}" + (
-                                    "" if verdict.trusted else f"; unexplained ({verdict.explained:.3f})"))
+                                f"guard: {dict(verdict.predicted_s)}" + _explained_text(verdict))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
@@ -433,12 +475,16 @@ class ScheduleManager:
                 self.guard.expect(name, kind, version, guarded[0])
             result = result.with_version(version)
             schedule = result.schedule
+            base_before = None if comm.base is None else comm.base.copy()
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
                                                prepared=prepared if chosen == "candidate" else None)
+            if observed is not None:
+                comm.active[kind].landing = (active.version, observed, base_before)
             self._relearn(comm, capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
-                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}")
+                        f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
+                        + ("" if guarded is None else _explained_text(guarded[0])))
             return schedule
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
@@ -446,8 +492,13 @@ class ScheduleManager:
         return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
 
     def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
-                 measured: Topology) -> tuple[GuardDecision, SynthesisResult | None] | None:
-        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails."""
+                 measured: Topology, observed: tuple[float, float] | None,
+                 ) -> tuple[GuardDecision, SynthesisResult | None] | None:
+        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails.
+        ``observed``: the active one's clock (reference, now) read when ``measured`` was: a synthesis lasting
+        seconds (noisy capacities, a loaded CPU) would otherwise set a fabric measured early in a fault against a
+        time observed after it had fully set in (measured on the pacer demo: r 0.31–0.37 after 1.4–2.1 s
+        synthesis, 1.1–1.7 after 6–18 ms)."""
         try:
             baseline = self.guard.baseline(name, kind, active.schedule.ranks)
             schedules = {"candidate": result.schedule, "active": active.schedule}
@@ -455,10 +506,27 @@ class ScheduleManager:
                 schedules["baseline"] = baseline.schedule
             with self._lock:
                 size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)
-                observed = comm.clock.observed(kind, active.version)
                 base = None if comm.base is None else comm.base.copy()
             return self.guard.compare(name, kind, active.version, schedules, measured, size, observed=observed,
                                       base_gbps=base), baseline
         except MCCLError as error:
             log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
             return None
+
+
+def _explained_text(decision: GuardDecision) -> str:
+    """The guard's explanation check in an event's text: r (predicted / observed time of the active schedule)
+    and whether the measured fabric explained it; nothing when no collective times were observed."""
+    if math.isnan(decision.explained):
+        return ""
+    predicted = decision.predicted_s
+    gain = max((predicted[ACTIVE] / seconds for label, seconds in predicted.items() if label != ACTIVE), default=1.0) \
+        if ACTIVE in predicted else math.nan
+    reference, now = decision.observed_s
+    text = (f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f}, best predicted gain "
+            f"over the active {gain:.3f}x; observed {reference * 1e3:.4g} -> {now * 1e3:.4g} ms)")
+    if decision.affine is not None and ACTIVE in predicted:
+        calibrated = max(decision.calibrated_s(ACTIVE) / decision.calibrated_s(label) for label in predicted)
+        text += (f"; read as {decision.affine[0] * 1e3:.3g} ms fixed + {decision.affine[1]:.3g} x predicted: "
+                 f"best calibrated gain {calibrated:.3f}x")
+    return text

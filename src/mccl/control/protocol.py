@@ -6,7 +6,9 @@ sockets to it, one for telemetry (send only) and one for requests (see
 (protocol version) and ``"op"``:
 
 * ``telemetry`` — ``samples``: rows ``[kind, communicator, rank, peer, bytes, seconds,
-  end_time, seq]`` (the fields of ``mccl.telemetry.Sample``); optional ``calls``: which path
+  end_time, seq]`` or, for a sample that names its schedule, ``[..., seq, collective, version]``
+  (the fields of ``mccl.telemetry.Sample``; ``kind`` ``"inter"``, ``"intra"`` or ``"collective"``:
+  one rank's whole collective, with ``peer`` -1 and ``bytes`` its size S > 0); optional ``calls``: which path
   ran one rank's calls, ``{"communicator", "rank", "counts": [[op, path, version, count], ...]}``
   (totals since the communicator was created; ``path`` ``"schedule"`` with the schedule's
   version, or ``"delegated"`` with ``null``; at most ``MAX_CALL_ROWS`` rows); no reply.
@@ -38,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mccl.errors import ControllerError
-from mccl.telemetry import INTER, INTRA, Sample
+from mccl.telemetry import COLLECTIVE, INTER, INTRA, Sample
 
 __all__ = ["PROTOCOL_VERSION", "MAX_MESSAGE_BYTES", "encode", "decode", "telemetry_message", "samples_of",
            "text_field", "int_field", "versions_field", "finite_or_none",
@@ -52,7 +54,7 @@ MAX_NAME_CHARS = 256
 MAX_RANKS = 1 << 20
 MAX_SAMPLES_PER_MESSAGE = 1 << 16
 _INT64 = 2**63 - 1
-_KINDS = frozenset((INTER, INTRA))
+_KINDS = frozenset((INTER, INTRA, COLLECTIVE))
 # Rows of one rank's call report: (operation, path, version) triples. torch has ~25 operation names and
 # a communicator runs a few schedule versions per kind; 1024 leaves room and bounds what the service keeps.
 MAX_CALL_ROWS = 1024
@@ -118,11 +120,20 @@ def telemetry_message(samples: Sequence[Any], calls: Any = None) -> bytes:
     """Encode samples (anything with the fields of ``mccl.telemetry.Sample``); a sample whose seconds or
     end time is not finite is left out (the service would refuse the whole message for it). ``calls``:
     a rank's call totals (anything with the fields of ``mccl.runtime.calls.CallTotals``), or None."""
-    rows = [[s.kind, s.communicator, int(s.rank), int(s.peer), int(s.bytes), float(s.seconds), float(s.end_time),
-             int(s.seq)] for s in finite_samples(samples)]
+    rows = [_row(s) for s in finite_samples(samples)]
     if calls is None:
         return encode("telemetry", samples=rows)
     return encode("telemetry", samples=rows, calls=calls_field(calls))
+
+
+def _row(sample: Any) -> list[Any]:
+    """One sample as a wire row: 8 fields, or 10 when it names its schedule (collective, version)."""
+    row = [sample.kind, sample.communicator, int(sample.rank), int(sample.peer), int(sample.bytes),
+           float(sample.seconds), float(sample.end_time), int(sample.seq)]
+    collective, version = getattr(sample, "collective", ""), int(getattr(sample, "version", -1))
+    if collective or version != -1:
+        row += [collective, version]
+    return row
 
 
 def calls_field(totals: Any) -> dict[str, Any]:
@@ -198,25 +209,29 @@ def _number(value: Any, what: str, low: float, high: float) -> float:
 
 def _row_ok(row: Any) -> bool:
     """The fast check of one telemetry row (exact types: a bool is not a rank); see _explain."""
-    if type(row) is not list or len(row) != 8:
+    if type(row) is not list or len(row) not in (8, 10):
         return False
-    kind, comm, rank, peer, nbytes, seconds, end, seq = row
+    kind, comm, rank, peer, nbytes, seconds, end, seq = row[:8]
     return (kind in _KINDS and type(comm) is str and 0 < len(comm) <= MAX_NAME_CHARS
             and type(rank) is int and 0 <= rank <= MAX_RANKS and type(peer) is int and -1 <= peer <= MAX_RANKS
             and type(nbytes) is int and 0 <= nbytes <= 1 << 50 and type(seq) is int and 0 <= seq <= _INT64
             and type(seconds) in (int, float) and 1e-9 <= seconds <= 1e6
-            and type(end) in (int, float) and 0.0 <= end <= 1e12)
+            and type(end) in (int, float) and 0.0 <= end <= 1e12
+            and (kind != COLLECTIVE or (peer == -1 and nbytes > 0))
+            and (len(row) == 8 or (type(row[8]) is str and len(row[8]) <= MAX_NAME_CHARS
+                                   and type(row[9]) is int and -1 <= row[9] <= _INT64)))
 
 
 def _explain(row: Any) -> ControllerError:
     """What is wrong with a row _row_ok refused (the slow path, for the error message)."""
-    if not isinstance(row, list) or len(row) != 8:
+    if not isinstance(row, list) or len(row) not in (8, 10):
         return ControllerError("a telemetry row is a list of 8 fields [kind, communicator, rank, peer, bytes, "
-                               "seconds, end_time, seq]")
-    kind, comm, rank, peer, nbytes, seconds, end, seq = row
+                               "seconds, end_time, seq], or 10 with [..., collective, version]")
+    kind, comm, rank, peer, nbytes, seconds, end, seq = row[:8]
     try:
         if kind not in _KINDS:
-            raise ControllerError(f"a telemetry row's kind must be {INTER!r} or {INTRA!r}, got {str(kind)[:40]!r}")
+            raise ControllerError(f"a telemetry row's kind must be {INTER!r}, {INTRA!r} or {COLLECTIVE!r}, got "
+                                  f"{str(kind)[:40]!r}")
         if not isinstance(comm, str) or not 0 < len(comm) <= MAX_NAME_CHARS:
             raise ControllerError(f"a telemetry row's communicator must be a string of 1..{MAX_NAME_CHARS} "
                                   "characters")
@@ -226,6 +241,17 @@ def _explain(row: Any) -> ControllerError:
         _number(seconds, "seconds", 1e-9, 1e6)
         _number(end, "end_time", 0.0, 1e12)
         int_field(seq, "a telemetry row's seq", 0, _INT64)
+        if kind == COLLECTIVE and peer != -1:
+            raise ControllerError(f"a {COLLECTIVE!r} telemetry row is one rank's whole collective: its peer must "
+                                  f"be -1, got {peer}")
+        if kind == COLLECTIVE and nbytes <= 0:
+            raise ControllerError(f"a {COLLECTIVE!r} telemetry row's bytes (the collective's size S) must be "
+                                  f"positive, got {nbytes}")
+        if len(row) == 10:
+            if not isinstance(row[8], str) or len(row[8]) > MAX_NAME_CHARS:
+                raise ControllerError(f"a telemetry row's collective must be a string of at most {MAX_NAME_CHARS} "
+                                      "characters")
+            int_field(row[9], "a telemetry row's version", -1, _INT64)
     except ControllerError as error:
         return error
     return ControllerError("a telemetry row is malformed")
@@ -243,6 +269,10 @@ def samples_of(message: dict[str, Any]) -> list[Sample]:
     for row in rows:
         if not _row_ok(row):
             raise _explain(row)
-        kind, comm, rank, peer, nbytes, seconds, end, seq = row
-        append(Sample(kind, comm, rank, peer, nbytes, float(seconds), float(end), seq))
+        if len(row) == 8:
+            kind, comm, rank, peer, nbytes, seconds, end, seq = row
+            append(Sample(kind, comm, rank, peer, nbytes, float(seconds), float(end), seq))
+        else:
+            kind, comm, rank, peer, nbytes, seconds, end, seq, collective, version = row
+            append(Sample(kind, comm, rank, peer, nbytes, float(seconds), float(end), seq, collective, version))
     return samples

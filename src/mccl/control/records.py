@@ -13,7 +13,7 @@ import numpy as np
 
 from mccl.control.drift import CutProfile, DriftResult, OverlayMap
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import CollectiveClock, SizeMeter
+from mccl.control.observed import CollectiveClock, SizeMeter
 from mccl.control.plausible import PortRates
 from mccl.schedule import Collective, Schedule, dumps_schedule, schedule_binary_text
 from mccl.synth import SynthesisResult
@@ -89,6 +89,10 @@ class _Active:
     _text: str | None = None
     _text_lock: threading.Lock = field(default_factory=threading.Lock)
     schedule_format: str = "binary"  # ControlConfig.schedule_format
+    # set at issue when collective times are reported: (the replaced version, its observed (reference, now) seconds
+    # when the flag was decided, the base before this version's); checked once this version has run (manager,
+    # "Late landing")
+    landing: tuple[int, tuple[float, float], object] | None = None
 
     @property
     def text(self) -> str:

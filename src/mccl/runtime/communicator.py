@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mccl.errors import InvalidSchedule, MCCLError, PeerLost
@@ -39,7 +40,7 @@ from mccl.schedule import Collective, Schedule, loads_schedule, validate
 from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
-__all__ = ["Communicator", "Installed"]
+__all__ = ["Communicator", "Installed", "collective_size_bytes"]
 
 log = logging.getLogger("mccl.runtime")
 
@@ -52,6 +53,21 @@ class Installed:
     schedule: Schedule
     plan: RankPlan
     layouts: dict = field(default_factory=dict, compare=False, repr=False)  # element layouts by block sizes
+
+
+def collective_size_bytes(buffers: executor.Buffers) -> int:
+    """The nccl-tests size S of one call on this rank (DESIGN.md, "Units"): AllToAll, the rank's send
+    buffer (self block included); AllGather, ReduceScatter and AllReduce, the sum of the call's n blocks
+    of S/n (:mod:`mccl.schedule.ir`) — the size the controller's guard predicts at and the simulator's
+    executors report."""
+    template = buffers.template if buffers.template is not None else next(
+        (tensor for tensor in buffers.tensors if tensor is not None), None)
+    if template is None:
+        return 0
+    if buffers.kind == "all_to_all":
+        send = buffers.tensors[0]
+        return 0 if send is None else send.numel() * send.element_size()
+    return int(np.sum(buffers.block_elems)) * template.element_size()
 
 
 class Communicator(Collectives):
@@ -288,11 +304,20 @@ class Communicator(Collectives):
                 future.set_exception(error)
 
     def _execute(self, installed: Installed, buffers: executor.Buffers, seq: int) -> None:
-        if self._meters is not None:
-            self._meters.seq = seq
-        executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=self._meters,
+        meters = self._meters
+        if meters is None:
+            executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=None,
+                             layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate,
+                             slice_bytes=self.slice_bytes)
+            return
+        meters.seq = seq
+        start = time.perf_counter()
+        executor.execute(self.transport, installed.plan, buffers, seq=seq, meters=meters,
                          layout_cache=installed.layouts, driver=self.driver, gate=self.send_gate,
                          slice_bytes=self.slice_bytes)
+        # the rank's whole collective, for the guard's clock (mccl.runtime.telemetry, "One rank's whole collective")
+        meters.collective(seq, installed.schedule.collective.value, installed.version, collective_size_bytes(buffers),
+                          time.perf_counter() - start)
 
     # ---- telemetry and shutdown -------------------------------------------------------
     @property

@@ -38,6 +38,13 @@ Off the critical path: a collective only appends to a bounded deque; a thread th
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
 counts it (``dropped``); nothing ever blocks a collective.
 
+**One rank's whole collective** (:meth:`Meters.collective`): besides the path windows, a rank reports
+each collective it ran on a schedule as a ``"collective"`` sample — its time from the executor's start
+to its completion on this rank, ``peer`` -1, ``bytes`` the collective's nccl-tests size S, tagged with
+the collective and the schedule version — the samples the simulator's virtual executors send
+(:mod:`mccl.experiments.closedloop_sim`). Why: the controller's guard checks that its measured fabric
+explains the time the active collective is observed to take (:mod:`mccl.control.guard`).
+
 The same thread reports which path ran the communicator's calls (:mod:`mccl.runtime.calls`)
 to a sink that takes them (``submit_calls``, :class:`~mccl.runtime.sources.CallSink`): the
 totals, whenever calls were recorded since the last report the sink accepted.
@@ -54,7 +61,7 @@ from dataclasses import dataclass
 
 from mccl.runtime.calls import CallTotals
 from mccl.runtime.sources import CallSink, Sample, TelemetrySink
-from mccl.telemetry import INTER, INTRA
+from mccl.telemetry import COLLECTIVE, INTER, INTRA
 
 __all__ = ["TelemetryConfig", "TelemetryBuffer", "Meters"]
 
@@ -238,3 +245,11 @@ class Meters:
         for sender, nbytes in per_peer.items():
             if nbytes > 0:
                 self.buffer.offer(Sample(kind, self.communicator, sender, self.rank, nbytes, seconds, end, self.seq))
+
+    def collective(self, seq: int, collective: str, version: int, size_bytes: int, seconds: float) -> None:
+        """This rank ran collective ``seq`` (``collective``, schedule ``version``, nccl-tests size
+        ``size_bytes``) in ``seconds`` from start to completion: one ``"collective"`` sample (module
+        docstring); never blocks (a full buffer drops it, as any sample)."""
+        if seconds > 0 and size_bytes > 0:
+            self.buffer.offer(Sample(COLLECTIVE, self.communicator, self.rank, -1, int(size_bytes), float(seconds),
+                                     time.time(), seq, collective, int(version)))
