@@ -25,10 +25,11 @@ Writes ``benchmarks/results/reaction{tag}.csv``.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
@@ -43,15 +44,23 @@ SETUPS = {
     "short": DemoConfig(kinds=("allgather",), ag_bytes=16 << 10, scale=10000.0, torch_check_every=0, healthy=8,
                         max_degraded=300, after_swap=3, max_recovered=0, alpha=0.5, gamma=0.2, alpha_level=1.0,
                         timeout_s=400.0),
+    # the bar's set-up since the fifth session: one stream per run, NICs at 40 Mbit/s, sizes where the NIC is still
+    # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms; mccl demo's controller
+    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0, healthy=8,
+                     max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
+    "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, torch_check_every=0, healthy=8,
+                      max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
 BEFORE = {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005}  # the previous demo's
 
 
-def one_run(index: int, config: DemoConfig, label: str) -> list[dict]:
+def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:
     started = time.strftime("%H:%M:%S", time.gmtime())
     report = run_demo(config)
+    if dump:  # the whole report, to look into a run (events, records, every rank's samples and marks)
+        Path(f"{dump}_{index}_{label}.json").write_text(json.dumps(asdict(report), default=str))
     return [_row(index, report, kind, label, started) for kind in config.kinds]
 
 
@@ -89,6 +98,7 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="also the path before issue 15, alternating, same run")
     parser.add_argument("--setup", choices=tuple(SETUPS), default="short")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--dump", default=None, help="write each run's whole report to DUMP_<run>_<path>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
@@ -101,9 +111,9 @@ def main() -> None:
             sys.exit(f"netemu: {reason} (try --fabric pacer)")
     rows = []
     for index in range(args.runs):
-        rows += one_run(index, config, "push+ahead")
+        rows += one_run(index, config, "push+ahead", args.dump)
         if args.ab:
-            rows += one_run(index, replace(config, **BEFORE), "poll")
+            rows += one_run(index, replace(config, **BEFORE), "poll", args.dump)
     write_csv(RESULTS / f"reaction{args.tag}.csv", rows)
     for kind in config.kinds:
         now = medians([row for row in rows if row["path"] == "push+ahead" and row["collective"] == kind])

@@ -72,6 +72,7 @@ class Speculation:
     result: SynthesisResult
     seconds: float
     at: float  # wall clock, when it was done
+    serial: int = 0  # the how-manyth speculation of the manager: tells a re-speculation from the one before
 
 
 class Speculations:
@@ -93,8 +94,13 @@ class Speculations:
         return not self._near(self._held.get(key), version, capacities)
 
     def keep(self, key: Hashable, version: int, capacities: np.ndarray, result: SynthesisResult, seconds: float) -> None:
-        self._held[key] = Speculation(version, np.array(capacities, dtype=float), result, seconds, time.time())
         self.made += 1
+        self._held[key] = Speculation(version, np.array(capacities, dtype=float), result, seconds, time.time(), self.made)
+
+    def held(self) -> dict[Hashable, Speculation]:
+        """The speculations held now, by (communicator, collective): what the service pushes to the ranks as
+        candidates before the flag (:mod:`mccl.control.candidates`)."""
+        return dict(self._held)
 
     def take(self, key: Hashable, version: int, capacities: np.ndarray) -> Speculation | None:
         """The held speculation for ``key`` if it was made for ``version`` near ``capacities`` (it is dropped

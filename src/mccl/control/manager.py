@@ -316,6 +316,12 @@ class ScheduleManager:
         """Syntheses made ahead of a flag so far."""
         return self._speculations.made
 
+    def held_speculations(self) -> dict:
+        """The syntheses held ahead of a flag, by (communicator, collective) (:mod:`.ahead`; the service pushes
+        them to the ranks as candidates, :mod:`.candidates`)."""
+        with self._lock:
+            return self._speculations.held()
+
     def speculate_for(self, decision: Decision) -> bool:
         """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
         name, kind = decision.communicator, decision.collective

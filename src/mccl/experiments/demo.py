@@ -92,6 +92,13 @@ class DemoConfig:
     # False: the swap thread polls the client every swap_poll_s instead of waiting for a push (the path before
     # issue 15's pushes, kept for the A/B of benchmarks/reaction.py)
     push: bool = True
+    # the ranks ask for candidates (mccl.control.candidates): a synthesis ahead of the flag is pushed and
+    # prepared before the flag. ready_poll_s: None, the hot swap's ready wait is the store's event; a number,
+    # it polls (the path before). switch_interval_s: the ranks' sys.setswitchinterval (None: Python's 5 ms):
+    # how long the swap thread may wait for the GIL while the main thread runs a collective
+    prestage: bool = True
+    ready_poll_s: float | None = None
+    switch_interval_s: float | None = None
     timeout_s: float = 300.0
 
     @classmethod
@@ -307,6 +314,9 @@ def _report(config: DemoConfig, fabric: dict, outputs: list[dict], status: dict,
     trace = {"received": [output.get("received", []) for output in outputs],
              "swaps": [output["swaps"] for output in outputs],
              "switches": [output.get("switches", {}) for output in outputs],
+             "candidates": [output.get("candidates", []) for output in outputs],
+             "prestage_hits": [output.get("prestage_hits", {}) for output in outputs],
+             "candidates_pushed": status.get("candidates", []),
              "reactions": status.get("reactions", []), "deliveries": status.get("deliveries", [])}
     return NetemuReport(config=asdict(config), records=tuple(records), events=tuple(status["events"]),
                         degraded_at=marks.get("degraded_at", 0.0), restored_at=marks.get("restored_at"),
