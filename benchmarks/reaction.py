@@ -53,7 +53,16 @@ SETUPS = {
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
-BEFORE = {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005}  # the previous demo's
+# the paths an A/B compares with (``--before``): "poll", the demo before issue 15's pushes (the swap thread polls every
+# 5 ms, the client answers on the poll after, no synthesis ahead); "fourth", the fourth session's path (pushes and
+# synthesis ahead, but no candidates, the ready wait polled every 2 ms, Python's 5 ms switch interval); and each of
+# the fifth session's changes alone taken back
+BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005,
+                   "prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None},
+          "fourth": {"prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None},
+          "no-prestage": {"prestage": False}, "ready-poll": {"ready_poll_s": 0.002},
+          "switch-5ms": {"switch_interval_s": None}}
+NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001}  # this session's path
 
 
 def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:
@@ -75,7 +84,8 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "collective_ms_degraded": round(statistics.median(degraded) * 1e3, 1) if degraded else None,
            "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
-           "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2)}
+           "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
+           "prestaged_ranks": path["prestaged"]}
     row.update({f"{term}_ms": None if path[term] is None else round(path[term], 2) for term in TERMS})
     print(row, flush=True)
     return row
@@ -95,14 +105,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fabric", choices=("netemu", "pacer"), default="netemu")
-    parser.add_argument("--ab", action="store_true", help="also the path before issue 15, alternating, same run")
+    parser.add_argument("--ab", action="store_true", help="also the path before (--before), alternating, same run")
+    parser.add_argument("--before", choices=tuple(BEFORE), default="fourth")
     parser.add_argument("--setup", choices=tuple(SETUPS), default="short")
     parser.add_argument("--tag", default="")
     parser.add_argument("--dump", default=None, help="write each run's whole report to DUMP_<run>_<path>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
-    config = replace(SETUPS[args.setup], fabric=args.fabric)
+    config = replace(SETUPS[args.setup], fabric=args.fabric, **NOW)
     if args.fabric == "netemu":
         from mccl.experiments.netemu import unsupported_reason
 
@@ -111,18 +122,18 @@ def main() -> None:
             sys.exit(f"netemu: {reason} (try --fabric pacer)")
     rows = []
     for index in range(args.runs):
-        rows += one_run(index, config, "push+ahead", args.dump)
+        rows += one_run(index, config, "now", args.dump)
         if args.ab:
-            rows += one_run(index, replace(config, **BEFORE), "poll", args.dump)
+            rows += one_run(index, replace(config, **BEFORE[args.before]), args.before, args.dump)
     write_csv(RESULTS / f"reaction{args.tag}.csv", rows)
     for kind in config.kinds:
-        now = medians([row for row in rows if row["path"] == "push+ahead" and row["collective"] == kind])
-        print(f"{kind} medians (push+ahead):", now)
+        now = medians([row for row in rows if row["path"] == "now" and row["collective"] == kind])
+        print(f"{kind} medians (now):", now)
         if args.ab:
-            before = medians([row for row in rows if row["path"] == "poll" and row["collective"] == kind])
-            print(f"{kind} medians (poll):", before)
-            print(f"{kind} ratios poll / push+ahead:", {key: round(before[key] / now[key], 2) for key in now
-                                                        if key in before and now[key]})
+            before = medians([row for row in rows if row["path"] == args.before and row["collective"] == kind])
+            print(f"{kind} medians ({args.before}):", before)
+            print(f"{kind} ratios {args.before} / now:", {key: round(before[key] / now[key], 2) for key in now
+                                                          if key in before and now[key]})
 
 
 if __name__ == "__main__":
