@@ -335,12 +335,12 @@ class ScheduleManager:
         start = time.perf_counter()
         try:
             result = self._resynthesize(active, kind, self._measured_topology(capacities))
-            validate(result.schedule, self.topology)
+            prepared = prepare_update(active.schedule, result, self.topology)  # validated; reused at the flag
         except MCCLError:  # SynthesisUnavailable / SynthesisError too: the flag's own synthesis reports it
             return False
         seconds = time.perf_counter() - start
         with self._lock:
-            self._speculations.keep((name, kind), active.version, capacities, result, seconds)
+            self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
@@ -388,7 +388,8 @@ class ScheduleManager:
         ahead = held is not None
         try:
             result = held.result if ahead else self._resynthesize(active, kind, measured)
-            prepared = prepare_update(active.schedule, result, self.topology)  # validated where it changed
+            prepared = held.prepared if ahead and held.prepared is not None else (
+                prepare_update(active.schedule, result, self.topology))  # validated where it changed
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))
