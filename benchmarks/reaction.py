@@ -11,7 +11,8 @@ version can only be launched once the one in flight has finished (Fig. 13 is a 1
 are short while the NIC still is their bottleneck (``benchmarks/collective_floor.py`` chose them):
 
 ``ag,a2a`` (default: one run of each per ``--runs``): 8 ranks on 2 hosts, NICs at 40 Mbit/s (scale 10000), one
-stream per run — AllGather 64 KiB per rank, or AllToAll 128 KiB per rank, at most 2 chunks —, rank 0's NIC halved after 8
+stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
+block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
 (α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
@@ -51,10 +52,10 @@ SETUPS = {
                         max_degraded=300, after_swap=3, max_recovered=0, alpha=0.5, gamma=0.2, alpha_level=1.0,
                         timeout_s=400.0),
     # the bar's set-up since the fifth session: one stream per run, NICs at 40 Mbit/s, sizes where the NIC is still
-    # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms; 2 chunks, not the demo's
-    # 4: half the executor's CPU per collective (AllGather 2.9 vs 5.4 ms on rank 0), and the halved NIC still
-    # leaves the re-synthesis a gain above Γ (with 1 chunk per source a tree cannot move part of rank 0's data)
-    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, chunks=2, torch_check_every=0,
+    # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
+    # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
+    # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
+    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
                       healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
