@@ -14,7 +14,7 @@ from mccl.schedule.serialize import schedule_digest
 from mccl.synth import optimize
 from mccl.topology import rail_optimized
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]  # ~2–5 s: a service, 4 clients, real synthesis
 
 TOPOLOGY = rail_optimized(1, 2, 2)
 
@@ -30,18 +30,19 @@ def _round(seq: int, factor: float) -> list[Sample]:
     return out
 
 
-def _until(clients: list[ControllerClient], sender: ControllerClient, rounds, want, latest: dict) -> list:
+def _until(manager: ScheduleManager, clients: list[ControllerClient], sender: ControllerClient, rounds, want,
+           latest: dict) -> list:
     """Submit ``rounds`` (seq, factor) one at a time, each waited into the manager, until every client got
     something ``want`` accepts; what each got (``latest``: each client's newest candidate, by index)."""
     got: list = [None] * len(clients)
     for seq, factor in rounds:
         sender.submit(_round(seq, factor))
         deadline = time.monotonic() + 5
-        while sender.status()["stats"]["samples_taken"] < sender.sent_samples and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.03)  # a few checks
+        while manager.samples_taken + manager.samples_ignored < sender.sent_samples and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(0.012)  # two checks or more
         for index, client in enumerate(clients):
-            item = client.wait(0.01)
+            item = client.wait(0.002)
             while item is not None:
                 if isinstance(item, Candidate):
                     latest[index] = item
@@ -72,14 +73,14 @@ def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_
         sender = clients[0]
         healthy = [(seq, 1.0) for seq in range(1, 5)]
         latest: dict = {}
-        _until(clients[:3], sender, healthy, lambda item: False, latest)
+        _until(manager, clients[:3], sender, healthy, lambda item: False, latest)
         # the NIC drifts down a step per collective, as the EWMA sees a NIC halve: ahead of the flag first
-        candidates = _until(clients[:3], sender, [(seq, 0.5) for seq in range(5, 40)],
+        candidates = _until(manager, clients[:3], sender, [(seq, 0.5) for seq in range(5, 40)],
                             lambda item: isinstance(item, Candidate), latest)
         assert all(isinstance(item, Candidate) and item.version == 2 for item in candidates), candidates
         assert manager.versions("job") == {"allgather": 1}  # not issued: only prepared ahead
         assert len(clients[3].candidate_arrivals) == 0 and clients[3].have == {"allgather": 1}  # it did not ask
-        issued = _until(clients, sender, [(seq, 0.5) for seq in range(40, 80)],
+        issued = _until(manager, clients, sender, [(seq, 0.5) for seq in range(40, 80)],
                         lambda item: not isinstance(item, Candidate), latest)
         assert [item.meta.version for item in issued] == [2, 2, 2, 2]
         reaction = sender.status()["reactions"][-1]

@@ -136,6 +136,8 @@ class Communicator(Collectives):
         """Prepare a candidate (swap thread): validated and planned now, kept by content digest (the newest
         few) for the version that may follow; one that fails is only logged (it was never adopted)."""
         start = time.perf_counter()
+        if schedule_digest(schedule) in self._prestaged:  # the same content again (a re-speculation): held already
+            return
         try:
             installed = self._prepare(schedule)
         except MCCLError as error:
