@@ -1,34 +1,42 @@
 """The reaction path of Fig. 13(b) on the emulated fabric: detection → the first collective launched on the new version.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3                 # the bar (issue 15: ≤ 50 ms median)
-    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --ab            # and the path before pushes, same run
-    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --fabric pacer  # without root
-    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --ab --setup demo --tag _demo   # mccl demo's streams
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 5                        # the bar (issue 15: ≤ 50 ms median)
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --ab --before fourth   # and the fourth session's path
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 3 --fabric pacer         # without root
+    PYTHONPATH=src .venv/bin/python benchmarks/reaction.py --runs 2 --ab --setup demo --tag _demo   # mccl demo's streams
 
-Each run is ``mccl demo``'s loop (:mod:`mccl.experiments.demo`), fault phase only, on a set-up where a
-collective is short, because the first collective on a new version can only be launched once the one in
-flight has finished (Fig. 13 is a 16 MB-per-GPU AllGather at 200 Gbit/s: 0.2 ms; the demo's 256 KiB at
-20 Mbit/s lasts 130–450 ms): 8 ranks on 2 hosts, one AllGather stream of 16 KiB per rank (64 KiB through
-each NIC per collective), NICs at 40 Mbit/s (scale 10000), rank 0's NIC halved after 8 collectives, no
-torch cross-check (the known answer still checks every output), the fast-reacting controller (α 0.5, Γ 0.2,
-the synthesizer on the last sample); the fault phase ends 3 collectives after the swap (at most 300).
-``--setup demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s, its
-controller), fault phase only — collectives of 130–450 ms, so the wait for the one in flight dominates, but the
-fault is visible there on a loaded machine (at 16 KiB the collectives are CPU-bound and it may not be). Per run the terms of :mod:`mccl.experiments.reaction_path` (ms) for the
-first flag after the fault; the medians over the runs that flagged. ``--ab``: every run is followed by one of
-the path before issue 15 (the swap thread polls every 5 ms, the client answers on the poll after, no
-synthesis ahead of the flag), and the ratio of the medians is printed.
+Each run is ``mccl demo``'s loop (:mod:`mccl.experiments.demo`), fault phase only. The first collective on a new
+version can only be launched once the one in flight has finished (Fig. 13 is a 16 MB-per-GPU AllGather at
+200 Gbit/s: 0.2 ms; the demo's 256 KiB at 20 Mbit/s lasts 130–450 ms), so the bar is read on collectives that
+are short while the NIC still is their bottleneck (``benchmarks/collective_floor.py`` chose them):
 
-Writes ``benchmarks/results/reaction{tag}.csv``.
+``ag,a2a`` (default: one run of each per ``--runs``): 8 ranks on 2 hosts, NICs at 40 Mbit/s (scale 10000), one
+stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
+block) —, rank 0's NIC halved after 8
+collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
+(α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the fault phase ends 3 collectives after the swap (at most 20).
+``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
+only — collectives of 150–450 ms: the wait for the one in flight dominates. ``short``: the fourth session's
+set-up (16 KiB at 40 Mbit/s: CPU-bound, the fault hardly shows).
+
+The path measured ("now", :data:`NOW`): candidates pushed and prepared before the flag
+(:mod:`mccl.control.candidates`), the hot swap's ready wait by the store's event, the ranks' switch interval
+1 ms, the controller 10 below the ranks' niceness (it stands for a machine of its own). ``--ab``: every run
+is followed by one of ``--before`` (:data:`BEFORE`: "fourth", the fourth session's path; "poll", the path
+before issue 15's pushes; or one change taken back), and the ratio of the medians is printed.
+
+Per run the terms of :mod:`mccl.experiments.reaction_path` (ms) for the first flag after the fault; the
+medians over the runs that flagged. Writes ``benchmarks/results/reaction{tag}.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
@@ -43,15 +51,35 @@ SETUPS = {
     "short": DemoConfig(kinds=("allgather",), ag_bytes=16 << 10, scale=10000.0, torch_check_every=0, healthy=8,
                         max_degraded=300, after_swap=3, max_recovered=0, alpha=0.5, gamma=0.2, alpha_level=1.0,
                         timeout_s=400.0),
+    # the bar's set-up since the fifth session: one stream per run, NICs at 40 Mbit/s, sizes where the NIC is still
+    # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
+    # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
+    # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
+    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
+                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
+    "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
+                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
-BEFORE = {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005}  # the previous demo's
+# the paths an A/B compares with (``--before``): "poll", the demo before issue 15's pushes (the swap thread polls every
+# 5 ms, the client answers on the poll after, no synthesis ahead); "fourth", the fourth session's path (pushes and
+# synthesis ahead, but no candidates, the ready wait polled every 2 ms, Python's 5 ms switch interval); and each of
+# the fifth session's changes alone taken back
+BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005, "swap_poll_s": 0.005,
+                   "prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None, "controller_nice": 0},
+          "fourth": {"prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None, "controller_nice": 0},
+          "no-prestage": {"prestage": False}, "ready-poll": {"ready_poll_s": 0.002},
+          "switch-5ms": {"switch_interval_s": None}, "controller-nice0": {"controller_nice": 0}}
+# this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
+NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10}
 
 
-def one_run(index: int, config: DemoConfig, label: str) -> list[dict]:
+def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:
     started = time.strftime("%H:%M:%S", time.gmtime())
     report = run_demo(config)
+    if dump:  # the whole report, to look into a run (events, records, every rank's samples and marks)
+        Path(f"{dump}_{index}_{label}_{'-'.join(config.kinds)}.json").write_text(json.dumps(asdict(report), default=str))
     return [_row(index, report, kind, label, started) for kind in config.kinds]
 
 
@@ -66,7 +94,8 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "collective_ms_degraded": round(statistics.median(degraded) * 1e3, 1) if degraded else None,
            "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
-           "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2)}
+           "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
+           "prestaged_ranks": path["prestaged"]}
     row.update({f"{term}_ms": None if path[term] is None else round(path[term], 2) for term in TERMS})
     print(row, flush=True)
     return row
@@ -86,13 +115,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fabric", choices=("netemu", "pacer"), default="netemu")
-    parser.add_argument("--ab", action="store_true", help="also the path before issue 15, alternating, same run")
-    parser.add_argument("--setup", choices=tuple(SETUPS), default="short")
+    parser.add_argument("--ab", action="store_true", help="also the path before (--before), alternating, same run")
+    parser.add_argument("--before", choices=tuple(BEFORE), default="fourth")
+    parser.add_argument("--setup", default="ag,a2a", help=f"comma list of {tuple(SETUPS)}: one run of each per --runs")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--dump", default=None, help="write each run's whole report to DUMP_<run>_<path>.json")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
-    config = replace(SETUPS[args.setup], fabric=args.fabric)
+    names = [name for name in args.setup.split(",") if name]
+    unknown = [name for name in names if name not in SETUPS]
+    if unknown or not names:
+        parser.error(f"--setup takes a comma list of {tuple(SETUPS)}, got {args.setup!r}")
+    configs = [replace(SETUPS[name], fabric=args.fabric, **NOW) for name in names]
     if args.fabric == "netemu":
         from mccl.experiments.netemu import unsupported_reason
 
@@ -101,18 +136,19 @@ def main() -> None:
             sys.exit(f"netemu: {reason} (try --fabric pacer)")
     rows = []
     for index in range(args.runs):
-        rows += one_run(index, config, "push+ahead")
-        if args.ab:
-            rows += one_run(index, replace(config, **BEFORE), "poll")
+        for config in configs:
+            rows += one_run(index, config, "now", args.dump)
+            if args.ab:
+                rows += one_run(index, replace(config, **BEFORE[args.before]), args.before, args.dump)
     write_csv(RESULTS / f"reaction{args.tag}.csv", rows)
-    for kind in config.kinds:
-        now = medians([row for row in rows if row["path"] == "push+ahead" and row["collective"] == kind])
-        print(f"{kind} medians (push+ahead):", now)
+    for kind in dict.fromkeys(kind for config in configs for kind in config.kinds):
+        now = medians([row for row in rows if row["path"] == "now" and row["collective"] == kind])
+        print(f"{kind} medians (now):", now)
         if args.ab:
-            before = medians([row for row in rows if row["path"] == "poll" and row["collective"] == kind])
-            print(f"{kind} medians (poll):", before)
-            print(f"{kind} ratios poll / push+ahead:", {key: round(before[key] / now[key], 2) for key in now
-                                                        if key in before and now[key]})
+            before = medians([row for row in rows if row["path"] == args.before and row["collective"] == kind])
+            print(f"{kind} medians ({args.before}):", before)
+            print(f"{kind} ratios {args.before} / now:", {key: round(before[key] / now[key], 2) for key in now
+                                                          if key in before and now[key]})
 
 
 if __name__ == "__main__":

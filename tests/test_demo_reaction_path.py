@@ -34,14 +34,15 @@ def _trace(ranks: int = 2) -> dict:
                   {"allgather": [(3, 2, 0.001, 0.004, 0.004, 0.012, 102.008)]}][:ranks],
         "switches": [{"allgather": [(4, 102.030, {"allgather": 2})]},
                      {"allgather": [(4, 102.031, {"allgather": 2})]}][:ranks],
+        "prestage_hits": [{"allgather": 1}, {"allgather": 0}][:ranks],
     }
 
 
 def test_the_reaction_path_is_split_into_fig13b_terms_from_every_ranks_marks():
     path = reaction_path(_report(_trace()), "allgather")
-    assert path["version"] == 2 and path["ahead"] is True
+    assert path["version"] == 2 and path["ahead"] is True and path["prestaged"] == 1
     expected = {"decision": 10.0, "synthesis": 0.2, "guard": 0.5, "issue": 4.0, "encode": 1.0, "push": 1.0,
-                "dispatch": 4.0, "swap": 12.0, "oob": 4.0, "activation": 20.0, "in_flight": 11.0,
+                "dispatch": 4.0, "swap": 12.0, "stage": 1.0, "ready": 5.0, "oob": 4.0, "activation": 20.0, "in_flight": 11.0,
                 "detect_to_first": 31.0, "first_done": 50.0}
     for term, value in expected.items():
         assert path[term] == pytest.approx(value, abs=1e-6), term

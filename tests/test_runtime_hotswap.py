@@ -166,6 +166,27 @@ def _hotswap(rank, n, controller_address):
                             len(samples), {s.peer for s in samples}, comm.telemetry_dropped)
     comm.close()
 
+    # 6. candidates (a synthesis ahead of the flag): prepared, never adopted; a version of the same content is
+    # then staged from the prepared plan, one of other content as before
+    from mccl.control.client import Candidate
+
+    comm = mccl.init(topology=topology, schedules=[old])
+    first, other = (naive_ring(topology, "allgather", chunks=c).with_meta(version=7) for c in (3, 4))
+    comm.stage(Candidate(first, 7))
+    _wait_for(lambda: comm.prestages)
+    exact = _check_ag(comm, rank, n, 0)
+    before = comm.versions()
+    comm.stage(other.with_meta(version=2))  # not the candidate's content: staged the usual way
+    _wait_for(lambda: len(comm.swaps) == 1)
+    hits_other = comm.prestage_hits
+    comm.stage(first.with_meta(version=3))  # the candidate's content under the issued version
+    _wait_for(lambda: len(comm.swaps) == 2)
+    for i in range(3):
+        exact &= _check_ag(comm, rank, n, 200 + i)
+    report["candidate"] = (exact, before, hits_other, comm.prestage_hits, comm.versions(),
+                           [dict(s.adopted) for s in comm.swaps], len(comm.prestages))
+    comm.close()
+
     # 5. a local source closed (operator detached the controller) is also fail-static
     local = LocalScheduleSource()
     comm = mccl.init(controller=local, topology=topology, schedules=[old])
@@ -248,3 +269,11 @@ def test_controller_killed_mid_run_is_fail_static(reports):
         assert sum("controller lost" in event for event in events) == 1
         assert n_samples > 0 and peers and dropped == 0
         assert report["closed"] == (True, True)
+
+
+def test_a_candidate_is_prepared_not_adopted_and_its_content_is_staged_from_the_plan(reports):
+    for exact, before, hits_other, hits, versions, adopted, prestages in (r["candidate"] for r in reports):
+        assert exact
+        assert before == {"allgather": 0}  # the candidate was not adopted
+        assert hits_other == 0 and hits == 1 and prestages == 1
+        assert versions == {"allgather": 3} and adopted == [{"allgather": 2}, {"allgather": 3}]

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -72,6 +73,10 @@ class Speculation:
     result: SynthesisResult
     seconds: float
     at: float  # wall clock, when it was done
+    serial: int = 0  # the how-manyth speculation of the manager: tells a re-speculation from the one before
+    # validated and prepared against the active schedule it was made for (mccl.control.prepared.prepare_update):
+    # the flag that reuses the speculation reuses this too (3–4 ms of CPU off the flag's path at 8 ranks)
+    prepared: Any = None
 
 
 class Speculations:
@@ -92,9 +97,16 @@ class Speculations:
         """Whether a speculation for these capacities is worth making (none held near them)."""
         return not self._near(self._held.get(key), version, capacities)
 
-    def keep(self, key: Hashable, version: int, capacities: np.ndarray, result: SynthesisResult, seconds: float) -> None:
-        self._held[key] = Speculation(version, np.array(capacities, dtype=float), result, seconds, time.time())
+    def keep(self, key: Hashable, version: int, capacities: np.ndarray, result: SynthesisResult, seconds: float,
+             prepared: Any = None) -> None:
         self.made += 1
+        self._held[key] = Speculation(version, np.array(capacities, dtype=float), result, seconds, time.time(), self.made,
+                                      prepared)
+
+    def held(self) -> dict[Hashable, Speculation]:
+        """The speculations held now, by (communicator, collective): what the service pushes to the ranks as
+        candidates before the flag (:mod:`mccl.control.candidates`)."""
+        return dict(self._held)
 
     def take(self, key: Hashable, version: int, capacities: np.ndarray) -> Speculation | None:
         """The held speculation for ``key`` if it was made for ``version`` near ``capacities`` (it is dropped

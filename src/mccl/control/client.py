@@ -23,6 +23,11 @@ imports neither torch nor the runtime. One client per rank and communicator.
   polling every 5 ms cost the controller 3200 requests a second). The poll stays: it
   subscribes the socket, carries the versions the rank has (a push it missed is answered
   by the next one), and detects a lost controller as before.
+* ``candidates=True``: the polls ask the service for candidates too — a synthesis made ahead of the
+  flag, pushed before the flag (:mod:`.candidates`). ``poll()``/``wait()`` return one as a
+  :class:`Candidate` (not a Schedule): the runtime prepares it and adopts nothing; the version
+  issued later arrives as before. Off by default, so a caller that takes every non-None answer
+  for a new version sees none.
 * A controller declared lost is asked again every ``timeout_s`` by later polls (which
   keep raising until it answers); once it answers, the client recovers: ``poll()``
   returns normally again (``recoveries`` counts it).
@@ -38,7 +43,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import zmq
 
@@ -47,7 +53,18 @@ from mccl.control.protocol import decode, encode, finite_samples, telemetry_mess
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Schedule, dumps_schedule, loads_schedule
 
-__all__ = ["ControllerClient", "wait_for_controller"]
+__all__ = ["Candidate", "ControllerClient", "wait_for_controller"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A schedule the controller may issue next (synthesized ahead of the flag): to be prepared, not adopted.
+    ``prestage_only`` is how the runtime's swap thread tells it from a new version (structurally: the runtime
+    does not import this module)."""
+
+    schedule: Schedule
+    version: int
+    prestage_only: ClassVar[bool] = True
 
 
 class ControllerClient:
@@ -56,13 +73,14 @@ class ControllerClient:
 
     def __init__(self, endpoint: str, communicator: str, rank: int, *, installed: Sequence[Schedule] = (),
                  timeout_s: float = 2.0, interval_s: float = 0.05, send_hwm: int = 16,
-                 secret: JobSecret | str | bytes | None = None) -> None:
+                 secret: JobSecret | str | bytes | None = None, candidates: bool = False) -> None:
         self.endpoint = endpoint
         self.secret = as_secret(secret) or secret_from_env()
         self.communicator = communicator
         self.rank = rank
         self.timeout_s = timeout_s
         self.interval_s = interval_s
+        self.candidates = candidates
         self.have = {schedule.collective.value: int(schedule.meta.version) for schedule in installed}
         self.dropped = 0
         self.sent_samples = 0
@@ -79,6 +97,7 @@ class ControllerClient:
         # when each version arrived here (wall clock, the controller's events are on the same clock): the
         # dispatch term of the reaction time (Fig. 13b); the newest few only
         self.arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)
+        self.candidate_arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)  # likewise, candidates
         self._unsent_since: float | None = None  # since when a request could not go out (not connected)
         self._lost: str | None = None
         self._closed = False
@@ -131,11 +150,11 @@ class ControllerClient:
             return True
 
     # ---- ScheduleSource ----------------------------------------------------------------------
-    def poll(self) -> Schedule | None:
+    def poll(self) -> Schedule | Candidate | None:
         with self._request_lock:
             return self._poll(0.0)
 
-    def wait(self, timeout_s: float) -> Schedule | None:
+    def wait(self, timeout_s: float) -> Schedule | Candidate | None:
         """A new version, waiting idle up to ``timeout_s`` for one (pushed, or the answer to a poll); None if
         none came. Asks at most every ``interval_s``; raises :class:`ControllerError` as :meth:`poll` does."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
@@ -158,12 +177,12 @@ class ControllerClient:
                     remaining = min(remaining, max(self._asked_at + self.interval_s - time.monotonic(), 0.001))
                 self._requests.poll(max(int(remaining * 1e3), 1), zmq.POLLIN)
 
-    def _poll(self, ask_every_s: float) -> Schedule | None:
+    def _poll(self, ask_every_s: float) -> Schedule | Candidate | None:
         """One non-blocking round (the caller holds the request lock): read what arrived, ask again when
         nothing is outstanding and ``ask_every_s`` has passed since the last request."""
         if self._closed:
             raise ControllerError("the controller client was closed")
-        found: Schedule | None = None
+        found: Schedule | Candidate | None = None
         while found is None:
             try:
                 frame = self._requests.recv(zmq.NOBLOCK)
@@ -195,8 +214,9 @@ class ControllerClient:
     def _send_poll(self, now: float) -> bool:
         """Send a poll request; False (and the time since when) if it cannot go out (not connected)."""
         try:
-            self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank, have=self.have),
-                                zmq.NOBLOCK)
+            extra = {"candidates": True} if self.candidates else {}
+            self._requests.send(encode("poll", communicator=self.communicator, rank=self.rank, have=self.have,
+                                       **extra), zmq.NOBLOCK)
         except zmq.Again:  # not connected (yet): sent again on the next poll, lost after timeout_s of that
             if self._unsent_since is None:
                 self._unsent_since = now
@@ -207,10 +227,10 @@ class ControllerClient:
     def _hint(self) -> str:
         return "" if self.secret is not None else " (this client has no control-plane secret: set MCCL_CONTROL_SECRET_FILE)"
 
-    def _take(self, reply: dict[str, Any]) -> Schedule | None:
+    def _take(self, reply: dict[str, Any]) -> Schedule | Candidate | None:
         if reply["op"] == "error":
             raise ControllerError(f"the controller refused a poll: {reply.get('message')}")
-        if reply["op"] != "schedule":
+        if reply["op"] not in ("schedule", "candidate"):
             return None
         version = int(reply["version"])
         if version <= self.have.get(str(reply["collective"]), 0):
@@ -219,6 +239,9 @@ class ControllerClient:
             schedule = loads_schedule(str(reply["schedule"]))
         except MCCLError as error:
             raise ControllerError(f"the controller sent an unreadable schedule: {error}") from None
+        if reply["op"] == "candidate":  # prepared by the runtime, not adopted: ``have`` stays
+            self.candidate_arrivals.append((str(reply["collective"]), version, time.time()))
+            return Candidate(schedule, version) if self.candidates else None
         self.have[str(reply["collective"])] = version
         self.received += 1
         self.arrivals.append((str(reply["collective"]), version, time.time()))

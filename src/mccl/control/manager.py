@@ -350,6 +350,12 @@ class ScheduleManager:
         """Syntheses made ahead of a flag so far."""
         return self._speculations.made
 
+    def held_speculations(self) -> dict:
+        """The syntheses held ahead of a flag, by (communicator, collective) (:mod:`.ahead`; the service pushes
+        them to the ranks as candidates, :mod:`.candidates`)."""
+        with self._lock:
+            return self._speculations.held()
+
     def speculate_for(self, decision: Decision) -> bool:
         """Synthesize ahead of the flag for a drifting schedule (module docstring); True if it did."""
         name, kind = decision.communicator, decision.collective
@@ -363,12 +369,12 @@ class ScheduleManager:
         start = time.perf_counter()
         try:
             result = self._resynthesize(active, kind, self._measured_topology(capacities))
-            validate(result.schedule, self.topology)
+            prepared = prepare_update(active.schedule, result, self.topology)  # validated; reused at the flag
         except MCCLError:  # SynthesisUnavailable / SynthesisError too: the flag's own synthesis reports it
             return False
         seconds = time.perf_counter() - start
         with self._lock:
-            self._speculations.keep((name, kind), active.version, capacities, result, seconds)
+            self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
     def reoptimize(self, decision: Decision) -> Schedule | None:
@@ -421,7 +427,8 @@ class ScheduleManager:
         ahead = held is not None
         try:
             result = held.result if ahead else self._resynthesize(active, kind, measured)
-            prepared = prepare_update(active.schedule, result, self.topology)  # validated where it changed
+            prepared = held.prepared if ahead and held.prepared is not None else (
+                prepare_update(active.schedule, result, self.topology))  # validated where it changed
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))

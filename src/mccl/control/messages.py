@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mccl.control.candidates import CandidatePushes
 from mccl.control.manager import ScheduleManager
 from mccl.control.parser import ParsedRegistration, ParserProcess
 from mccl.control.protocol import (
@@ -114,6 +115,7 @@ class Requests:
         # the reaction path (Fig. 13b): per version, when its reply was encoded and first pushed (wall clock)
         self.deliveries: dict[tuple[str, str, int], dict[str, float | int | None]] = {}
         self._deliveries_lock = threading.Lock()  # written by the refreshing thread and the socket thread
+        self.candidates = CandidatePushes(limits.max_subscribers)  # syntheses ahead, pushed before the flag
 
     def close(self) -> None:
         self._parser.close()
@@ -152,6 +154,9 @@ class Requests:
                 if entry != before.get(name):
                     self._changed.put(name)
                     changed = True
+        held = getattr(self.manager, "held_speculations", None)  # a manager of another kind has none
+        if held is not None and self.candidates.refresh(held(), lambda name, kind: self._snapshot.get(name, {}).get(kind)):
+            changed = True
         return changed
 
     def pushes(self) -> list[tuple[bytes, bytes]]:
@@ -179,7 +184,9 @@ class Requests:
                                 delivery["pushed_at"] = delivery["pushed_at"] or time.time()
                                 delivery["pushed_to"] = int(delivery["pushed_to"] or 0) + 1
         self.stats["pushes"] = self.stats.get("pushes", 0) + len(out)
-        return out
+        candidates = self.candidates.pushes()
+        self.stats["candidates_pushed"] = self.stats.get("candidates_pushed", 0) + len(candidates)
+        return out + candidates
 
     def _delivery(self, name: str, kind: Collective, version: int) -> dict[str, float | int | None]:
         key = (name, kind.value, version)
@@ -256,8 +263,11 @@ class Requests:
                 with self._deliveries_lock:
                     deliveries = [{"communicator": name, "collective": kind, "version": version, **row}
                                   for (name, kind, version), row in self.deliveries.items()]
+                candidates = [{"communicator": name, "collective": kind, "version": version, "pushed_at": at}
+                              for (name, kind, version), at in list(self.candidates.pushed_at.items())]
                 return encode("status", events=finite_or_none(events), stats=finite_or_none(stats), calls=calls,
-                              reactions=finite_or_none(reactions), deliveries=finite_or_none(deliveries))
+                              reactions=finite_or_none(reactions), deliveries=finite_or_none(deliveries),
+                              candidates=finite_or_none(candidates))
             if op == "stop":
                 self._on_stop()
                 return encode("ok")
@@ -306,6 +316,8 @@ class Requests:
             self._watched.add(communicator)
         if identity is not None:
             self._subscribe(communicator, identity, have)
+            if message.get("candidates") is True and communicator in self._watched:
+                self.candidates.subscribe(communicator, identity)
         active = self._snapshot.get(communicator, {})
         for kind in Collective:
             version = active.get(kind)

@@ -92,6 +92,17 @@ class DemoConfig:
     # False: the swap thread polls the client every swap_poll_s instead of waiting for a push (the path before
     # issue 15's pushes, kept for the A/B of benchmarks/reaction.py)
     push: bool = True
+    # the ranks ask for candidates (mccl.control.candidates): a synthesis ahead of the flag is pushed and
+    # prepared before the flag. ready_poll_s: None, the hot swap's ready wait is the store's event; a number,
+    # it polls (the path before). switch_interval_s: the ranks' sys.setswitchinterval (None: Python's 5 ms):
+    # how long the swap thread may wait for the GIL while the main thread runs a collective
+    prestage: bool = True
+    ready_poll_s: float | None = None
+    switch_interval_s: float | None = None
+    # the controller process's niceness increment (os.nice; negative needs root, refused → it runs as it is). The
+    # controller stands for a machine of its own (mccl-paper §3); here it shares 2 cores with the 8 busy ranks, and
+    # under load its flag → push path (2 ms of CPU) took 30–100 ms of wall waiting for a core
+    controller_nice: int = 0
     timeout_s: float = 300.0
 
     @classmethod
@@ -138,13 +149,19 @@ def synth_options(chunks: int | None) -> dict:
 
 # ---- the controller process -------------------------------------------------------------------
 def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int | None, speculate: float | None,
-                     secret: str, check_interval_s: float) -> None:
+                     secret: str, check_interval_s: float, nice: int = 0) -> None:
     import logging
+    import os
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
     from mccl.topology import parse_topology
 
     logging.basicConfig(level=logging.WARNING)
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError as error:  # not root: the controller runs at the ranks' priority
+            logging.getLogger("mccl.demo").warning("controller niceness %+d refused (%s)", nice, error)
     manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=synth_options(chunks)),
                               speculate=speculate)
     ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
@@ -234,7 +251,8 @@ def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Ca
     context = mp.get_context("spawn")
     secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks,
-                                                                config.speculate, secret, config.check_interval_s),
+                                                                config.speculate, secret, config.check_interval_s,
+                                                                config.controller_nice),
                                  daemon=True)
     controller.start()
     live = context.Queue()
@@ -307,6 +325,9 @@ def _report(config: DemoConfig, fabric: dict, outputs: list[dict], status: dict,
     trace = {"received": [output.get("received", []) for output in outputs],
              "swaps": [output["swaps"] for output in outputs],
              "switches": [output.get("switches", {}) for output in outputs],
+             "candidates": [output.get("candidates", []) for output in outputs],
+             "prestage_hits": [output.get("prestage_hits", {}) for output in outputs],
+             "candidates_pushed": status.get("candidates", []),
              "reactions": status.get("reactions", []), "deliveries": status.get("deliveries", [])}
     return NetemuReport(config=asdict(config), records=tuple(records), events=tuple(status["events"]),
                         degraded_at=marks.get("degraded_at", 0.0), restored_at=marks.get("restored_at"),

@@ -21,6 +21,7 @@ these decisions at the same iteration.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -41,6 +42,8 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
     from mccl.schedule import loads_schedule
     from mccl.topology import parse_topology
 
+    if config.switch_interval_s is not None:
+        sys.setswitchinterval(config.switch_interval_s)
     topology = parse_topology(config.topology_spec)
     groups = {"allgather": dist.group.WORLD, "alltoall": dist.new_group(backend="gloo")}
     comms, clients = {}, {}
@@ -49,7 +52,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
         for kind, text in schedules.items():
             schedule = loads_schedule(text)
             clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret,
-                                             interval_s=config.client_interval_s)
+                                             interval_s=config.client_interval_s, candidates=config.prestage)
             if rank == 0:
                 clients[kind].register(schedule)
         dist.barrier()
@@ -58,6 +61,8 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
             comms[kind] = init(groups[kind], source, topology=topology, schedules=[loads_schedule(text)],
                                sink=_RecordingSink(clients[kind], kind, kept), name=COMMUNICATORS[kind],
                                telemetry=TelemetryConfig(flush_interval_s=0.02), poll_s=config.swap_poll_s)
+            if comms[kind].swap_control is not None:
+                comms[kind].swap_control.poll_s = config.ready_poll_s
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
         fault = _NetemuFault(plan, rank, config) if plan is not None else _PacedFault(comms, topology, gpus, rank, config)
         out = _stream(rank, world, comms, config, progress, fault, torch, dist)
@@ -67,6 +72,9 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
         out["received"] = [item for client in clients.values() for item in client.arrivals]
         out["switches"] = {kind: [(seq, at, versions) for seq, at, versions in comm.switches]
                            for kind, comm in comms.items()}
+        out["candidates"] = [item for client in clients.values() for item in client.candidate_arrivals]
+        out["prestages"] = {kind: list(comm.prestages) for kind, comm in comms.items()}
+        out["prestage_hits"] = {kind: comm.prestage_hits for kind, comm in comms.items()}
         return out
     finally:
         for comm in comms.values():

@@ -12,6 +12,10 @@ subtract. For the first flag after a fabric change, the terms (ms), in order:
 ``push``          encoded → pushed to the ranks' sockets
 ``dispatch``      issued → the last rank has it
 ``swap``          the last rank has it → the last rank agreed (staging, every rank staged, the OOB exchange)
+``stage``         staging alone (the slowest rank's): parse-free since the client parsed it; validation and
+                  the plan, or a lookup when the rank had prepared the candidate (``prestaged``: how many ranks
+                  had, :mod:`mccl.control.candidates`)
+``ready``         the wait for every rank to have staged (the slowest rank's)
 ``oob``           the OOB exchange alone (the slowest rank's)
 ``activation``    flag → the last rank agreed: from here the next launch runs the new version
 ``in_flight``     agreed → the first collective launched on the new version (the collectives in flight)
@@ -25,8 +29,8 @@ from typing import Any
 
 __all__ = ["reaction_path", "TERMS"]
 
-TERMS = ("decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "oob", "activation",
-         "in_flight", "detect_to_first", "first_done")
+TERMS = ("decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "stage", "ready", "oob",
+         "activation", "in_flight", "detect_to_first", "first_done")
 
 
 def _ms(later: float | None, earlier: float | None) -> float | None:
@@ -36,7 +40,7 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, Any]:
     """The terms above (ms; None where a mark is missing) for the first flag of ``kind`` after the change that
     opened ``phase`` (the fault, or "restored": the repair), with ``version`` (the issued one) and ``ahead``."""
-    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu"))
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged"))
     changed = report.degraded_at if phase == "degraded" else report.restored_at
     if changed is None:
         return out
@@ -63,7 +67,11 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     rounds = [item for rank in trace.get("swaps", []) for item in rank.get(kind, []) if item[1] == version]
     agreed = max((item[6] + item[5] for item in rounds), default=None) if len(rounds) == ranks else None
     out["swap"] = _ms(agreed, last_arrival)
+    out["stage"] = max((item[2] * 1e3 for item in rounds), default=None)
+    out["ready"] = max((item[3] * 1e3 for item in rounds), default=None)
     out["oob"] = max((item[4] * 1e3 for item in rounds), default=None)
+    hits = [rank.get(kind, 0) for rank in trace.get("prestage_hits", [])]
+    out["prestaged"] = sum(1 for hit in hits if hit) if hits else None
     out["activation"] = _ms(agreed, flagged)
     launches = [at for rank in trace.get("switches", []) for _seq, at, versions in rank.get(kind, [])
                 if versions.get(kind) == version]

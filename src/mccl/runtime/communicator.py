@@ -37,6 +37,7 @@ from mccl.runtime.sources import LocalScheduleSource, ScheduleSource, TelemetryS
 from mccl.runtime.telemetry import Meters, TelemetryBuffer, TelemetryConfig
 from mccl.runtime.transport import Transport
 from mccl.schedule import Collective, Schedule, loads_schedule, validate
+from mccl.schedule.serialize import schedule_digest
 from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
@@ -101,6 +102,11 @@ class Communicator(Collectives):
         self._local = LocalScheduleSource()
         self._source = source
         self.swaps: list[SwapRecord] = []
+        # candidates prepared ahead (mccl.runtime.hotswap), by schedule digest; (kind, version, wall clock,
+        # seconds) of each; how many later stagings found theirs there
+        self._prestaged: dict[str, Installed] = {}
+        self.prestages: collections.deque[tuple[str, int, float, float]] = collections.deque(maxlen=64)
+        self.prestage_hits = 0
         # (seq, wall clock, {collective: version}) of each launch that first ran an adopted version (the last of
         # the reaction path, Fig. 13b: the first collective launched on the new version)
         self.switches: collections.deque[tuple[int, float, dict[str, int]]] = collections.deque(maxlen=256)
@@ -134,8 +140,30 @@ class Communicator(Collectives):
             raise InvalidSchedule(f"the schedule has {schedule.n_ranks} ranks, communicator {self.name!r} {self.size}")
         if self.topology is None:
             raise InvalidSchedule(f"communicator {self.name!r} has no topology to validate the schedule against")
+        if self._prestaged:  # prepared ahead as a candidate (mccl.runtime.hotswap): the same content, planned
+            ahead = self._prestaged.pop(schedule_digest(schedule), None)
+            if ahead is not None:
+                self.prestage_hits += 1
+                return Installed(int(schedule.meta.version), schedule, ahead.plan)
         validate(schedule, self.topology)
         return Installed(int(schedule.meta.version), schedule, build_plan(schedule, self.rank))
+
+    def _prestage(self, schedule: Schedule) -> None:
+        """Prepare a candidate (swap thread): validated and planned now, kept by content digest (the newest
+        few) for the version that may follow; one that fails is only logged (it was never adopted)."""
+        start = time.perf_counter()
+        if schedule_digest(schedule) in self._prestaged:  # the same content again (a re-speculation): held already
+            return
+        try:
+            installed = self._prepare(schedule)
+        except MCCLError as error:
+            self.events.append(f"candidate refused: {error}")
+            return
+        self._prestaged[schedule_digest(installed.schedule)] = installed
+        while len(self._prestaged) > 4:
+            self._prestaged.pop(next(iter(self._prestaged)))
+        self.prestages.append((installed.schedule.collective.value, installed.version, time.time(),
+                               time.perf_counter() - start))
 
     def configure(self, *, topology: Topology | None = None, schedules: Sequence[Schedule] = ()) -> None:
         """Set the topology and install schedules: set-up only, before the first collective, on every rank."""
@@ -167,6 +195,11 @@ class Communicator(Collectives):
     def versions(self) -> dict[str, int]:
         with self._issue_lock:
             return {kind.value: item.version for kind, item in self._installed.items()}
+
+    @property
+    def swap_control(self) -> ControlChannel | None:
+        """The hot swap's out-of-band channel (None without hot swap)."""
+        return self._swapper.control if self._swapper is not None else None
 
     @property
     def seq(self) -> int:

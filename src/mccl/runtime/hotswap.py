@@ -17,6 +17,12 @@ the schedule source), and for each, in rounds that every rank runs in the same o
    maximum sequence number K is the switch point: collectives ≤ K run the old
    schedule, collectives > K the new one. Every rank computes the same result.
 
+Candidates (issue 15). A source may also hand over a schedule the controller *may* issue next
+(anything with ``prestage_only`` true and a ``schedule``: :class:`mccl.control.client.Candidate`). The
+thread only prepares it (parse, validate, plan; ``Communicator._prestage``) and runs no round; when
+a version with the same content (schedule digest) is staged later, step 1 is a lookup. Ranks that
+missed a candidate stage as before: nothing depends on every rank having had it.
+
 Collectives of one communicator execute in sequence order, so two schedules never
 run at once and none is dropped or duplicated; other communicators swap on their
 own. The control channel is a :class:`StoreControl` (the job's TCPStore: a 16-byte
@@ -67,24 +73,40 @@ class ControlChannel(Protocol):
 class StoreControl:
     """A control channel over a torch.distributed Store (its own client connection)."""
 
-    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, poll_s: float = 0.002,
-                 timeout_s: float = 60.0) -> None:
+    def __init__(self, store: dist.Store, prefix: str, rank: int, size: int, *, wait_slice_s: float = 0.5,
+                 timeout_s: float = 60.0, poll_s: float | None = None) -> None:
         self.store = dist.PrefixStore(prefix, store.clone() if hasattr(store, "clone") else store)
         self.rank = rank
         self.size = size
-        self.poll_s = poll_s
+        self.wait_slice = timedelta(seconds=wait_slice_s)
         self.timeout = timedelta(seconds=timeout_s)
+        # None: ready() waits by the store's event; a number: it checks every poll_s instead (the path before
+        # issue 15's fifth session, kept for benchmarks/reaction.py's A/B)
+        self.poll_s = poll_s
         self._sleep = threading.Event()
 
     def ready(self, round_id: int, stop: Callable[[], bool]) -> bool:
+        """Publish, then wait for every rank's key by the store's own wait: it blocks in C++ with the GIL
+        released and returns when the last key is set (an event, not a poll: the former ``check`` every
+        ``poll_s`` took the GIL back each time — up to a switch interval, 5 ms, while the main thread runs a
+        collective — and sent 8 ranks × 500 requests a second to rank 0's store while a round waited). The
+        wait is cut into ``wait_slice_s`` pieces to look at ``stop``; a piece that times out is no failure."""
         with _store_failures(f"round {round_id}, ready"):
             self.store.set(f"ready/{round_id}/{self.rank}", b"1")
             keys = [f"ready/{round_id}/{rank}" for rank in range(self.size)]
-            while not self.store.check(keys):
+            while self.poll_s is not None and not self.store.check(keys):
                 if stop():
                     return False
-                self._sleep.wait(self.poll_s)  # idle: no GIL-holding spin (it slows gloo 5–14×)
-        return True
+                self._sleep.wait(self.poll_s)
+            while True:
+                if stop():
+                    return False
+                try:
+                    self.store.wait(keys, self.wait_slice)
+                    return True
+                except dist.DistStoreError:  # this piece timed out; a store that died raises DistNetworkError
+                    if self.store.check(keys):
+                        return True
 
     def allgather(self, round_id: int, payload: bytes) -> list[bytes]:
         with _store_failures(f"round {round_id}, exchange"):
@@ -208,6 +230,9 @@ class SwapThread:
                 self._controller_lost = False
                 log.warning("mccl: the controller answers again; taking its schedules again")
             if schedule is None:
+                continue
+            if getattr(schedule, "prestage_only", False):  # a candidate: prepared ahead, no round (module docstring)
+                comm._prestage(schedule.schedule)
                 continue
             try:
                 self._round(schedule)

@@ -1,0 +1,97 @@
+"""Candidates: a synthesis made ahead of the flag is pushed to the ranks before the flag (issue 15, the reaction
+path; :mod:`mccl.control.candidates`). Real ZeroMQ sockets on loopback and real tree-packing synthesis on a
+2 × 2 fabric; the clients ask only every 30 s, so what arrives was pushed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
+from mccl.control.client import Candidate
+from mccl.schedule.serialize import schedule_digest
+from mccl.synth import optimize
+from mccl.topology import rail_optimized
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]  # ~2–5 s: a service, 4 clients, real synthesis
+
+TOPOLOGY = rail_optimized(1, 2, 2)
+
+
+def _round(seq: int, factor: float) -> list[Sample]:
+    """One collective's telemetry of 4 ranks on 2 hosts; gpu0's NIC at ``factor``."""
+    out = [Sample("intra", "job", i, -1, 10**7, 0.008, time.time(), seq) for i in range(4)]
+    for i in range(4):
+        for j in range(4):
+            if (i < 2) != (j < 2):
+                rate = 10.0 * (factor if 0 in (i, j) else 1.0)
+                out.append(Sample("inter", "job", i, j, int(rate * 1e9 / 8 * 0.01), 0.01, time.time(), seq))
+    return out
+
+
+def _until(manager: ScheduleManager, clients: list[ControllerClient], sender: ControllerClient, rounds, want,
+           latest: dict) -> list:
+    """Submit ``rounds`` (seq, factor) one at a time, each waited into the manager, until every client got
+    something ``want`` accepts; what each got (``latest``: each client's newest candidate, by index)."""
+    got: list = [None] * len(clients)
+    for seq, factor in rounds:
+        sender.submit(_round(seq, factor))
+        deadline = time.monotonic() + 5
+        while manager.samples_taken + manager.samples_ignored < sender.sent_samples and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(0.012)  # two checks or more
+        for index, client in enumerate(clients):
+            item = client.wait(0.002)
+            while item is not None:
+                if isinstance(item, Candidate):
+                    latest[index] = item
+                if got[index] is None and want(item):
+                    got[index] = item
+                item = client.wait(0.0)
+        if all(item is not None for item in got):
+            return got
+    return got
+
+
+def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_asked():
+    manager = ScheduleManager(TOPOLOGY, ControlConfig(alpha=0.3, gamma=0.3, warmup=2, settle_collectives=1))
+    service = ControllerService(manager, "tcp://127.0.0.1:*", check_interval_s=0.005).start()
+    schedule = optimize(TOPOLOGY, "allgather").schedule.with_meta(version=1)
+    clients = [ControllerClient(service.address, "job", rank, installed=[schedule], interval_s=30.0, timeout_s=60.0,
+                                secret=service.secret, candidates=rank < 3) for rank in range(4)]
+    try:
+        assert clients[0].register(schedule) == 1
+        for client in clients:
+            assert client.wait(0.2) is None  # asks once (subscribes), answered "idle"
+            assert client.telemetry_ready(timeout_s=5.0)
+        deadline = time.monotonic() + 10
+        while clients[0].status()["stats"]["polls"] < len(clients):
+            assert time.monotonic() < deadline
+            for client in clients:
+                client.wait(0.02)
+        sender = clients[0]
+        healthy = [(seq, 1.0) for seq in range(1, 5)]
+        latest: dict = {}
+        _until(manager, clients[:3], sender, healthy, lambda item: False, latest)
+        # the NIC drifts down a step per collective, as the EWMA sees a NIC halve: ahead of the flag first
+        candidates = _until(manager, clients[:3], sender, [(seq, 0.5) for seq in range(5, 40)],
+                            lambda item: isinstance(item, Candidate), latest)
+        assert all(isinstance(item, Candidate) and item.version == 2 for item in candidates), candidates
+        assert manager.versions("job") == {"allgather": 1}  # not issued: only prepared ahead
+        assert len(clients[3].candidate_arrivals) == 0 and clients[3].have == {"allgather": 1}  # it did not ask
+        issued = _until(manager, clients, sender, [(seq, 0.5) for seq in range(40, 80)],
+                        lambda item: not isinstance(item, Candidate), latest)
+        assert [item.meta.version for item in issued] == [2, 2, 2, 2]
+        reaction = sender.status()["reactions"][-1]
+        assert reaction["outcome"] == "issued"
+        if reaction["ahead"]:  # the flag reused the speculation: the ranks had its content (the newest one) before
+            assert {schedule_digest(latest[index].schedule) for index in range(3)} == {schedule_digest(issued[0])}
+        status = sender.status()
+        assert status["stats"]["candidates_pushed"] >= 3
+        pushed = [row for row in status["candidates"] if row["version"] == 2]
+        assert pushed and pushed[0]["pushed_at"] <= reaction["flagged_at"]
+    finally:
+        for client in clients:
+            client.close()
+        service.stop()
