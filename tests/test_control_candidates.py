@@ -30,8 +30,8 @@ def _round(seq: int, factor: float) -> list[Sample]:
     return out
 
 
-def _until(manager: ScheduleManager, clients: list[ControllerClient], sender: ControllerClient, rounds, want,
-           latest: dict) -> list:
+def _until(manager: ScheduleManager, service: ControllerService, clients: list[ControllerClient],
+           sender: ControllerClient, rounds, want, latest: dict) -> list:
     """Submit ``rounds`` (seq, factor) one at a time, each waited into the manager, until every client got
     something ``want`` accepts; what each got (``latest``: each client's newest candidate, by index)."""
     got: list = [None] * len(clients)
@@ -40,7 +40,9 @@ def _until(manager: ScheduleManager, clients: list[ControllerClient], sender: Co
         deadline = time.monotonic() + 5
         while manager.samples_taken + manager.samples_ignored < sender.sent_samples and time.monotonic() < deadline:
             time.sleep(0.002)
-        time.sleep(0.012)  # two checks or more
+        checked = service.stats["checks"] + 2  # two checks after the ingest (not a sleep: under load a 12 ms
+        while service.stats["checks"] < checked and time.monotonic() < deadline:  # sleep saw none, and the flag
+            time.sleep(0.002)  # then came in the same check as the speculation: no candidate before it)
         for index, client in enumerate(clients):
             item = client.wait(0.002)
             while item is not None:
@@ -73,14 +75,14 @@ def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_
         sender = clients[0]
         healthy = [(seq, 1.0) for seq in range(1, 5)]
         latest: dict = {}
-        _until(manager, clients[:3], sender, healthy, lambda item: False, latest)
+        _until(manager, service, clients[:3], sender, healthy, lambda item: False, latest)
         # the NIC drifts down a step per collective, as the EWMA sees a NIC halve: ahead of the flag first
-        candidates = _until(manager, clients[:3], sender, [(seq, 0.5) for seq in range(5, 40)],
+        candidates = _until(manager, service, clients[:3], sender, [(seq, 0.5) for seq in range(5, 40)],
                             lambda item: isinstance(item, Candidate), latest)
         assert all(isinstance(item, Candidate) and item.version == 2 for item in candidates), candidates
         assert manager.versions("job") == {"allgather": 1}  # not issued: only prepared ahead
         assert len(clients[3].candidate_arrivals) == 0 and clients[3].have == {"allgather": 1}  # it did not ask
-        issued = _until(manager, clients, sender, [(seq, 0.5) for seq in range(40, 80)],
+        issued = _until(manager, service, clients, sender, [(seq, 0.5) for seq in range(40, 80)],
                         lambda item: not isinstance(item, Candidate), latest)
         assert [item.meta.version for item in issued] == [2, 2, 2, 2]
         reaction = sender.status()["reactions"][-1]
