@@ -72,10 +72,11 @@ def restricted(schedule: Schedule, transfers: np.ndarray, chunks: np.ndarray | N
     its collective: a view for the per-transfer and per-chunk computations (rules 4–6, overlay maps)."""
     old = schedule.transfers
     keep = np.flatnonzero(transfers)
-    lengths = old.route_lengths[keep]
+    starts = old.route_offsets[:-1][keep]
+    lengths = old.route_offsets[1:][keep] - starts
     offsets = np.zeros(len(keep) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    links = old.route_links[np.repeat(transfers, old.route_lengths)]
+    links = old.route_links[_hops_of(starts, lengths)]  # the kept routes' hops only (a few % of them)
     chunk = old.chunk[keep]
     table = schedule.chunks
     if chunks is not None:
@@ -84,6 +85,14 @@ def restricted(schedule: Schedule, transfers: np.ndarray, chunks: np.ndarray | N
         table = Chunks(table.source[chunks], table.destination[chunks], table.fraction[chunks])
     part = Transfers(chunk, old.sender[keep], old.receiver[keep], old.step[keep], old.op[keep], offsets, links)
     return Schedule(schedule.collective, schedule.ranks, table, part, schedule.meta)
+
+
+def _hops_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions in ``route_links`` of the routes starting at ``starts`` with ``lengths`` hops, in order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(total)
 
 
 def _copies_hold_up(new: Transfers, old: Transfers, source: np.ndarray) -> bool:
@@ -95,14 +104,26 @@ def _copies_hold_up(new: Transfers, old: Transfers, source: np.ndarray) -> bool:
         return False
     if len(origin) > 1 and bool(np.all(origin[1:] > origin[:-1])):
         # Claims in the previous order (a synthesizer that keeps transfers in order): boolean gathers,
-        # and the claims are distinct by construction.
+        # and the claims are distinct by construction. When the copies come first (the AllToAll repair's
+        # merged schedule), the new side is a slice; the previous side drops the hops of the few
+        # transfers not copied instead of expanding a mask over every hop.
+        kept = len(origin)
+        prefix = bool(copied[:kept].all())
+        mine = slice(0, kept) if prefix else copied
         was = np.zeros(len(old), dtype=bool)
         was[origin] = True
-        for column in ("sender", "receiver", "step", "op", "route_lengths"):
-            if not np.array_equal(getattr(new, column)[copied], getattr(old, column)[was]):
+        for column in ("sender", "receiver", "step", "op"):
+            if not np.array_equal(getattr(new, column)[mine], getattr(old, column)[was]):
                 return False
-        return np.array_equal(new.route_links[np.repeat(copied, new.route_lengths)],
-                              old.route_links[np.repeat(was, old.route_lengths)])
+        new_lengths, old_lengths = new.route_lengths, old.route_lengths
+        if not np.array_equal(new_lengths[mine], old_lengths[was]):
+            return False
+        new_hops = new.route_links[:int(new.route_offsets[kept])] if prefix else (
+            new.route_links[np.repeat(copied, new_lengths)])
+        dropped = np.flatnonzero(~was)
+        old_hops = np.ones(len(old.route_links), dtype=bool)
+        old_hops[_hops_of(old.route_offsets[:-1][dropped], old_lengths[dropped])] = False
+        return np.array_equal(new_hops, old.route_links[old_hops])
     if np.any(np.bincount(origin, minlength=len(old)) > 1):
         return False  # a previous transfer copied twice
     indices = np.flatnonzero(copied)
