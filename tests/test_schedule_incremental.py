@@ -138,3 +138,72 @@ def test_the_manager_validates_and_maps_only_what_a_warm_resynthesis_changed(kin
     expected = merge_maps(overlay_map(healthy.schedule, topology), overlay_map(issued.schedule, topology))
     assert np.array_equal(coverage.offsets, expected.offsets) and np.array_equal(coverage.links, expected.links)
     validate(issued.schedule, topology)
+
+
+def _first_new(schedule: Schedule, origin: TransferOrigin) -> int:
+    return int(np.flatnonzero(origin.source < 0)[0])
+
+
+@pytest.mark.parametrize("damage", ["own rank", "reduce", "unknown op", "sender outside", "chunk outside"])
+def test_rule_3_checked_on_the_new_transfers_names_what_the_full_validation_names(warm, fabric, damage):
+    """Rule 3's per-transfer checks run only on the transfers that copy nothing (a copy's fields are a
+    validated transfer's); the chunk index on every transfer. Either way the message is the full one's."""
+    healthy, repaired = warm
+    schedule, origin = repaired.schedule, repaired.origin
+    transfers, i = schedule.transfers, _first_new(schedule, origin)
+    columns: dict[str, np.ndarray] = {}
+    if damage == "own rank":
+        columns["receiver"] = np.array(transfers.receiver)
+        columns["receiver"][i] = transfers.sender[i]
+    elif damage in ("reduce", "unknown op"):
+        columns["op"] = np.array(transfers.op)
+        columns["op"][i] = 1 if damage == "reduce" else -3
+    elif damage == "sender outside":
+        columns["sender"] = np.array(transfers.sender)
+        columns["sender"][i] = schedule.n_ranks
+    else:  # a copied transfer's (renumbered) chunk index: checked on every transfer
+        copied = int(np.flatnonzero(origin.source >= 0)[-1])
+        columns["chunk"] = np.array(transfers.chunk)
+        columns["chunk"][copied] = len(schedule.chunks)
+    broken = _with(schedule, **columns)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, origin)
+    assert str(incremental.value) == str(full.value)
+
+
+def test_link_sums_are_remembered_only_for_read_only_weights(warm):
+    """``Transfers.link_sums`` keeps its answer for an immutable weight array (the chunks' fractions): the
+    same values, a copy the caller may change; a writable weight array is summed again every time."""
+    _, repaired = warm
+    schedule = repaired.schedule
+    transfers, fraction, n_links = schedule.transfers, schedule.chunks.fraction, int(schedule.transfers.max_link()) + 1
+    reference = np.bincount(transfers.route_links, minlength=n_links,
+                            weights=np.repeat(fraction[transfers.chunk], transfers.route_lengths))
+    first = transfers.link_sums(fraction, n_links)
+    first[:] = -1.0  # the caller's copy
+    assert np.array_equal(transfers.link_sums(fraction, n_links), reference)
+    assert np.array_equal(transfers.link_sums(None, n_links), np.bincount(transfers.route_links, minlength=n_links))
+    writable = np.array(fraction)
+    assert np.array_equal(transfers.link_sums(writable, n_links), reference)
+    writable *= 2.0
+    assert np.allclose(transfers.link_sums(writable, n_links), 2.0 * reference)
+
+
+def test_the_guard_predicts_a_reversioned_schedule_from_its_cache(warm, fabric, monkeypatch):
+    """The manager re-versions the candidate (``with_meta``) before activating it; the α-β predictor's cache
+    is keyed by the transfers and chunks, so the activated version is not loaded again."""
+    import mccl.control.guard as guard_module
+
+    _, repaired = warm
+    calls = []
+    real = guard_module.link_load
+    monkeypatch.setattr(guard_module, "link_load", lambda schedule, n: calls.append(schedule) or real(schedule, n))
+    predict = guard_module.AlphaBeta()
+    candidate = repaired.schedule
+    seconds = predict(candidate, fabric, 1 << 28)
+    assert predict(candidate.with_meta(version=7), fabric, 1 << 28) == seconds and len(calls) == 1
+    other = replace(candidate, transfers=Transfers(*(np.array(getattr(candidate.transfers, name)) for name in (
+        "chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links"))))
+    assert predict(other, fabric, 1 << 28) == seconds and len(calls) == 2  # equal, but not the same transfers
