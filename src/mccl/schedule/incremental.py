@@ -10,11 +10,13 @@ What the synthesizer says (:class:`TransferOrigin`): for every transfer of the n
 schedule, the index of the previous transfer it copies (same sender, receiver, step,
 operation and route; its chunk renumbered), or -1. What :func:`validate_update` checks:
 
-* every rule of :func:`~mccl.schedule.validate.validate` that spans chunks, on the whole
-  schedule: ranks (rule 1), chunks and block fractions (2), transfer fields, compact steps
-  and operations (3);
 * that each claimed copy really is one — its fields and route equal the previous
   transfer's, no previous transfer copied twice (vectorized compares, no sort);
+* every rule of :func:`~mccl.schedule.validate.validate` that spans chunks, on the whole
+  schedule: ranks (rule 1), chunks and block fractions (2), chunk indices and compact steps
+  (3); rule 3's per-transfer checks (sender, receiver, step, operation) on the transfers
+  that copy nothing — a copy's fields are those of a transfer that passed them — so its
+  first violation, and its message, is the full check's;
 * a new chunk all of whose transfers copy all the transfers of one previous chunk, with
   the same source and destination, is that previous chunk: for AllGather and AllToAll
   (copies) rules 4–6 are per chunk — a route is checked alone, and holding is per (rank,

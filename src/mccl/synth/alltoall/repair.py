@@ -147,21 +147,32 @@ def pairs_to_reround(repaired: Repair, previous: Placement, capacity: np.ndarray
 
 
 def _candidates(pool: ColumnPool, affected: np.ndarray, flow: LPFlow) -> tuple[np.ndarray, np.ndarray]:
-    """``(pair, path)``, sorted: every path the pool's trees or the flow take to an affected pair's destination."""
+    """``(pair, path)``, sorted: every path the pool's trees or the flow take to an affected pair's destination.
+
+    A tree of a block holds one path per destination of the block, in the block's destination order, so
+    pair (s, d)'s path in tree k is entry ``pair_slot[s, d]`` of it: only the affected pairs' entries are
+    read (at 512 GPUs ~2·10⁴ of the pool's 2·10⁶), not every tree expanded to its pairs."""
     n = pool.n_ranks
     blocks = pool.blocks
     offsets, flat = pool.column_paths()
     column_block = pool.block
-    sizes = np.diff(offsets)
-    slot = np.repeat(blocks.offsets[column_block], sizes) + np.arange(len(flat)) - np.repeat(offsets[:-1], sizes)
-    slot_pair = np.repeat(blocks.source, blocks.sizes) * n + blocks.dests
-    entry_pair = slot_pair[slot]
+    order = np.argsort(column_block, kind="stable")  # the trees of each block, in the order they were added
+    first = np.searchsorted(column_block[order], np.arange(len(blocks)))
+    trees = np.diff(np.append(first, len(order)))  # per block
+    source, destination = affected // n, affected % n
+    block, slot = blocks.pair_block[source, destination], blocks.pair_slot[source, destination]
+    per_pair = trees[block]
+    ends = np.cumsum(per_pair)
+    total = int(ends[-1]) if len(ends) else 0
+    within = np.arange(total) - np.repeat(ends - per_pair, per_pair)
+    column = order[np.repeat(first[block], per_pair) + within]
+    entry_pair = np.repeat(affected, per_pair)
+    entry_path = flat[offsets[column] + np.repeat(slot, per_pair)]
     wanted = np.zeros(n * n, dtype=bool)
     wanted[affected] = True
-    chosen = wanted[entry_pair]
     in_flow = wanted[flow.pair]
     width = pool.paths.shape[0] + 1
-    key = np.unique(np.concatenate([entry_pair[chosen] * width + flat[chosen], flow.pair[in_flow] * width
+    key = np.unique(np.concatenate([entry_pair * width + entry_path, flow.pair[in_flow] * width
                                     + flow.path[in_flow]]))
     return key // width, key % width
 
