@@ -105,16 +105,17 @@ def _copies_hold_up(new: Transfers, old: Transfers, source: np.ndarray) -> _Clai
     transfer's sender, receiver, step, operation and route and no previous transfer is claimed twice;
     else None."""
     copied = source >= 0
-    origin = source[copied]
+    kept = int(np.count_nonzero(copied))
+    first = bool(copied[:kept].all())  # the copies come first (the AllToAll repair's merged schedule)
+    origin = source[:kept] if first else source[copied]
     if len(origin) and (int(origin.max()) >= len(old) or int(origin.min()) < 0):
         return None
     if len(origin) > 1 and bool(np.all(origin[1:] > origin[:-1])):
         # Claims in the previous order (a synthesizer that keeps transfers in order): boolean gathers,
-        # and the claims are distinct by construction. When the copies come first (the AllToAll repair's
-        # merged schedule), the new side is a slice; the previous side drops the hops of the few
-        # transfers not copied instead of expanding a mask over every hop.
-        kept = len(origin)
-        mine: slice | np.ndarray = slice(0, kept) if bool(copied[:kept].all()) else copied
+        # and the claims are distinct by construction. When the copies come first, the new side is a
+        # slice; the previous side drops the hops of the few transfers not copied instead of expanding
+        # a mask over every hop.
+        mine: slice | np.ndarray = slice(0, kept) if first else copied
         was = np.zeros(len(old), dtype=bool)
         was[origin] = True
         for column in ("sender", "receiver", "step", "op"):
