@@ -207,3 +207,32 @@ def test_the_guard_predicts_a_reversioned_schedule_from_its_cache(warm, fabric, 
     other = replace(candidate, transfers=Transfers(*(np.array(getattr(candidate.transfers, name)) for name in (
         "chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links"))))
     assert predict(other, fabric, 1 << 28) == seconds and len(calls) == 2  # equal, but not the same transfers
+
+
+def test_the_sorted_copy_check_still_agrees_with_the_replay(monkeypatch):
+    """``_copies_hold`` indexes dense arrays by (chunk, rank) key up to ``_DENSE_KEYS`` keys and sorts the
+    keys above; forced to sort here, the random-damage comparison with the replay (test_validate) holds."""
+    import importlib
+
+    from test_validate import test_one_pass_copy_check_agrees_with_the_replay
+
+    monkeypatch.setattr(importlib.import_module("mccl.schedule.validate"), "_DENSE_KEYS", 0)
+    test_one_pass_copy_check_agrees_with_the_replay()
+
+
+def test_a_mostly_new_schedule_is_validated_in_full(warm, fabric):
+    """When most transfers copy nothing, the claims are not checked: the full validation runs (it costs less
+    than the claims, the chunk check and the copied-out rest), and the manager maps every route."""
+    healthy, repaired = warm
+    source = np.array(repaired.origin.source)
+    source[: (len(source) + 1) // 2 + 1] = -1
+    mostly_new = TransferOrigin(healthy.schedule.transfers, source)
+    assert validate_update(repaired.schedule, fabric, healthy.schedule, mostly_new) is None
+    step = np.array(repaired.schedule.transfers.step)
+    step[-1] = step.max() + 2  # a gap in the steps: named as the full validation names it
+    broken = _with(repaired.schedule, step=step)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, mostly_new)
+    assert str(incremental.value) == str(full.value)
