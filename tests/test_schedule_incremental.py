@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -189,6 +190,8 @@ def test_link_sums_are_remembered_only_for_read_only_weights(warm):
     assert np.array_equal(transfers.link_sums(writable, n_links), reference)
     writable *= 2.0
     assert np.allclose(transfers.link_sums(writable, n_links), 2.0 * reference)
+    copied = pickle.loads(pickle.dumps(transfers))  # the memo is not pickled (it may hold another's fractions)
+    assert "_link_sums" in transfers.__dict__ and "_link_sums" not in copied.__dict__ and copied == transfers
 
 
 def test_the_guard_predicts_a_reversioned_schedule_from_its_cache(warm, fabric, monkeypatch):

@@ -120,7 +120,8 @@ class AlphaBeta:
             raise ControllerError(f"a predicted collective needs a positive size, got {size_bytes} bytes")
         parts = (schedule.transfers, schedule.chunks)  # a re-versioned schedule (with_meta) shares them
         entry = self._cache.pop(id(parts[0]), None)
-        if entry is None or entry[0][0] is not parts[0] or entry[0][1] is not parts[1] or len(entry[1]) != len(topology.links):
+        cached = entry is not None and entry[0][0] is parts[0] and entry[0][1] is parts[1]
+        if entry is None or not cached or len(entry[1]) != len(topology.links):
             entry = (parts, link_load(schedule, len(topology.links)), {})
         self._cache[id(parts[0])] = entry  # most recent last
         while len(self._cache) > self.keep:

@@ -133,6 +133,12 @@ class Transfers:
     def __len__(self) -> int:
         return len(self.chunk)
 
+    def __getstate__(self) -> dict:
+        """Pickled without :meth:`link_sums`' memo (it may hold another schedule's chunk fractions)."""
+        state = dict(self.__dict__)
+        state.pop("_link_sums", None)
+        return state
+
     def route(self, index: int) -> tuple[int, ...]:
         start, stop = self.route_offsets[index], self.route_offsets[index + 1]
         return tuple(int(link) for link in self.route_links[start:stop])
