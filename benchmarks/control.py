@@ -20,7 +20,7 @@
 Modes at scale (each runs only what it names; the default / ``--quick`` run above is unchanged):
 
     .venv/bin/python benchmarks/control.py --manager-warm --sizes 64,128,256,512
-    .venv/bin/python benchmarks/control.py --controller-cpu --cpu-sizes 8,512
+    .venv/bin/python benchmarks/control.py --controller-cpu --cpu-sizes 8,512 [--large-repeats 3]
     .venv/bin/python benchmarks/control.py --ingest-scale --ingest-gpus 512
 
 5. ``--manager-warm``: AllToAll through the real ScheduleManager, fed the telemetry the runtime would
@@ -38,6 +38,8 @@ Writes ``benchmarks/results/control_*.csv`` and ``control_detection.png``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import pickle
 import statistics
 import time
@@ -362,7 +364,20 @@ class Chain:
                 "dispatch_cpu_s": cpu3 - cpu2 - call["cpu"], "total_cpu_s": cpu3 - cpu0, "total_wall_s": wall3 - wall0,
                 "text_cpu_s": text_cpu,
                 "previous": call["previous"], "path": _warm_path(call["result"]), "version": self.version,
-                "achieved_gbs": result.achieved_gbs, "measured": call["topology"], "result": call["result"]}
+                "achieved_gbs": result.achieved_gbs, "bound_gbs": result.bound_gbs, "digest": schedule_digest(result.schedule),
+                "measured": call["topology"], "result": call["result"]}
+
+
+def schedule_digest(schedule) -> str:
+    """SHA-1 of a schedule's chunk and transfer columns (outside the timings): the same digest before and
+    after a change that must not change results means the very same schedule was issued."""
+    digest = hashlib.sha1()
+    for array in (schedule.chunks.source, schedule.chunks.destination, schedule.chunks.fraction,
+                  schedule.transfers.chunk, schedule.transfers.sender, schedule.transfers.receiver,
+                  schedule.transfers.step, schedule.transfers.op, schedule.transfers.route_offsets,
+                  schedule.transfers.route_links):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _cold(measured: Topology, collective: str) -> dict:
@@ -436,7 +451,8 @@ def _healthy_result(topology: Topology, collective: str, gpus: int, cache: Path 
     return result
 
 
-def controller_cpu(sizes: list[int], collectives: list[str], repeats: int, cache: Path | None = None) -> list[dict]:
+def controller_cpu(sizes: list[int], collectives: list[str], repeats: int, cache: Path | None = None,
+                   large_repeats: int = 1, json_rows: bool = False) -> list[dict]:
     """CPU per flagged collective: ingest of its samples (EWMA) + check (measured capacities, Algorithm 1)
     + warm synthesis + dispatch (validation, overlay map, cut profile, schedule text). The healthy
     schedule is registered with its synthesis result (as if the controller had made it), so every step
@@ -451,7 +467,7 @@ def controller_cpu(sizes: list[int], collectives: list[str], repeats: int, cache
         for collective in collectives:
             synthesized = _healthy_result(topology, collective, gpus, cache).with_version(1)
             per_step: dict[str, list[dict]] = {}
-            for _ in range(repeats if gpus <= 64 else 1):
+            for _ in range(repeats if gpus <= 64 else large_repeats):
                 chain = Chain(topology, collective, synthesized.schedule, result=synthesized)
                 chain.allow_unflagged = True
                 for index, (name, is_faulty) in enumerate(PHASES):
@@ -468,7 +484,12 @@ def controller_cpu(sizes: list[int], collectives: list[str], repeats: int, cache
                 for key in ("ingest_cpu_s", "check_cpu_s", "synth_cpu_s", "dispatch_cpu_s", "total_cpu_s",
                             "total_wall_s", "text_cpu_s"):
                     row[key] = statistics.median(s[key] for s in steps)
+                row["total_cpu_s_each"] = " ".join(f"{s['total_cpu_s']:.4f}" for s in steps)
+                for key in ("achieved_gbs", "bound_gbs", "digest"):  # every chain issues the same schedule
+                    row[key] = "/".join(sorted({str(s[key]) for s in steps}))
                 rows.append(row)
+                if json_rows:  # for controller_ab.py, which runs chains in fresh interpreters
+                    print("ROW " + json.dumps(row), flush=True)
                 print(f"{gpus:>5} {collective:>10} {label:>10} {row['path']:>9} {row['samples_per_collective']:>8} "
                       f"{row['ingest_cpu_s'] * 1e3:>9.2f} {row['check_cpu_s'] * 1e3:>8.2f} "
                       f"{row['synth_cpu_s'] * 1e3:>9.2f} {row['dispatch_cpu_s'] * 1e3:>11.2f} "
@@ -570,10 +591,14 @@ def main() -> None:
     parser.add_argument("--cpu-sizes", default="8,512", help="GPUs for --controller-cpu")
     parser.add_argument("--collectives", default="allgather,alltoall", help="for --controller-cpu")
     parser.add_argument("--repeats", type=int, default=9, help="chains per collective for --controller-cpu "
-                        "up to 64 GPUs (one above)")
+                        "up to 64 GPUs (above: --large-repeats)")
+    parser.add_argument("--large-repeats", type=int, default=1, help="chains per collective for --controller-cpu "
+                        "above 64 GPUs (medians reported; each chain's total in total_cpu_s_each)")
+    parser.add_argument("--json-rows", action="store_true", help="--controller-cpu: also print each row as "
+                        "'ROW <json>' (benchmarks/controller_ab.py reads them)")
     parser.add_argument("--cache", type=Path, default=None, help="--controller-cpu: keep the cold healthy "
                         "syntheses the chains start from in this folder (pickled; not part of the figures)")
-    parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv")
+    parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv (empty: none)")
     parser.add_argument("--serialize", action="store_true",
                         help="the schedule file the ranks fetch: JSON vs binary encode/decode CPU at --ingest-gpus "
                              "(collectives from --collectives, the healthy syntheses from --cache)")
@@ -591,8 +616,10 @@ def main() -> None:
     if args.manager_warm:
         write("manager_warm", manager_warm(ints(args.sizes), args.warm_repeats))
     if args.controller_cpu:
-        write(args.cpu_csv, controller_cpu(ints(args.cpu_sizes), args.collectives.split(","), args.repeats,
-                                          args.cache))
+        cpu_rows = controller_cpu(ints(args.cpu_sizes), args.collectives.split(","), args.repeats, args.cache,
+                                  args.large_repeats, args.json_rows)
+        if args.cpu_csv:
+            write(args.cpu_csv, cpu_rows)
     if args.ingest_scale:
         write("ingest_scale", ingest_scale(args.ingest_gpus, args.rounds))
     if scale:

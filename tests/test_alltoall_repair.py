@@ -191,3 +191,22 @@ def test_faults_and_recoveries_in_a_row_on_a_rail_fabric_stay_optimal(data) -> N
         assert warm.schedule.meta.stat("optimal") == 1.0
         assert warm.schedule.meta.throughput_bound_gbs == pytest.approx(compact_lp(changed).algbw_gbs, rel=1e-6)
         previous = warm
+
+
+@pytest.mark.parametrize("width", [3, 4, 8])
+def test_paths_crossing_compares_or_looks_up_alike(width) -> None:
+    """``paths_crossing`` compares the table with a few marked links and looks the rest up in one gather;
+    both answer as a lookup per column would, for any table width and number of marked links."""
+    from mccl.synth.alltoall.repair import paths_crossing
+
+    rng = np.random.default_rng(width)
+    table = rng.integers(0, 40, size=(300, width)).astype(np.int32)
+    table[rng.random(table.shape) < 0.3] = -1  # padding
+    for count in (0, 1, 2, 3, 7, 40):
+        marked = np.zeros(40, dtype=bool)
+        marked[rng.choice(40, count, replace=False)] = True
+        lookup = np.append(marked, False)
+        expected = np.zeros(len(table), dtype=bool)
+        for column in range(width):
+            expected |= lookup[table[:, column]]
+        assert np.array_equal(paths_crossing(table, marked), expected), count

@@ -134,3 +134,25 @@ def test_per_peer_intra_samples_take_the_pair_slot():
                       int(rng.integers(-2, 5)), 1000, 1e-6, 0.0, 1) for _ in range(300)]
     expected = [ewma.overlay_index(s.kind, s.rank, s.peer) for s in samples]
     assert Batch.of(samples).overlay(4).tolist() == expected
+
+
+def test_a_batch_is_its_samples_field_by_field():
+    """``Batch.of`` (one pass per field) holds each sample's fields, as ``np.array`` of each column would;
+    a field of the wrong type raises, for the manager to fold the good samples one by one."""
+    from mccl.control.intake import Batch
+
+    rng = np.random.default_rng(11)
+    for tags in (["alltoall"], ["", "allgather", "alltoall"]):
+        samples = [Sample(str(rng.choice(["inter", "intra", "collective", "bogus"])), "c", int(rng.integers(-1, 9)),
+                          int(rng.integers(-2, 9)), int(rng.integers(0, 1 << 40)), float(rng.random()),
+                          float(rng.random() * 1e9), int(rng.integers(0, 50)), str(rng.choice(tags)),
+                          int(rng.integers(-1, 4))) for _ in range(500)]
+        batch = Batch.of(samples)
+        code = {"inter": 0, "intra": 1, "collective": 2}
+        assert batch.kind.tolist() == [code.get(s.kind, -1) for s in samples]
+        for field, name in (("rank", "rank"), ("peer", "peer"), ("nbytes", "bytes"), ("seconds", "seconds"),
+                            ("end", "end_time"), ("seq", "seq"), ("tag", "collective"), ("version", "version")):
+            assert getattr(batch, field).tolist() == [getattr(s, name) for s in samples], field
+        assert batch.tag.dtype.kind == "U"
+    with pytest.raises((TypeError, ValueError)):
+        Batch.of([Sample("inter", "c", 0, 1, "many", 0.01, 0.0, 5)])

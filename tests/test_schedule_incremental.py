@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -138,3 +139,103 @@ def test_the_manager_validates_and_maps_only_what_a_warm_resynthesis_changed(kin
     expected = merge_maps(overlay_map(healthy.schedule, topology), overlay_map(issued.schedule, topology))
     assert np.array_equal(coverage.offsets, expected.offsets) and np.array_equal(coverage.links, expected.links)
     validate(issued.schedule, topology)
+
+
+def _first_new(schedule: Schedule, origin: TransferOrigin) -> int:
+    return int(np.flatnonzero(origin.source < 0)[0])
+
+
+@pytest.mark.parametrize("damage", ["own rank", "reduce", "unknown op", "sender outside", "chunk outside"])
+def test_rule_3_checked_on_the_new_transfers_names_what_the_full_validation_names(warm, fabric, damage):
+    """Rule 3's per-transfer checks run only on the transfers that copy nothing (a copy's fields are a
+    validated transfer's); the chunk index on every transfer. Either way the message is the full one's."""
+    healthy, repaired = warm
+    schedule, origin = repaired.schedule, repaired.origin
+    transfers, i = schedule.transfers, _first_new(schedule, origin)
+    columns: dict[str, np.ndarray] = {}
+    if damage == "own rank":
+        columns["receiver"] = np.array(transfers.receiver)
+        columns["receiver"][i] = transfers.sender[i]
+    elif damage in ("reduce", "unknown op"):
+        columns["op"] = np.array(transfers.op)
+        columns["op"][i] = 1 if damage == "reduce" else -3
+    elif damage == "sender outside":
+        columns["sender"] = np.array(transfers.sender)
+        columns["sender"][i] = schedule.n_ranks
+    else:  # a copied transfer's (renumbered) chunk index: checked on every transfer
+        copied = int(np.flatnonzero(origin.source >= 0)[-1])
+        columns["chunk"] = np.array(transfers.chunk)
+        columns["chunk"][copied] = len(schedule.chunks)
+    broken = _with(schedule, **columns)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, origin)
+    assert str(incremental.value) == str(full.value)
+
+
+def test_link_sums_are_remembered_only_for_read_only_weights(warm):
+    """``Transfers.link_sums`` keeps its answer for an immutable weight array (the chunks' fractions): the
+    same values, a copy the caller may change; a writable weight array is summed again every time."""
+    _, repaired = warm
+    schedule = repaired.schedule
+    transfers, fraction, n_links = schedule.transfers, schedule.chunks.fraction, int(schedule.transfers.max_link()) + 1
+    reference = np.bincount(transfers.route_links, minlength=n_links,
+                            weights=np.repeat(fraction[transfers.chunk], transfers.route_lengths))
+    first = transfers.link_sums(fraction, n_links)
+    first[:] = -1.0  # the caller's copy
+    assert np.array_equal(transfers.link_sums(fraction, n_links), reference)
+    assert np.array_equal(transfers.link_sums(None, n_links), np.bincount(transfers.route_links, minlength=n_links))
+    writable = np.array(fraction)
+    assert np.array_equal(transfers.link_sums(writable, n_links), reference)
+    writable *= 2.0
+    assert np.allclose(transfers.link_sums(writable, n_links), 2.0 * reference)
+    copied = pickle.loads(pickle.dumps(transfers))  # the memo is not pickled (it may hold another's fractions)
+    assert "_link_sums" in transfers.__dict__ and "_link_sums" not in copied.__dict__ and copied == transfers
+
+
+def test_the_guard_predicts_a_reversioned_schedule_from_its_cache(warm, fabric, monkeypatch):
+    """The manager re-versions the candidate (``with_meta``) before activating it; the α-β predictor's cache
+    is keyed by the transfers and chunks, so the activated version is not loaded again."""
+    import mccl.control.guard as guard_module
+
+    _, repaired = warm
+    calls = []
+    real = guard_module.link_load
+    monkeypatch.setattr(guard_module, "link_load", lambda schedule, n: calls.append(schedule) or real(schedule, n))
+    predict = guard_module.AlphaBeta()
+    candidate = repaired.schedule
+    seconds = predict(candidate, fabric, 1 << 28)
+    assert predict(candidate.with_meta(version=7), fabric, 1 << 28) == seconds and len(calls) == 1
+    other = replace(candidate, transfers=Transfers(*(np.array(getattr(candidate.transfers, name)) for name in (
+        "chunk", "sender", "receiver", "step", "op", "route_offsets", "route_links"))))
+    assert predict(other, fabric, 1 << 28) == seconds and len(calls) == 2  # equal, but not the same transfers
+
+
+def test_the_sorted_copy_check_still_agrees_with_the_replay(monkeypatch):
+    """``_copies_hold`` indexes dense arrays by (chunk, rank) key up to ``_DENSE_KEYS`` keys and sorts the
+    keys above; forced to sort here, the random-damage comparison with the replay (test_validate) holds."""
+    import importlib
+
+    from test_validate import test_one_pass_copy_check_agrees_with_the_replay
+
+    monkeypatch.setattr(importlib.import_module("mccl.schedule.validate"), "_DENSE_KEYS", 0)
+    test_one_pass_copy_check_agrees_with_the_replay()
+
+
+def test_a_mostly_new_schedule_is_validated_in_full(warm, fabric):
+    """When most transfers copy nothing, the claims are not checked: the full validation runs (it costs less
+    than the claims, the chunk check and the copied-out rest), and the manager maps every route."""
+    healthy, repaired = warm
+    source = np.array(repaired.origin.source)
+    source[: (len(source) + 1) // 2 + 1] = -1
+    mostly_new = TransferOrigin(healthy.schedule.transfers, source)
+    assert validate_update(repaired.schedule, fabric, healthy.schedule, mostly_new) is None
+    step = np.array(repaired.schedule.transfers.step)
+    step[-1] = step.max() + 2  # a gap in the steps: named as the full validation names it
+    broken = _with(repaired.schedule, step=step)
+    with pytest.raises(InvalidSchedule) as full:
+        validate(broken, fabric)
+    with pytest.raises(InvalidSchedule) as incremental:
+        validate_update(broken, fabric, healthy.schedule, mostly_new)
+    assert str(incremental.value) == str(full.value)

@@ -81,7 +81,7 @@ import numpy as np
 
 from mccl.control.observed import CollectiveClock, SizeMeter, size_from_bytes  # re-exported (__all__)
 from mccl.errors import ControllerError, SynthesisError
-from mccl.schedule import Collective, Schedule, gbps_to_gbs, link_load
+from mccl.schedule import Chunks, Collective, Schedule, Transfers, gbps_to_gbs, link_load
 from mccl.topology import Topology
 
 __all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "CollectiveClock", "GuardDecision", "Guard", "SizeMeter",
@@ -122,19 +122,22 @@ class AlphaBeta:
     the parts that do not depend on capacities: the link loads and the summed per-step route latency
     (latencies do not change when capacities are measured). Why: the guard predicts the active schedule
     and the baseline again at every decision, and at 512 GPUs each ``link_load`` is ~70 ms CPU.
-    Keyed by the schedule object, held strongly while cached (at most ``keep``), so an id is never reused."""
+    Keyed by the schedule's transfers and chunks (a version re-numbered with ``with_meta`` shares them), held
+    strongly while cached (at most ``keep``), so an id is never reused."""
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
-        self._cache: dict[int, tuple[Schedule, np.ndarray, dict[bytes, float]]] = {}
+        self._cache: dict[int, tuple[tuple[Transfers, Chunks], np.ndarray, dict[bytes, float]]] = {}
 
     def __call__(self, schedule: Schedule, topology: Topology, size_bytes: float) -> float:
         if not size_bytes > 0:
             raise ControllerError(f"a predicted collective needs a positive size, got {size_bytes} bytes")
-        entry = self._cache.pop(id(schedule), None)
-        if entry is None or entry[0] is not schedule or len(entry[1]) != len(topology.links):
-            entry = (schedule, link_load(schedule, len(topology.links)), {})
-        self._cache[id(schedule)] = entry  # most recent last
+        parts = (schedule.transfers, schedule.chunks)  # a re-versioned schedule (with_meta) shares them
+        entry = self._cache.pop(id(parts[0]), None)
+        cached = entry is not None and entry[0][0] is parts[0] and entry[0][1] is parts[1]
+        if entry is None or not cached or len(entry[1]) != len(topology.links):
+            entry = (parts, link_load(schedule, len(topology.links)), {})
+        self._cache[id(parts[0])] = entry  # most recent last
         while len(self._cache) > self.keep:
             del self._cache[next(iter(self._cache))]
         _, load, latency_by_fabric = entry

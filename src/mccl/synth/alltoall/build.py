@@ -113,13 +113,17 @@ def merged_schedule(previous: Schedule, keep: np.ndarray, fresh: Schedule, meta:
     """
     old = previous.transfers
     kept_transfer = keep[old.chunk]
-    chunk_id = np.cumsum(keep) - 1
-    lengths = np.concatenate([old.route_lengths[kept_transfer], fresh.transfers.route_lengths])
-    kept_links = old.route_links[np.repeat(kept_transfer, old.route_lengths)]
+    chunk_id = (np.cumsum(keep) - 1).astype(np.int32)
+    old_lengths = old.route_lengths
+    lengths = np.concatenate([old_lengths[kept_transfer], fresh.transfers.route_lengths])
+    dropped = np.flatnonzero(~kept_transfer)  # a few % of them: clear their hops, not a mask over every hop
+    kept_hops = np.ones(len(old.route_links), dtype=bool)
+    kept_hops[_hops_of(old.route_offsets[:-1][dropped], old_lengths[dropped])] = False
+    kept_links = old.route_links[kept_hops]
     n_kept = int(keep.sum())
     new = fresh.transfers
     transfers = Transfers(
-        chunk=_sealed([chunk_id[old.chunk[kept_transfer]], new.chunk.astype(np.int64) + n_kept], np.int32),
+        chunk=_sealed([chunk_id[old.chunk[kept_transfer]], new.chunk + np.int32(n_kept)], np.int32),
         sender=_sealed([old.sender[kept_transfer], new.sender], np.int32),
         receiver=_sealed([old.receiver[kept_transfer], new.receiver], np.int32),
         step=_sealed([old.step[kept_transfer], new.step], np.int32),
@@ -141,6 +145,14 @@ def merged_origin(previous: Schedule, keep: np.ndarray, merged: Schedule) -> Tra
     source = np.full(len(merged.transfers), -1, dtype=np.int64)
     source[:len(copied)] = copied
     return TransferOrigin(previous.transfers, source)
+
+
+def _hops_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Positions in ``route_links`` of the routes starting at ``starts`` with ``lengths`` hops, in order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(total)
 
 
 def _sealed(parts: list, dtype: type) -> np.ndarray:

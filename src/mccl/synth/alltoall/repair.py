@@ -71,6 +71,7 @@ __all__ = ["MAX_AFFECTED", "Repair", "repair", "changed_links", "pairs_crossing"
 _NEAR_BUSIEST = 0.5  # links the crash loads to this fraction of the busiest start as rows
 _MAX_ROUNDS = 25  # pricing rounds of one attempt before giving up
 MAX_AFFECTED = 0.25  # share of all (source, destination) pairs above which a repair is not tried
+_FEW_MARKED = 2  # up to this many marked links, paths_crossing compares instead of looking up
 _MAX_EXPANSIONS = 3  # attempts, each with more affected pairs, before a repair is declined
 
 
@@ -100,12 +101,28 @@ def pairs_crossing(pairs: np.ndarray, paths: np.ndarray, route_links: np.ndarray
 
 
 def paths_crossing(route_links: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """Mask of the rows of ``route_links`` (link ids, -1 padded) that cross a marked link."""
-    lookup = np.append(np.asarray(marked, dtype=bool), False)  # index -1 (padding) reads False
-    hit = lookup[route_links[:, 0]]
-    for hop in range(1, route_links.shape[1]):  # a few hops; each one pass over the path table
-        hit |= lookup[route_links[:, hop]]
-    return hit
+    """Mask of the rows of ``route_links`` (link ids, -1 padded) that cross a marked link.
+
+    Why not one lookup per column: a column of the row-major table is a strided pass over all of it
+    (the pool's 1.9 M × 8 paths at 512 GPUs: ~110 ms). A few marked links (a fault: 1–2) are compared
+    with the whole table, one contiguous pass each (~10 ms); more are looked up in one gather. Either
+    way the row's hops are reduced by reading its booleans as one word when the width allows."""
+    marked = np.asarray(marked, dtype=bool)
+    rows, width = route_links.shape
+    ids = np.flatnonzero(marked)
+    if len(ids) == 0 or rows == 0:
+        return np.zeros(rows, dtype=bool)
+    if len(ids) <= _FEW_MARKED:
+        hops = route_links == ids[0]
+        for link in ids[1:]:
+            hops |= route_links == link
+    else:
+        lookup = np.append(marked, False)  # index -1 (padding) reads False
+        hops = lookup[route_links]
+    word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width)
+    if word is not None and hops.flags.c_contiguous:
+        return hops.view(word).reshape(rows) != 0
+    return hops.any(axis=1)
 
 
 def pairs_to_reround(repaired: Repair, previous: Placement, capacity: np.ndarray, tolerance: float) -> np.ndarray:
@@ -130,21 +147,32 @@ def pairs_to_reround(repaired: Repair, previous: Placement, capacity: np.ndarray
 
 
 def _candidates(pool: ColumnPool, affected: np.ndarray, flow: LPFlow) -> tuple[np.ndarray, np.ndarray]:
-    """``(pair, path)``, sorted: every path the pool's trees or the flow take to an affected pair's destination."""
+    """``(pair, path)``, sorted: every path the pool's trees or the flow take to an affected pair's destination.
+
+    A tree of a block holds one path per destination of the block, in the block's destination order, so
+    pair (s, d)'s path in tree k is entry ``pair_slot[s, d]`` of it: only the affected pairs' entries are
+    read (at 512 GPUs ~2·10⁴ of the pool's 2·10⁶), not every tree expanded to its pairs."""
     n = pool.n_ranks
     blocks = pool.blocks
     offsets, flat = pool.column_paths()
     column_block = pool.block
-    sizes = np.diff(offsets)
-    slot = np.repeat(blocks.offsets[column_block], sizes) + np.arange(len(flat)) - np.repeat(offsets[:-1], sizes)
-    slot_pair = np.repeat(blocks.source, blocks.sizes) * n + blocks.dests
-    entry_pair = slot_pair[slot]
+    order = np.argsort(column_block, kind="stable")  # the trees of each block, in the order they were added
+    first = np.searchsorted(column_block[order], np.arange(len(blocks)))
+    trees = np.diff(np.append(first, len(order)))  # per block
+    source, destination = affected // n, affected % n
+    block, slot = blocks.pair_block[source, destination], blocks.pair_slot[source, destination]
+    per_pair = trees[block]
+    ends = np.cumsum(per_pair)
+    total = int(ends[-1]) if len(ends) else 0
+    within = np.arange(total) - np.repeat(ends - per_pair, per_pair)
+    column = order[np.repeat(first[block], per_pair) + within]
+    entry_pair = np.repeat(affected, per_pair)
+    entry_path = flat[offsets[column] + np.repeat(slot, per_pair)]
     wanted = np.zeros(n * n, dtype=bool)
     wanted[affected] = True
-    chosen = wanted[entry_pair]
     in_flow = wanted[flow.pair]
     width = pool.paths.shape[0] + 1
-    key = np.unique(np.concatenate([entry_pair[chosen] * width + flat[chosen], flow.pair[in_flow] * width
+    key = np.unique(np.concatenate([entry_pair * width + entry_path, flow.pair[in_flow] * width
                                     + flow.path[in_flow]]))
     return key // width, key % width
 
