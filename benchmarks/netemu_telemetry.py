@@ -54,8 +54,36 @@ KINDS = ("allgather", "alltoall")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _traced(metered, trace: list) -> None:  # noqa: ANN001  (a Communicator)
+    """Record the metered communicator's receive posts/completions and sends (``time.perf_counter``: one
+    clock for every rank of the emulated fabric, so the ranks' traces line up)."""
+    import time as clock
+
+    meters, transport = metered._meters, metered.transport
+    posted, completed, post = meters.posted, meters.completed, transport.post
+
+    counter = meters._counter
+
+    def traced_posted(peer: int, nbytes: int, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        trace.append(("r", peer, nbytes, clock.perf_counter(), None, meters.seq,
+                      counter() if counter is not None else None))
+        posted(peer, nbytes, *args, **kwargs)
+
+    def traced_completed(peer: int, nbytes: int, at: float | None = None, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        trace.append(("c", peer, nbytes, clock.perf_counter(), at, meters.seq, kwargs.get("counted")))
+        completed(peer, nbytes, at, *args, **kwargs)
+
+    def traced_post(op):  # noqa: ANN001, ANN202
+        if op.is_send:
+            trace.append(("s", op.peer, op.tensor.numel() * op.tensor.element_size(), clock.perf_counter(), None,
+                          meters.seq, None))
+        return post(op)
+
+    meters.posted, meters.completed, transport.post = traced_posted, traced_completed, traced_post
+
+
 def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: str, elements: dict,
-          repeats: int, driver: str | None) -> dict:
+          repeats: int, driver: str | None, trace: bool = False) -> dict:
     """Every schedule ``repeats`` times with telemetry on (into a MemorySink) and off, alternating which goes
     first; rank 0 reads its downlink counter around the metered calls."""
     import functools
@@ -77,6 +105,9 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
                        name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
         plain = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
                      name=f"{name}-off", driver=driver)
+        events: list = []
+        if trace:
+            _traced(metered, events)
         calls, off = [], []
         source = torch.arange(elements[kind], dtype=torch.int32) + rank
         output = torch.empty(elements[kind] * (world if kind == "allgather" else 1), dtype=torch.int32)
@@ -91,7 +122,7 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
         samples = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in sink.samples]
         metered.close()
         plain.close()
-        out[name] = {"calls": calls, "off": off, "samples": samples}
+        out[name] = {"calls": calls, "off": off, "samples": samples, "trace": events}
     return out
 
 
@@ -134,13 +165,14 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
             for port in built.plan.ranks:
                 subprocess.run(["ip", "-n", port.namespace, "link", "set", "dev", "eth0", "gso_max_size", str(gso)],
                                check=True)
-        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, timeout_s=600)
+        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, dump,
+                                      timeout_s=600)
         down_mbit = built.nic_mbit(0)[1]
     goodput_mbit = down_mbit * GOODPUT
     if dump:
         import json
 
-        (RESULTS / f"netemu_telemetry_{case}_dump.json").write_text(json.dumps(outputs[0]))
+        (RESULTS / f"netemu_telemetry_{case}_dump.json").write_text(json.dumps(outputs))
     rows = []
     for name in texts:
         calls = outputs[0][name]["calls"]
@@ -179,7 +211,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=NetemuConfig.scale)
     parser.add_argument("--tag", default="")
     parser.add_argument("--driver", default=None, help="the executor's driver (default: the runtime's choice)")
-    parser.add_argument("--dump", action="store_true", help="also write rank 0's calls and samples as JSON")
+    parser.add_argument("--dump", action="store_true",
+                        help="also write every rank's calls, samples and receive/send trace as JSON")
     parser.add_argument("--fault-factor", type=float, default=None,
                         help="scale rank 0's NIC by this before the ranks start (loop case: the schedules stay healthy)")
     parser.add_argument("--gso", type=int, default=None,
