@@ -160,9 +160,12 @@ class ArrivalClock:
 def nic_rx_counter(interface: str | None = None) -> Callable[[], int] | None:
     """A reader of the bytes ``interface`` (default: ``GLOO_SOCKET_IFNAME``, the NIC gloo's connections use)
     has received, from ``/proc/self/net/dev`` (the calling process's network namespace); None when no
-    interface is named or it has no counter there. One ``pread`` and a parse: ~10–30 µs."""
+    interface is named, it is the loopback, or it has no counter there. One ``pread`` and a parse: ~16 µs.
+    Meant for a NIC of this rank's own (one per GPU, as on a rail-optimized fabric and the emulated one);
+    a window whose counter grew by much more than its own receives falls back to arrival times
+    (:data:`mccl.runtime.windows.OWN_TRAFFIC`)."""
     name = interface or os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
-    if not name:
+    if not name or name == "lo":  # the loopback carries every local process's traffic: no port of this rank
         return None
     key = name.encode() + b":"
     try:

@@ -11,28 +11,29 @@ peer=receiver)`` (:class:`mccl.telemetry.Sample`: the path's ends, whichever one
 **Windows per receiving port.** Every receive from another host arrives through this
 rank's NIC, every receive from its own host through its host fabric (NVLink), so the
 saturation rule of §5.1 ("active channels ≥ threshold N") is applied per port: a window
-is open while at least N receives of that kind (inter / intra) are in flight (posted,
-not yet complete), whichever peers they come from — per pair, the 1–2 chunks a tree
-sends through one NIC per collective would rarely open one.
+opens when at least N receives of that kind (inter / intra) are in flight (posted, not yet
+complete), whichever peers they come from, and closes when none is left — per pair, the 1–2
+chunks a tree sends through one NIC per collective would rarely open one. Concurrent transfers
+on the port are one window: its rate is the port's.
 
-**Rate: the dispersion of arrivals.** A window runs from its first arrival whose time is
-known exactly (the executor was blocked waiting for it: ``completed(at=)``,
-:meth:`Meters.arrival`) to its last arrival (exact, or when it was noticed: a bound from
-above), and counts the bytes that arrived after the first. That leaves out the sender's
-start, gloo's receive-ready rendezvous and the first chunk's latency. Only the sum means
-something: the executor waits for receives in its own order, so arrivals in between are
-noticed only later, in bunches (measured: every other 64 KiB slice of a ring noticed at the
-end), and the time between two single arrivals is not one chunk's transfer time. Each peer's
-sample is its bytes in the window over the window's time, so a window's per-peer samples add
-up to the port's rate. When no arrival of a window has a known time (gloo's alltoallv
-completes every receive of a step at once), the window runs from the N-th post to the last
-completion, which includes the ranks' skew: the exchange driver's samples read low (the loop's
-AllToAll −49 %), so a metered communicator runs the eager driver for every collective
-(:func:`mccl.runtime.executor.default_driver`). The rate is right only while the port is saturated
-from the first timed arrival to the last: a sender with nothing to send in between (a relay waiting
-for its own input) reads as a slower link, and arrivals in lumps (an emulated NIC passing 64 KiB GSO
-segments whole at 20 Mbit/s: one per 27 ms) leave a window a handful of lump edges
-(BENCHMARKS.md, 2026-12-01 fourth session).
+**What a sample means: the port's rate while it was busy.** Each window's rate is computed by
+:func:`mccl.runtime.windows.port_rate` from what the window knows — when each receive's last
+byte arrived (:mod:`mccl.runtime.arrivals`: waiter threads stamp nearly every arrival; the
+executor alone saw half of them late), and on the NIC its byte counter, read at every stamped
+arrival and every ``counter_interval_s`` while the window is open. The rate counts from the
+first known arrival to the last (the first transfer's unknown start, gloo's rendezvous and the
+first chunk's latency drop out), and **time when the port carried nothing is not busy time**: a
+relay waiting for its own input, the PXN AllToAll's rail peer waiting for what it forwards —
+from the counter where it is read, from one sender's own sequence of arrivals otherwise. Each
+peer's sample is its bytes in the window over the window's busy time, so a window's per-peer
+samples add up to the port's busy rate: its capacity whenever the port was saturated at all in
+the window (the emulated fabric: within 5 % of the shaped rate for the loop's AllGather and
+AllToAll, healthy and with the NIC halved; BENCHMARKS.md, 2026-12-01 fifth session). When no
+arrival of a window has a known time (gloo's alltoallv completes every receive of a step at
+once), the window runs from the N-th post to the last completion, which includes the ranks'
+skew: the exchange driver's samples read low (the loop's AllToAll −49 %), so a metered
+communicator runs the eager driver for every collective
+(:func:`mccl.runtime.executor.default_driver`).
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
