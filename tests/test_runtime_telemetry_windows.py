@@ -41,14 +41,22 @@ def test_too_few_intervals_per_sender_leave_the_dispersion_as_it_is():
 
 def test_the_counter_s_readings_take_idle_time_out_where_the_port_received_nothing():
     # 10 kB per 10 ms while busy (1 MB/s); the port idle from 10 to 30 ms (its sender waited): the sampler's
-    # readings in between show it; without them one 30 ms step carried 10 kB, indistinguishable from a slow port
-    arrivals = [Arrival(1, 10_000, 0.010, 10_000), Arrival(1, 10_000, 0.040, 20_000),
-                Arrival(1, 10_000, 0.050, 30_000)]
+    # readings in between show it; without them the one 30 ms step carried 10 kB, indistinguishable from a slow port
+    arrivals = [Arrival(1, 10_000, 0.010, 10_000), Arrival(1, 10_000, 0.040, 20_000)]
     rate = port_rate(arrivals, base=0, readings=[(0.020, 10_000), (0.030, 10_000)])
     assert rate.idle_s == pytest.approx(0.020)
     assert sum(rate.per_peer.values()) / rate.seconds == pytest.approx(1e6)
     blind = port_rate(arrivals, base=0)
-    assert sum(blind.per_peer.values()) / blind.seconds == pytest.approx(20_000 / 0.040)
+    assert sum(blind.per_peer.values()) / blind.seconds == pytest.approx(10_000 / 0.030)
+
+
+def test_steps_slower_than_the_port_s_busy_rate_count_as_partly_idle():
+    # three arrivals, no readings: a 30 ms step that moved 10 kB next to a 10 ms one that moved 10 kB
+    arrivals = [Arrival(1, 10_000, 0.010, 10_000), Arrival(1, 10_000, 0.040, 20_000),
+                Arrival(1, 10_000, 0.050, 30_000)]
+    rate = port_rate(arrivals, base=0)
+    assert rate.idle_s == pytest.approx(0.020)
+    assert sum(rate.per_peer.values()) / rate.seconds == pytest.approx(1e6)
 
 
 def test_the_counter_s_headers_are_scaled_back_to_payload():

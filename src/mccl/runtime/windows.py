@@ -48,7 +48,7 @@ GAP_FACTOR = 0.8
 MIN_INTERVALS = 3
 FIXED_POINT_STEPS = 32
 MIN_STEP_S = 0.010  # ≥ 8 packets of 1514 B at 10 Mbit/s (the emulated fabric's degraded NIC)
-IDLE_FACTOR = 0.5
+IDLE_FACTOR = 0.8
 OWN_TRAFFIC = 0.5  # a counter that grew by more than 2x the window's payload counts others' traffic too
 
 
