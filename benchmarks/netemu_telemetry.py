@@ -51,6 +51,7 @@ from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reas
 from mccl.experiments.netemu.demo import NetemuConfig, _synth_options
 from mccl.experiments.netemu.ranks import run_ranks_in_fabric
 from mccl.experiments.netemu.shaping import GOODPUT
+from mccl.runtime.telemetry import TelemetryConfig
 
 KINDS = ("allgather", "alltoall")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,7 +86,7 @@ def _traced(metered, trace: list) -> None:  # noqa: ANN001  (a Communicator)
 
 
 def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: str, elements: dict,
-          repeats: int, driver: str | None, trace: bool = False) -> dict:
+          repeats: int, driver: str | None, trace: bool = False, telemetry: dict | None = None) -> dict:
     """Every schedule ``repeats`` times with telemetry on (into a MemorySink) and off, alternating which goes
     first; rank 0 reads its downlink counter around the metered calls."""
     import functools
@@ -104,7 +105,8 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
         kind = loads_schedule(text).collective.value
         sink = MemorySink()
         metered = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
-                       name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
+                       name=f"{name}-tel", sink=sink, driver=driver,
+                       telemetry=TelemetryConfig(**{"flush_interval_s": 0.02, **(telemetry or {})}))
         plain = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
                      name=f"{name}-off", driver=driver)
         events: list = []
@@ -140,7 +142,7 @@ def _union(windows: list[tuple[float, float]]) -> float:
 
 
 def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False,
-            gso: int | None = None, fault_factor: float | None = None) -> list[dict]:
+            gso: int | None = None, fault_factor: float | None = None, telemetry: dict | None = None) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
     from mccl.synth.ring import naive_ring
@@ -167,7 +169,7 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
             for port in built.plan.ranks:
                 subprocess.run(["ip", "-n", port.namespace, "link", "set", "dev", "eth0", "gso_max_size", str(gso)],
                                check=True)
-        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, dump,
+        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, dump, telemetry,
                                       timeout_s=600)
         down_mbit = built.nic_mbit(0)[1]
     goodput_mbit = down_mbit * GOODPUT
@@ -193,6 +195,7 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
         on = [max(out[name]["calls"][i][1] for out in outputs) for i in range(1, len(calls))]
         off = [max(out[name]["off"][i] for out in outputs) for i in range(1, len(calls))]
         rows.append({"case": case, "driver": driver or "default", "gso": gso, "fault_factor": fault_factor,
+                     "telemetry": ",".join(f"{k}={v}" for k, v in (telemetry or {}).items()),
                      "collective": name,
                      "nic_mbit": down_mbit, "calls_with_samples": len(errors),
                      "telemetry_err_median": round(statistics.median(errors), 4) if errors else None,
@@ -219,6 +222,8 @@ def main() -> None:
     parser.add_argument("--fault-factors", default="1,0.5",
                         help="rank 0's NIC scaled by each before the ranks start (1: healthy; the schedules stay healthy)")
     parser.add_argument("--runs", type=int, default=3, help="fabrics built per fault factor")
+    parser.add_argument("--telemetry", default="",
+                        help="TelemetryConfig fields of the metered communicators, e.g. arrival_waiters=0,nic_counter=0")
     parser.add_argument("--gso", type=int, default=None,
                         help="set every NIC's gso_max_size to this many bytes (default: the fabric's, one MSS)")
     args = parser.parse_args()
@@ -228,6 +233,10 @@ def main() -> None:
     if args.runs < 1 or args.repeats < 2:
         parser.error("--runs must be at least 1 and --repeats at least 2 (the first call is a warm-up)")
     factors = [float(f) for f in args.fault_factors.split(",")]
+    telemetry = {}
+    for item in filter(None, args.telemetry.split(",")):
+        key, _, value = item.partition("=")
+        telemetry[key.strip()] = type(getattr(TelemetryConfig(), key.strip()))(float(value))
     if not all(0 < f <= 1 for f in factors):
         parser.error(f"--fault-factors must lie in (0, 1], got {args.fault_factors}")
     rows = []
@@ -236,7 +245,7 @@ def main() -> None:
             for run in range(args.runs):
                 started = time.perf_counter()
                 got = measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso,
-                              None if factor == 1 else factor)
+                              None if factor == 1 else factor, telemetry)
                 rows += [{**row, "run": run} for row in got]
                 print(f"[{case}, NIC x{factor:g}, run {run + 1}/{args.runs}: {time.perf_counter() - started:.0f} s] "
                       + ", ".join(f"{r['collective']} {r['telemetry_err_median']}" for r in got), flush=True)

@@ -113,16 +113,18 @@ class ArrivalClock:
                  counted: Callable[[int], bool] | None = None) -> None:
         self.waiters = max(0, int(waiters))
         self.counter = counter
-        self.counted = counted  # which senders' receives cross the counted NIC (None: all)
+        self.counted = counted  # which senders' receives are watched: those crossing the counted NIC (None: all)
         self._queue: collections.deque[TimedReceive] = collections.deque()
         self._ready = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._stop = False
 
-    def watch(self, work: object, peer: int = -1) -> TimedReceive:
-        """``work`` (a just-posted receive from ``peer``) as a :class:`TimedReceive` a waiter will time."""
-        counter = self.counter if self.counted is None or self.counted(peer) else None
-        timed = TimedReceive(work, counter)
+    def watch(self, work: object, peer: int = -1) -> object:
+        """``work`` (a just-posted receive from ``peer``) as a :class:`TimedReceive` a waiter will time, if
+        it crosses the counted NIC (``counted``); any other receive as it is."""
+        if self.counted is not None and not self.counted(peer):
+            return work
+        timed = TimedReceive(work, self.counter)
         if self.waiters == 0:
             return timed
         if not self._threads:
