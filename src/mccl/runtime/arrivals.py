@@ -6,7 +6,12 @@ receive that arrives while the driver waits on another one is noticed only when 
 comes — its arrival time is lost, and with it the telemetry's windows (measured on the 8-rank
 emulated fabric: half of rank 0's inter-host receives of an AllGather were found done, 20–110 ms
 after they had arrived). A few threads that do nothing but block in ``wait()`` on the receives,
-in the order they were posted, stamp most arrivals exactly.
+in the order they were posted, stamp most arrivals exactly (65 of 66 there).
+
+Which receives: those through the NIC, and only where its byte counter is read
+(:class:`mccl.runtime.telemetry.Meters`): the counter needs its readings at the arrivals, and a
+waiter's hand-over costs CPU per receive — with every receive watched, a loopback AllGather (CPU-bound,
+many small receives) cost +55 % CPU; the NIC's few large receives per collective cost nothing measurable.
 
 How it stays safe:
 
@@ -18,8 +23,8 @@ How it stays safe:
   however few waiters there are.
 * **Errors travel.** A failed wait (a broken group: :meth:`mccl.runtime.transport.Transport._break`)
   is stored and raised again to the executor, which turns it into ``PeerLost`` as before.
-* **Cost.** The waiters are idle in a C++ wait with the GIL released; per receive one hand-over
-  (a deque append, a condition notify, an event). Threads are started once per communicator.
+* **Cost.** The waiters are idle in a C++ wait with the GIL released; per watched receive one
+  hand-over (a deque append, a condition notify, an event). Threads are started once per communicator.
 
 **The NIC's byte counter** (``counter``, :func:`nic_rx_counter`): when the ranks' NIC is named (gloo's
 ``GLOO_SOCKET_IFNAME``), the waiter also reads the kernel's count of bytes the NIC has received right after
