@@ -33,13 +33,13 @@ def test_window_is_the_dispersion_of_arrivals_while_receives_are_in_flight_and_n
     assert sample.seconds == 1.5
 
 
-def test_arrivals_of_unknown_time_are_not_counted_and_none_known_falls_back_to_the_posts():
+def test_an_arrival_of_unknown_time_counts_up_to_its_notice_and_none_known_falls_back_to_the_posts():
     config = TelemetryConfig(threshold_inter=2, threshold_intra=2, arrival_waiters=0)
     meters, buffer, sink = _meters(config)
     for _ in range(4):
         meters.posted(1, 100, now=0.0)
     meters.completed(1, 100, at=1.0)
-    meters.completed(1, 100, at=None, now=5.0)  # found done: it may have arrived before 1.0
+    meters.completed(1, 100, at=None, now=5.0)  # found done after the first known arrival: counted, ends by 5.0
     meters.completed(1, 100, at=2.0)
     meters.completed(1, 100, at=3.0)
     meters.posted(2, 50, now=10.0)
@@ -48,7 +48,7 @@ def test_arrivals_of_unknown_time_are_not_counted_and_none_known_falls_back_to_t
     meters.completed(2, 50, now=10.5)
     buffer.close()
     inter, intra = sink.samples
-    assert (inter.rank, inter.peer, inter.bytes, inter.seconds) == (1, 0, 200, 2.0)
+    assert (inter.rank, inter.peer, inter.bytes, inter.seconds) == (1, 0, 300, 4.0)
     assert (intra.kind, intra.rank, intra.peer, intra.bytes, intra.seconds) == ("intra", 2, 0, 100, 0.5)
 
 

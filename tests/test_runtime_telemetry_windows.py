@@ -72,3 +72,12 @@ def test_a_counter_that_also_counts_other_traffic_is_not_trusted():
     arrivals = [Arrival(1, 10_000, 0.010 * (k + 1), 100_000 * (k + 1)) for k in range(3)]
     rate = port_rate(arrivals, base=0)
     assert sum(rate.per_peer.values()) / rate.seconds == pytest.approx(20_000 / 0.020)
+
+
+def test_a_sender_with_arrivals_of_unknown_time_is_not_judged_by_its_known_intervals():
+    # every other arrival found done (the executor waited elsewhere): known intervals carry two messages each
+    arrivals = [Arrival(4, SIZE, k * 2 * PACE if k % 2 == 0 else None, noticed=k * PACE + 0.001)
+                for k in range(8)]
+    arrivals += [Arrival(4, SIZE, 0.5 * PACE + 8 * PACE)]
+    rate = port_rate(arrivals)
+    assert rate.idle_s == 0.0

@@ -253,8 +253,8 @@ class Meters:
         window.inflight -= 1
         if window.opened is None:
             return
-        window.arrivals.append(Arrival(peer, nbytes, at, counted if port == 0 else None))
         window.noticed = time.perf_counter() if now is None else now
+        window.arrivals.append(Arrival(peer, nbytes, at, counted if port == 0 else None, window.noticed))
         if window.inflight <= 0:
             self._close(window, port)
 

@@ -32,8 +32,10 @@ plain in the counter.
 Why not more without a counter: a single interval's rate is meaningless across senders (concurrent transfers arrive
 partly before an interval starts: a span between two close arrivals can read many times the port's
 rate, measured on the degraded AllGather), so only the whole window's dispersion and one sender's own
-sequence are used. Arrivals of unknown time are left out of the count (they may have arrived before
-``f``); with waiter threads they are rare (1 in 66 receives in the 8-rank loop).
+sequence are used. An arrival of unknown time noticed after ``f`` is counted and ends the window no
+earlier than its notice (it arrived before; without waiter threads, as on a loopback transport, most
+arrivals are such: leaving them out read a paced pair at a third of its rate). With the counter they
+need no rule: the counter has their bytes.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Arrival:
     nbytes: int
     at: float | None
     counted: int | None = None  # the port's byte counter right after ``at`` (mccl.runtime.arrivals)
+    noticed: float | None = None  # when the executor found it complete (a bound on an unknown ``at``)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ def port_rate(arrivals: Sequence[Arrival], *, gap_factor: float = GAP_FACTOR,
         counted = _counted_rate(arrivals, known, per_peer, base, readings)
         if counted is not None:
             return counted
+    for arrival in arrivals:  # unknown times noticed after the first: counted, the window ends no earlier
+        if arrival.at is None and arrival.noticed is not None and arrival.noticed > first:
+            per_peer[arrival.peer] = per_peer.get(arrival.peer, 0) + arrival.nbytes
+            last = max(last, arrival.noticed)
     intervals: dict[int, list[tuple[float, float, int]]] = {}
     previous: dict[int, float] = {}
     for arrival in known:
@@ -115,9 +122,10 @@ def port_rate(arrivals: Sequence[Arrival], *, gap_factor: float = GAP_FACTOR,
             intervals.setdefault(arrival.peer, []).append((previous[arrival.peer], arrival.at, arrival.nbytes))
         previous[arrival.peer] = arrival.at
     idle = 0.0
+    unknown = {a.peer for a in arrivals if a.at is None}  # their bytes lie between known arrivals: no pace
     for peer, mine in intervals.items():
         paced = [(start, end, nbytes) for start, end, nbytes in mine if end > start]
-        if len(paced) < min_intervals:
+        if len(paced) < min_intervals or peer in unknown:
             continue
         pace = statistics.median(nbytes / (end - start) for start, end, nbytes in paced)  # bytes/s while sending
         others = _merged([(s, e) for other, spans in intervals.items() if other != peer for s, e, _ in spans])
