@@ -1,17 +1,21 @@
 """Telemetry accuracy and overhead on the kernel-emulated fabric: receive-side samples against the shaped
 rate, and the collective's time with telemetry on ÷ off (needs root).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py                  # both cases, 8 calls each
-    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --repeats 9   # the bars
-    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 1448 --fault-factor 0.5
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop          # the bar: the four errors
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --runs 1 --fault-factors 0.5 --dump
+    PYTHONPATH=src .venv/bin/python benchmarks/netemu_telemetry.py --cases loop --gso 65536   # the kernel's GSO
+
+The bar's command (the first) builds the fabric of ``mccl demo`` ``--runs`` times (3) for each of
+``--fault-factors`` (1: healthy, 0.5: rank 0's NIC halved) and prints, per fabric state and collective, the
+median telemetry error over every call of every run (and each run's median), and telemetry on ÷ off.
 
 Two cases, the fabric of :mod:`mccl.experiments.netemu` (NICs 400 Gbit/s / ``--scale``, 20 Mbit/s by default):
 
 * ``pair`` (the paper's §5 set-up, one saturated path): ``rail_optimized(1,2,1)``, 2 ranks, a ring AllGather of
   1 MiB per rank in 8 chunks through mccl; every NIC busy both ways.
-* ``loop``: the 8 ranks and healthy schedules of ``mccl demo`` (AllGather, AllToAll), as in the loop.
-  ``--fault-factor``: rank 0's NIC scaled by it (both directions) before the ranks start — the loop's fault,
-  with the schedules still the healthy ones.
+* ``loop``: the 8 ranks and healthy schedules of ``mccl demo`` (AllGather, AllToAll), as in the loop. A fault
+  factor below 1 scales rank 0's NIC (both directions) before the ranks start — the loop's fault, with the
+  schedules still the healthy ones.
 
 Per collective, rank 0's inter-host samples (it measures the paths *into* it: ``Sample(rank=sender,
 peer=0)``): the rate over the union of their windows, ÷ the shaped goodput of rank 0's NIC (its downlink;
@@ -25,13 +29,11 @@ goes first; per call the slowest rank's time; ``on_over_off`` = median on ÷ med
 runtime's driver choice (``--driver`` forces one): a metered communicator runs eager where an unmetered one
 would take one gloo alltoallv (AllToAll, one-step plans), and that difference is part of the overhead.
 
-``--gso BYTES``: every NIC's ``gso_max_size``. Why: the kernel's default, 64 KiB, makes TCP hand the shaper
-64 KiB super-packets, which htb passes whole — at 20 Mbit/s data then arrives in lumps of 64 KiB every 27 ms
-(measured with the receiver's ``/proc/net/dev``), where a real 400 Gbit/s NIC delivers them in 1.3 µs. A
-rank's 256 KiB of AllToAll per collective is 4 lumps, too few for any rate (+17 … +46 % against the shaped
-rate); at one MSS (1448) arrivals are per packet, as on the real fabric. The emulation scales rates by
-1/``scale`` but not the segment size; this scales it back down. Writes
-``benchmarks/results/netemu_telemetry<tag>.csv``.
+``--gso BYTES``: every NIC's ``gso_max_size`` instead of the fabric's (one MSS, 1448:
+``mccl.experiments.netemu.fabric.NIC_GSO_MAX_SIZE``); 65536 is the kernel's default, under which the NICs pass
+TCP's 64 KiB super-packets whole — data arrives in lumps of 64 KiB every 27 ms at 20 Mbit/s (the A/B of the
+fifth session). ``--dump``: every rank's calls, samples and receive/send trace (``time.perf_counter``, one
+clock on the emulated fabric) as JSON. Writes ``benchmarks/results/netemu_telemetry<tag>.csv``.
 """
 from __future__ import annotations
 
@@ -49,13 +51,42 @@ from mccl.experiments.netemu import EmulatedFabric, FabricPlan, unsupported_reas
 from mccl.experiments.netemu.demo import NetemuConfig, _synth_options
 from mccl.experiments.netemu.ranks import run_ranks_in_fabric
 from mccl.experiments.netemu.shaping import GOODPUT
+from mccl.runtime.telemetry import TelemetryConfig
 
 KINDS = ("allgather", "alltoall")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _traced(metered, trace: list) -> None:  # noqa: ANN001  (a Communicator)
+    """Record the metered communicator's receive posts/completions and sends (``time.perf_counter``: one
+    clock for every rank of the emulated fabric, so the ranks' traces line up)."""
+    import time as clock
+
+    meters, transport = metered._meters, metered.transport
+    posted, completed, post = meters.posted, meters.completed, transport.post
+
+    counter = meters._counter
+
+    def traced_posted(peer: int, nbytes: int, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        trace.append(("r", peer, nbytes, clock.perf_counter(), None, meters.seq,
+                      counter() if counter is not None else None))
+        posted(peer, nbytes, *args, **kwargs)
+
+    def traced_completed(peer: int, nbytes: int, at: float | None = None, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        trace.append(("c", peer, nbytes, clock.perf_counter(), at, meters.seq, kwargs.get("counted")))
+        completed(peer, nbytes, at, *args, **kwargs)
+
+    def traced_post(op):  # noqa: ANN001, ANN202
+        if op.is_send:
+            trace.append(("s", op.peer, op.tensor.numel() * op.tensor.element_size(), clock.perf_counter(), None,
+                          meters.seq, None))
+        return post(op)
+
+    meters.posted, meters.completed, transport.post = traced_posted, traced_completed, traced_post
+
+
 def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: str, elements: dict,
-          repeats: int, driver: str | None) -> dict:
+          repeats: int, driver: str | None, trace: bool = False, telemetry: dict | None = None) -> dict:
     """Every schedule ``repeats`` times with telemetry on (into a MemorySink) and off, alternating which goes
     first; rank 0 reads its downlink counter around the metered calls."""
     import functools
@@ -74,9 +105,13 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
         kind = loads_schedule(text).collective.value
         sink = MemorySink()
         metered = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
-                       name=f"{name}-tel", sink=sink, driver=driver, telemetry=TelemetryConfig(flush_interval_s=0.02))
+                       name=f"{name}-tel", sink=sink, driver=driver,
+                       telemetry=TelemetryConfig(**{"flush_interval_s": 0.02, **(telemetry or {})}))
         plain = init(dist.group.WORLD, None, topology=topology, schedules=[loads_schedule(text)], hot_swap=False,
                      name=f"{name}-off", driver=driver)
+        events: list = []
+        if trace:
+            _traced(metered, events)
         calls, off = [], []
         source = torch.arange(elements[kind], dtype=torch.int32) + rank
         output = torch.empty(elements[kind] * (world if kind == "allgather" else 1), dtype=torch.int32)
@@ -91,7 +126,7 @@ def _rank(rank: int, world: int, plan: FabricPlan, texts: dict, topology_spec: s
         samples = [(s.kind, s.rank, s.peer, s.bytes, s.seconds, s.end_time, s.seq) for s in sink.samples]
         metered.close()
         plain.close()
-        out[name] = {"calls": calls, "off": off, "samples": samples}
+        out[name] = {"calls": calls, "off": off, "samples": samples, "trace": events}
     return out
 
 
@@ -107,7 +142,7 @@ def _union(windows: list[tuple[float, float]]) -> float:
 
 
 def measure(case: str, scale: float, repeats: int, driver: str | None = None, dump: bool = False,
-            gso: int | None = None, fault_factor: float | None = None) -> list[dict]:
+            gso: int | None = None, fault_factor: float | None = None, telemetry: dict | None = None) -> list[dict]:
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
     from mccl.synth.ring import naive_ring
@@ -134,13 +169,14 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
             for port in built.plan.ranks:
                 subprocess.run(["ip", "-n", port.namespace, "link", "set", "dev", "eth0", "gso_max_size", str(gso)],
                                check=True)
-        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, timeout_s=600)
+        outputs = run_ranks_in_fabric(_rank, built.plan, texts, spec, elements, repeats, driver, dump, telemetry,
+                                      timeout_s=600)
         down_mbit = built.nic_mbit(0)[1]
     goodput_mbit = down_mbit * GOODPUT
     if dump:
         import json
 
-        (RESULTS / f"netemu_telemetry_{case}_dump.json").write_text(json.dumps(outputs[0]))
+        (RESULTS / f"netemu_telemetry_{case}_dump.json").write_text(json.dumps(outputs))
     rows = []
     for name in texts:
         calls = outputs[0][name]["calls"]
@@ -159,9 +195,11 @@ def measure(case: str, scale: float, repeats: int, driver: str | None = None, du
         on = [max(out[name]["calls"][i][1] for out in outputs) for i in range(1, len(calls))]
         off = [max(out[name]["off"][i] for out in outputs) for i in range(1, len(calls))]
         rows.append({"case": case, "driver": driver or "default", "gso": gso, "fault_factor": fault_factor,
+                     "telemetry": ",".join(f"{k}={v}" for k, v in (telemetry or {}).items()),
                      "collective": name,
                      "nic_mbit": down_mbit, "calls_with_samples": len(errors),
                      "telemetry_err_median": round(statistics.median(errors), 4) if errors else None,
+                     "telemetry_errors": [round(e, 4) for e in errors],
                      "telemetry_err_min": round(min(errors), 4) if errors else None,
                      "telemetry_err_max": round(max(errors), 4) if errors else None,
                      "per_sample_err_median": round(statistics.median(per_sample), 4) if per_sample else None,
@@ -179,23 +217,57 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=NetemuConfig.scale)
     parser.add_argument("--tag", default="")
     parser.add_argument("--driver", default=None, help="the executor's driver (default: the runtime's choice)")
-    parser.add_argument("--dump", action="store_true", help="also write rank 0's calls and samples as JSON")
-    parser.add_argument("--fault-factor", type=float, default=None,
-                        help="scale rank 0's NIC by this before the ranks start (loop case: the schedules stay healthy)")
+    parser.add_argument("--dump", action="store_true",
+                        help="also write every rank's calls, samples and receive/send trace as JSON")
+    parser.add_argument("--fault-factors", default="1,0.5",
+                        help="rank 0's NIC scaled by each before the ranks start (1: healthy; the schedules stay healthy)")
+    parser.add_argument("--runs", type=int, default=3, help="fabrics built per fault factor")
+    parser.add_argument("--telemetry", default="",
+                        help="TelemetryConfig fields of the metered communicators, e.g. arrival_waiters=0,nic_counter=0")
     parser.add_argument("--gso", type=int, default=None,
-                        help="set every NIC's gso_max_size to this many bytes (default: the kernel's, 64 KiB)")
+                        help="set every NIC's gso_max_size to this many bytes (default: the fabric's, one MSS)")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason:
         sys.exit(f"netemu_telemetry: {reason}")
+    if args.runs < 1 or args.repeats < 2:
+        parser.error("--runs must be at least 1 and --repeats at least 2 (the first call is a warm-up)")
+    factors = [float(f) for f in args.fault_factors.split(",")]
+    telemetry = {}
+    for item in filter(None, args.telemetry.split(",")):
+        key, _, value = item.partition("=")
+        telemetry[key.strip()] = type(getattr(TelemetryConfig(), key.strip()))(float(value))
+    if not all(0 < f <= 1 for f in factors):
+        parser.error(f"--fault-factors must lie in (0, 1], got {args.fault_factors}")
     rows = []
     for case in args.cases.split(","):
-        started = time.perf_counter()
-        rows += measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso, args.fault_factor)
-        print(f"[{case}: {time.perf_counter() - started:.0f} s]", flush=True)
+        for factor in factors:
+            for run in range(args.runs):
+                started = time.perf_counter()
+                got = measure(case, args.scale, args.repeats, args.driver, args.dump, args.gso,
+                              None if factor == 1 else factor, telemetry)
+                rows += [{**row, "run": run} for row in got]
+                print(f"[{case}, NIC x{factor:g}, run {run + 1}/{args.runs}: {time.perf_counter() - started:.0f} s] "
+                      + ", ".join(f"{r['collective']} {r['telemetry_err_median']}" for r in got), flush=True)
     for row in rows:
         print(row)
+    print(summary(rows))
     write_csv(RESULTS / f"netemu_telemetry{args.tag}.csv", rows)
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per (case, fault factor, collective): the median error over every call of every run, each
+    run's median, and telemetry on ÷ off (median over the runs)."""
+    lines = ["case  NIC  collective  error (median of all calls)  per run  on/off"]
+    keys = dict.fromkeys((r["case"], r["fault_factor"], r["collective"]) for r in rows)
+    for case, factor, collective in keys:
+        mine = [r for r in rows if (r["case"], r["fault_factor"], r["collective"]) == (case, factor, collective)]
+        errors = [e for r in mine for e in r["telemetry_errors"]]
+        per_run = ", ".join(f"{r['telemetry_err_median']:+.2%}" for r in mine if r["telemetry_err_median"] is not None)
+        overall = f"{statistics.median(errors):+.2%}" if errors else "none"
+        ratio = statistics.median(r["on_over_off"] for r in mine)
+        lines.append(f"{case}  x{factor or 1:g}  {collective}  {overall}  [{per_run}]  {ratio:.3f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/telemetry_overhead.py              # 4 ranks, 9 calls per mode
     PYTHONPATH=src .venv/bin/python benchmarks/telemetry_overhead.py --repeats 15 --ranks 8
+    PYTHONPATH=src .venv/bin/python benchmarks/telemetry_overhead.py --driver eager   # the meters alone
 
 The emulated fabric's figures (``benchmarks/netemu_telemetry.py``, ``on_over_off``) are NIC-bound. Here nothing
 but the CPU limits a collective, so the eager driver a metered communicator runs costs what it costs against
@@ -28,7 +29,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("allgather", "alltoall")
 
 
-def _rank(rank: int, world: int, texts: dict, topology_spec: str, elements: dict, repeats: int) -> dict:
+def _rank(rank: int, world: int, texts: dict, topology_spec: str, elements: dict, repeats: int,
+          driver: str | None = None) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -42,11 +44,11 @@ def _rank(rank: int, world: int, texts: dict, topology_spec: str, elements: dict
     for name, text in texts.items():
         schedule = loads_schedule(text)
         comms = {True: init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False,
-                            name=f"{name}-on", sink=MemorySink(), telemetry=TelemetryConfig()),
+                            name=f"{name}-on", sink=MemorySink(), telemetry=TelemetryConfig(), driver=driver),
                  False: init(dist.group.WORLD, None, topology=topology, schedules=[schedule], hot_swap=False,
-                             name=f"{name}-off")}
+                             name=f"{name}-off", driver=driver)}
         plan = build_plan(schedule, rank)
-        drivers = {on: executor.default_driver(comms[on].transport, plan, metered=on) for on in comms}
+        drivers = {on: driver or executor.default_driver(comms[on].transport, plan, metered=on) for on in comms}
         source = torch.arange(elements[name], dtype=torch.int32) + rank
         output = torch.empty(elements[name] * (world if name == "allgather" else 1), dtype=torch.int32)
         times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
@@ -65,7 +67,7 @@ def _rank(rank: int, world: int, texts: dict, topology_spec: str, elements: dict
     return out
 
 
-def measure(ranks: int, repeats: int) -> list[dict]:
+def measure(ranks: int, repeats: int, driver: str | None = None) -> list[dict]:
     from mccl.experiments.netemu.demo import NetemuConfig, _synth_options
     from mccl.schedule import Collective, dumps_schedule
     from mccl.synth import optimize
@@ -77,7 +79,7 @@ def measure(ranks: int, repeats: int) -> list[dict]:
     options = _synth_options(config.chunks)
     texts = {kind: dumps_schedule(optimize(topology, kind, options=options[Collective(kind)]).schedule) for kind in KINDS}
     elements = {"allgather": config.ag_bytes // 4, "alltoall": (config.a2a_bytes // 4 // ranks) * ranks}
-    outputs = run_ranks(_rank, ranks, texts, spec, elements, repeats, timeout_s=900)
+    outputs = run_ranks(_rank, ranks, texts, spec, elements, repeats, driver, timeout_s=900)
     rows = []
     for name in KINDS:
         medians = {}
@@ -100,8 +102,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4, help="an even number: two hosts")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tag", default="")
+    parser.add_argument("--driver", default=None,
+                        help="both communicators' driver (eager: the meters' cost alone, without the driver change)")
     args = parser.parse_args()
-    rows = measure(args.ranks, args.repeats)
+    rows = measure(args.ranks, args.repeats, args.driver)
     for row in rows:
         print(row)
     write_csv(RESULTS / f"telemetry_overhead{args.tag}.csv", rows)

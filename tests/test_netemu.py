@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from mccl.experiments.netemu import EmulatedFabric, FabricError, FabricPlan, sweep, unsupported_reason
+from mccl.experiments.netemu.fabric import NIC_GSO_MAX_SIZE
 from mccl.experiments.netemu.shaping import shaper_lines
 from mccl.topology import rail_optimized
 
@@ -75,6 +76,9 @@ def test_fabric_builds_changes_and_leaves_nothing_behind():
                                capture_output=True, text=True).stdout
         assert "rate 200Mbit" in shown, shown
         assert fabric.nic_mbit(1) == (200.0, 200.0) and fabric.nic_mbit(0) == (400.0, 400.0)
+        shown = subprocess.run(["ip", "-n", fabric.plan.ranks[0].namespace, "-d", "link", "show", "dev", "eth0"],
+                               capture_output=True, text=True).stdout
+        assert f"gso_max_size {NIC_GSO_MAX_SIZE} " in shown, shown  # per-packet arrivals, no 64 KiB lumps
     assert _leftovers(plan.prefix) == []
 
 

@@ -22,6 +22,12 @@ COLLECTIVE = "collective"
 class Sample:
     """One measurement window (mccl-paper §5): ``bytes`` moved in ``seconds`` while saturated.
 
+    **What ``seconds`` is: the time the measuring port was busy** — from the window's first known
+    arrival to its last, less the time the port carried nothing (its senders had nothing to send: a
+    relay waiting for its input). So ``bytes / seconds`` is the path's share of the port's rate while
+    busy, and the samples of one window (same receiver, kind, end time and duration) add up to the
+    port's busy rate: its capacity once it was saturated in the window (:mod:`mccl.runtime.windows`).
+
     **Direction: a sample describes the path ``rank → peer``** (``rank`` sends, ``peer``
     receives), whichever end measured it — the runtime measures at the receiving end (a
     receive completes when its last byte has arrived, :mod:`mccl.runtime.telemetry`), so

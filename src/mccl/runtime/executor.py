@@ -77,7 +77,11 @@ def execute(transport: Transport, plan: RankPlan, buffers: Buffers, *, seq: int 
         program = bound.programs[chosen] = runner.prepare(plan, bound, buffers)
     if gate is not None:
         gate.wait(seq)
-    runner.run(program, transport, allocate(buffers, bound), buffers, seq=seq, meters=meters)
+    transport.arrivals = meters.arrivals if meters is not None else None  # this call's receives timed
+    try:
+        runner.run(program, transport, allocate(buffers, bound), buffers, seq=seq, meters=meters)
+    finally:
+        transport.arrivals = None  # receives posted outside a metered call (hot swap, liveness) are not
     if buffers.finish is not None:
         buffers.finish()
 

@@ -11,28 +11,29 @@ peer=receiver)`` (:class:`mccl.telemetry.Sample`: the path's ends, whichever one
 **Windows per receiving port.** Every receive from another host arrives through this
 rank's NIC, every receive from its own host through its host fabric (NVLink), so the
 saturation rule of §5.1 ("active channels ≥ threshold N") is applied per port: a window
-is open while at least N receives of that kind (inter / intra) are in flight (posted,
-not yet complete), whichever peers they come from — per pair, the 1–2 chunks a tree
-sends through one NIC per collective would rarely open one.
+opens when at least N receives of that kind (inter / intra) are in flight (posted, not yet
+complete), whichever peers they come from, and closes when none is left — per pair, the 1–2
+chunks a tree sends through one NIC per collective would rarely open one. Concurrent transfers
+on the port are one window: its rate is the port's.
 
-**Rate: the dispersion of arrivals.** A window runs from its first arrival whose time is
-known exactly (the executor was blocked waiting for it: ``completed(at=)``,
-:meth:`Meters.arrival`) to its last arrival (exact, or when it was noticed: a bound from
-above), and counts the bytes that arrived after the first. That leaves out the sender's
-start, gloo's receive-ready rendezvous and the first chunk's latency. Only the sum means
-something: the executor waits for receives in its own order, so arrivals in between are
-noticed only later, in bunches (measured: every other 64 KiB slice of a ring noticed at the
-end), and the time between two single arrivals is not one chunk's transfer time. Each peer's
-sample is its bytes in the window over the window's time, so a window's per-peer samples add
-up to the port's rate. When no arrival of a window has a known time (gloo's alltoallv
-completes every receive of a step at once), the window runs from the N-th post to the last
-completion, which includes the ranks' skew: the exchange driver's samples read low (the loop's
-AllToAll −49 %), so a metered communicator runs the eager driver for every collective
-(:func:`mccl.runtime.executor.default_driver`). The rate is right only while the port is saturated
-from the first timed arrival to the last: a sender with nothing to send in between (a relay waiting
-for its own input) reads as a slower link, and arrivals in lumps (an emulated NIC passing 64 KiB GSO
-segments whole at 20 Mbit/s: one per 27 ms) leave a window a handful of lump edges
-(BENCHMARKS.md, 2026-12-01 fourth session).
+**What a sample means: the port's rate while it was busy.** Each window's rate is computed by
+:func:`mccl.runtime.windows.port_rate` from what the window knows — when each receive's last
+byte arrived (:mod:`mccl.runtime.arrivals`: waiter threads stamp nearly every arrival; the
+executor alone saw half of them late), and on the NIC its byte counter, read at every stamped
+arrival and every ``counter_interval_s`` while the window is open. The rate counts from the
+first known arrival to the last (the first transfer's unknown start, gloo's rendezvous and the
+first chunk's latency drop out), and **time when the port carried nothing is not busy time**: a
+relay waiting for its own input, the PXN AllToAll's rail peer waiting for what it forwards —
+from the counter where it is read, from one sender's own sequence of arrivals otherwise. Each
+peer's sample is its bytes in the window over the window's busy time, so a window's per-peer
+samples add up to the port's busy rate: its capacity whenever the port was saturated at all in
+the window (the emulated fabric: within 5 % of the shaped rate for the loop's AllGather and
+AllToAll, healthy and with the NIC halved; BENCHMARKS.md, 2026-12-01 fifth session). When no
+arrival of a window has a known time (gloo's alltoallv completes every receive of a step at
+once), the window runs from the N-th post to the last completion, which includes the ranks'
+skew: the exchange driver's samples read low (the loop's AllToAll −49 %), so a metered
+communicator runs the eager driver for every collective
+(:func:`mccl.runtime.executor.default_driver`).
 
 Off the critical path: a collective only appends to a bounded deque; a thread that
 idle-waits on an event hands batches to the sink. A full buffer drops the sample and
@@ -59,8 +60,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mccl.runtime.arrivals import ArrivalClock, TimedReceive, nic_rx_counter, stamp
 from mccl.runtime.calls import CallTotals
 from mccl.runtime.sources import CallSink, Sample, TelemetrySink
+from mccl.runtime.windows import Arrival, port_rate
 from mccl.telemetry import COLLECTIVE, INTER, INTRA
 
 __all__ = ["TelemetryConfig", "TelemetryBuffer", "Meters"]
@@ -73,7 +76,11 @@ class TelemetryConfig:
     """``threshold_inter`` / ``threshold_intra``: receives from one peer in flight (N of §5.1) that
     open its window.
     ``capacity``: samples buffered before dropping; ``batch``: samples per ``submit``;
-    ``flush_interval_s``: how often the telemetry thread wakes up."""
+    ``flush_interval_s``: how often the telemetry thread wakes up.
+    ``nic_counter``: read the NIC's received-bytes counter (the NIC named by ``GLOO_SOCKET_IFNAME``; none
+    named, or the loopback: not read) at every arrival through it, timed by ``arrival_waiters`` threads
+    (:mod:`mccl.runtime.arrivals`; 0: no counter, only the executor's own blocked waits are timed), and every
+    ``counter_interval_s`` while a NIC window is open (a thread that sleeps otherwise)."""
 
     enabled: bool = True
     threshold_inter: int = 2
@@ -81,6 +88,9 @@ class TelemetryConfig:
     capacity: int = 8192
     batch: int = 512
     flush_interval_s: float = 0.05
+    arrival_waiters: int = 8
+    nic_counter: bool = True
+    counter_interval_s: float = 0.01
 
 
 class TelemetryBuffer:
@@ -101,6 +111,7 @@ class TelemetryBuffer:
         self.failed_batches = 0
         self._wake = threading.Event()
         self._stop = False
+        self.on_close: list[Callable[[], None]] = []  # e.g. the meters' arrival waiters
         self._thread = threading.Thread(target=self._drain_forever, name="mccl-telemetry", daemon=True)
         self._thread.start()
 
@@ -121,6 +132,8 @@ class TelemetryBuffer:
         self._wake.set()
         self._thread.join(timeout=5)
         self._drain()
+        for close in self.on_close:
+            close()
 
     def _drain(self) -> None:
         while self._samples:
@@ -160,24 +173,18 @@ class TelemetryBuffer:
             self._drain()
 
 
-# A wait that returned later than this after it began was blocked on the operation, so the
-# operation completed (its last byte arrived) when the wait returned; a quicker return means it
-# had completed earlier, at a time nobody saw (gloo's ``is_completed`` stays False until waited).
-BLOCKED_WAIT_S = 1e-3
-
-
 class _Window:
     """One receiving port's window (module docstring)."""
 
-    __slots__ = ("inflight", "opened", "first", "last", "after", "total")
+    __slots__ = ("inflight", "opened", "arrivals", "noticed", "base", "readings")
 
     def __init__(self) -> None:
         self.inflight = 0  # receives of this port posted and not yet complete
         self.opened: float | None = None  # when the N-th receive was posted (None: closed)
-        self.first: float | None = None  # the first arrival with a known time in the window
-        self.last = 0.0  # the latest arrival (known, or when it was noticed)
-        self.after: dict[int, int] = {}  # bytes per peer that arrived after ``first``
-        self.total: dict[int, int] = {}  # bytes per peer of every completion in the window
+        self.arrivals: list[Arrival] = []  # the receives completed in the window
+        self.noticed = 0.0  # when the last of them was noticed complete
+        self.base: int | None = None  # the NIC's byte counter when the window opened (inter port, if read)
+        self.readings: list[tuple[float, int]] = []  # (time, NIC counter) read by the sampler meanwhile
 
 
 class Meters:
@@ -190,7 +197,23 @@ class Meters:
         self.buffer = buffer
         self.config = config
         self.seq = 0
+        # waiters only where the NIC's counter is read: it needs its points at the arrivals, and elsewhere
+        # (the host fabric, a loopback transport) a waiter's hand-over per receive costs more CPU than the
+        # arrival times gain (measured on loopback: +55 % CPU per AllGather with every receive watched)
+        self._counter = nic_rx_counter() if config.nic_counter and config.arrival_waiters > 0 else None
+        self.arrivals = (ArrivalClock(config.arrival_waiters, self._counter, counted=self._through_nic)
+                         if self._counter is not None else None)
+        if self.arrivals is not None:
+            buffer.on_close.append(self.arrivals.close)
+        self._sampling = threading.Event()  # set while the NIC's window is open
+        self._closed = False
+        if self._counter is not None:
+            threading.Thread(target=self._sample_forever, name="mccl-nic-counter", daemon=True).start()
+            buffer.on_close.append(self._stop_sampling)
         self.set_hosts(same_host)
+
+    def _through_nic(self, peer: int) -> bool:
+        return 0 <= peer < len(self._port) and self._port[peer] == 0
 
     def set_hosts(self, same_host: Sequence[bool]) -> None:
         """Which peers share this rank's host (from the topology of the installed schedules)."""
@@ -198,47 +221,77 @@ class Meters:
         self._windows = (_Window(), _Window())
         self._thresholds = (self.config.threshold_inter, self.config.threshold_intra)
 
-    def posted(self, peer: int, nbytes: int) -> None:
-        """A receive of ``nbytes`` from ``peer`` was posted."""
+    def posted(self, peer: int, nbytes: int, now: float | None = None) -> None:
+        """A receive of ``nbytes`` from ``peer`` was posted (``now``: ``time.perf_counter()``, default now)."""
         port = self._port[peer]
         window = self._windows[port]
         window.inflight += 1
         if window.opened is None and window.inflight >= self._thresholds[port]:
-            window.opened = time.perf_counter()
-            window.first = None
-            window.after, window.total = {}, {}
+            window.opened = time.perf_counter() if now is None else now
+            window.arrivals = []
+            window.base = self._counter() if self._counter is not None and port == 0 else None
+            window.readings = []
+            if window.base is not None:
+                self._sampling.set()
 
     @staticmethod
-    def arrival(began: float) -> float | None:
-        """Called right after a wait that began at ``began`` (``time.perf_counter()``) returned: now,
-        if the wait was blocked until the operation completed; None if it had completed before."""
-        now = time.perf_counter()
-        return now if now - began > BLOCKED_WAIT_S else None
+    def arrival(began: float | None, work: object = None) -> float | None:
+        """Called right after the executor's wait (begun at ``began``, ``time.perf_counter()``; None: the
+        operation was found done) on ``work`` returned: when its last byte arrived, or None if unknown.
+        A :class:`~mccl.runtime.arrivals.TimedReceive` knows (a waiter thread or this wait stamped it);
+        otherwise now, if the wait was blocked until the operation completed."""
+        if isinstance(work, TimedReceive):
+            return work.arrived
+        return None if began is None else stamp(began)
 
-    def completed(self, peer: int, nbytes: int, at: float | None = None) -> None:
-        """A receive from ``peer`` completed. ``at``: when its last byte arrived
-        (``time.perf_counter()``), if known — the executor's wait for it was blocked until then
-        (:meth:`arrival`); None: it completed at an unknown time before now."""
+    def received(self, peer: int, nbytes: int, began: float | None, work: object) -> None:
+        """The executor's wait on the receive ``work`` from ``peer`` (begun at ``began``; None: found done)
+        returned: :meth:`completed` with what the work knows of its arrival."""
+        counted = work.counted if isinstance(work, TimedReceive) else None
+        self.completed(peer, nbytes, self.arrival(began, work), counted=counted)
+
+    def completed(self, peer: int, nbytes: int, at: float | None = None, now: float | None = None,
+                  counted: int | None = None) -> None:
+        """A receive from ``peer`` completed. ``at``: when its last byte arrived (``time.perf_counter()``),
+        if known (:meth:`arrival`); None: it completed at an unknown time before now. ``now``: when the
+        completion was noticed (default: now). ``counted``: the NIC's byte counter right after ``at``."""
         port = self._port[peer]
         window = self._windows[port]
         window.inflight -= 1
         if window.opened is None:
             return
-        window.total[peer] = window.total.get(peer, 0) + nbytes
-        if window.first is not None:
-            window.after[peer] = window.after.get(peer, 0) + nbytes
-            window.last = max(window.last, time.perf_counter() if at is None else at)
-        elif at is not None:
-            window.first = window.last = at
-        if window.inflight < self._thresholds[port]:
+        window.noticed = time.perf_counter() if now is None else now
+        window.arrivals.append(Arrival(peer, nbytes, at, counted if port == 0 else None, window.noticed))
+        if window.inflight <= 0:
             self._close(window, port)
 
+    def _sample_forever(self) -> None:
+        """Read the NIC's counter every ``counter_interval_s`` while its window is open (idle otherwise)."""
+        interval, counter, window = self.config.counter_interval_s, self._counter, None
+        while not self._closed:
+            if not self._sampling.wait(1.0):
+                continue
+            window = self._windows[0]
+            if window.opened is not None:
+                window.readings.append((time.perf_counter(), counter()))
+            time.sleep(interval)  # an idle wait: the GIL is free
+
+    def _stop_sampling(self) -> None:
+        self._closed = True
+        self._sampling.set()
+
     def _close(self, window: _Window, port: int) -> None:
+        window.inflight = 0
         opened, window.opened = window.opened, None
-        if window.first is None:  # no arrival with a known time: from the N-th post to now
-            per_peer, seconds = window.total, time.perf_counter() - opened
-        else:
-            per_peer, seconds = window.after, window.last - window.first
+        if port == 0:
+            self._sampling.clear()
+        rate = port_rate(window.arrivals, base=window.base, readings=window.readings)
+        if rate is not None:
+            per_peer, seconds = rate.per_peer, rate.seconds
+        else:  # fewer than two known arrivals (one alltoallv per step): from the N-th post to the last notice
+            per_peer, seconds = {}, window.noticed - opened
+            for arrival in window.arrivals:
+                per_peer[arrival.peer] = per_peer.get(arrival.peer, 0) + arrival.nbytes
         if seconds <= 0:
             return
         kind, end = (INTRA if port else INTER), time.time()

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from mccl.errors import MCCLError, PeerLost
 from mccl.runtime import torch_private
+from mccl.runtime.arrivals import ArrivalClock
 from mccl.runtime.liveness import Liveness, peer_timeout_s
 from mccl.runtime.throttle import Pacer
 
@@ -105,6 +106,8 @@ class Transport:
         self._pacers: dict[int, Pacer] = {}
         self.before_send: Callable[[], None] | None = None  # a time-shared job's send gate (runtime.sendgate)
         self._waiting: list[int] = []  # the peer of every wait in progress (-1: a collective)
+        # set per call by a metered executor: receives posted meanwhile are timed by its waiter threads
+        self.arrivals: ArrivalClock | None = None
         self.liveness = (Liveness(store, self.rank, self.size, timeout_s=peer_timeout_s, waits_on=self._waits_on,
                                   on_loss=self._break)
                          if store is not None and self.size > 1 else None)
@@ -148,7 +151,8 @@ class Transport:
                     return pacer.submit(lambda: self.group.send([op.tensor], op.peer, op.tag),
                                         op.tensor.numel() * op.tensor.element_size())
                 return self.group.send([op.tensor], op.peer, op.tag)
-            return self.group.recv([op.tensor], op.peer, op.tag)
+            work = self.group.recv([op.tensor], op.peer, op.tag)
+            return work if self.arrivals is None else self.arrivals.watch(work, op.peer)
         except RuntimeError as error:
             raise self._peer_lost(error, op.peer) from error
 

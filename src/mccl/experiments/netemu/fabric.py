@@ -56,6 +56,14 @@ BASE_PREFIX = "mne"  # every run's names: mne<pid>-...
 DATA_NET = "10.77.0"
 MGMT_NET = "10.79"
 MAX_RANKS = 250
+# The NICs' largest TCP segment: one MSS at MTU 1500. Why: with the kernel's default (64 KiB) TCP hands the
+# shaper 64 KiB GSO super-packets and htb passes each whole, so at the emulated rates data arrives in lumps —
+# 64 KiB every 27 ms at 20 Mbit/s, where a real 400 Gbit/s NIC delivers those bytes in 1.3 µs (the emulation
+# scales rates by 1/scale, not segment sizes). A receiver then sees a handful of lump edges per collective and
+# no rate between them (BENCHMARKS.md, 2026-12-01 fourth and fifth sessions: telemetry +10 … +46 % with
+# lumps); per-packet arrivals make the emulated NIC's timing that of a real one. Throughput: see the fifth
+# session's A/B. The host-fabric veths (nv0) keep the default: 7× faster, not metered by counter.
+NIC_GSO_MAX_SIZE = 1448
 # Small TCP send buffers in the GPU namespaces. Why (when the executor's telemetry was timed on the send side,
 # before 2026-12-01's third session; it is timed on the receive side now, and the buffers were kept, not
 # re-measured without them): a gloo send completes once its bytes are in the socket; with Linux's default buffers
@@ -288,7 +296,7 @@ class EmulatedFabric:
         for port in plan.ranks:
             same_host = [peer for peer in plan.ranks if peer.host_index == port.host_index and peer.rank != port.rank]
             lines = ["link set lo up", f"addr add {port.ip}/24 dev eth0",
-                     "link set eth0 up",
+                     f"link set eth0 gso_max_size {NIC_GSO_MAX_SIZE}", "link set eth0 up",
                      f"addr add {port.mgmt_ip}/24 dev mg0", "link set mg0 up",
                      f"addr add 10.78.0.{port.rank + 1}/32 dev nv0", "link set nv0 up"]
             lines += [f"route add {peer.ip}/32 dev nv0 src {port.ip}" for peer in same_host]

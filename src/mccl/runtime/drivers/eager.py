@@ -181,7 +181,7 @@ class _EagerRun:
         self.watched.discard(index)
         op = self.ops[index]
         if not op.is_send and self.meters is not None:  # receive-side telemetry: when the last byte arrived
-            self.meters.completed(op.peer, self.nbytes[index], None if began is None else Meters.arrival(began))
+            self.meters.received(op.peer, self.nbytes[index], began, self.works[index])
         if index in self.temps:
             self.pending_apply.append(index)
         else:
