@@ -9,7 +9,7 @@ from mccl.errors import MCCLError
 from mccl.schedule import validate
 from mccl.synth import allgather_cut_bound
 from mccl.synth.common import describe_on
-from mccl.synth.treepack.depth import FILL_WEIGHT, HIERARCHY_FILL_WEIGHT, fill_weight
+from mccl.synth.treepack.depth import ADAPTED_FILL_WEIGHT, FILL_WEIGHT, HIERARCHY_FILL_WEIGHT, fill_weight
 from mccl.synth.treepack.hierarchical import hierarchical_allgather
 from mccl.synth.treepack.railadapt import rail_adapted_allgather
 from mccl.topology import apply_fault, rail_optimized
@@ -51,11 +51,11 @@ def test_a_subset_of_ranks_and_the_fill_weight_of_a_hierarchy():
     ranks = ["gpu0", "gpu1", "gpu2", "gpu5", "gpu6", "gpu8"]
     adapted = rail_adapted_allgather(topology, ranks)
     validate(adapted, topology)
-    assert fill_weight(adapted) == HIERARCHY_FILL_WEIGHT
+    assert fill_weight(adapted) == ADAPTED_FILL_WEIGHT
     assert fill_weight(hierarchical_allgather(topology, ranks, "host-rail")) == HIERARCHY_FILL_WEIGHT
     with pytest.raises(MCCLError, match="at least 2 ranks"):
         rail_adapted_allgather(topology, ["gpu0"])
-    assert FILL_WEIGHT < HIERARCHY_FILL_WEIGHT
+    assert FILL_WEIGHT < ADAPTED_FILL_WEIGHT < HIERARCHY_FILL_WEIGHT
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -37,15 +37,15 @@ start at once and every NIC carries about the same count of them, so each level 
 slice at a flow's share of a NIC (a 64 KiB slice at ~1/60 of a NIC: ~80 µs) and nothing else keeps the
 NIC busy meanwhile. Measured (flow level, grouped engine, 1 GiB): the rail trees at 512 GPUs lose 2.7 %
 to fill = 0.43 · T_bw · (D − 1) / k (D 3, k 32) where 0.04 predicted 0.25 %; the rail trees at 128
-(D 2, k 128) 0.56; the rail-adapted trees at 512 Fail2 (D 5, k 32) 0.21 (a slow link with slack on the
-others hides part of it). 0.45 is their middle and errs pessimistic under faults, where the packings
-are the rivals and are deeper still. The packings keep 0.04 (measured on the 2×8 packings; the
-128-GPU Fail2 packing with one tree per source, D 27, k 128: 0.01).
+(D 2, k 128) 0.56: 0.45 for ``rail`` and ``host-rail``. The rail-adapted trees exist only under a fault,
+where one slow link sets the pace and the slack of every other link hides part of the fill: at 512
+Fail2 (D 5, k 32) 0.21, :data:`ADAPTED_FILL_WEIGHT`. The packings keep 0.04 (measured on the 2×8
+packings; the 128-GPU Fail2 packing with one tree per source, D 27, k 128: 0.01).
 
 Under a fault the rail trees adapt nothing; ``rail-adapted`` (:mod:`.railadapt`) is the rail
 hierarchy re-chosen around the fabric's hot links: built whenever ``rail`` is a candidate (its name
-in the stats: ``estimate_rail_adapted_gbs``). On a healthy HPN fabric its trees are the rail trees
-(the tie goes to ``rail``); at 512 GPUs under Fail1/2/3 it reaches 0.996–0.999 of the bound in steady
+in the stats: ``estimate_rail_adapted_gbs``) and kept if its steady state beats the rail trees' (on a
+healthy HPN fabric its trees are the rail trees and it is dropped); at 512 GPUs under Fail1/2/3 it reaches 0.996–0.999 of the bound in steady
 state at depth 5, where the packings' trees are 35–59 deep.
 
 Fewer trees per source. With k trees per source a chunk is 1/k of a block, so it has k times
@@ -79,11 +79,11 @@ from mccl.synth.treepack.pipeline import synthesize
 from mccl.synth.treepack.railadapt import rail_adapted_allgather
 from mccl.topology import Topology
 
-__all__ = ["FILL_WEIGHT", "HIERARCHY_FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
+__all__ = ["FILL_WEIGHT", "HIERARCHY_FILL_WEIGHT", "ADAPTED_FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
 
 FILL_WEIGHT = 0.04  # packings (module docstring)
-HIERARCHY_FILL_WEIGHT = 0.45  # one tree per source through every NIC at once: rail, host-rail, rail-adapted
-HIERARCHY_SHAPES = ("rail", "host-rail", "rail-adapted")
+HIERARCHY_FILL_WEIGHT = 0.45  # one tree per source through every NIC at once: rail, host-rail
+ADAPTED_FILL_WEIGHT = 0.21  # the same under a fault, rail-adapted: the slow link's pace hides part of it
 FEWER_CHUNKS = (4, 2, 1)  # trees per source also tried for the packings (module docstring)
 
 
@@ -101,8 +101,11 @@ class Estimate:
 
 
 def fill_weight(schedule: Schedule) -> float:
-    """The fill weight of ``schedule``'s kind: a hierarchy's (by its ``hierarchy`` input) or a packing's."""
-    return HIERARCHY_FILL_WEIGHT if dict(schedule.meta.inputs).get("hierarchy") in HIERARCHY_SHAPES else FILL_WEIGHT
+    """The fill weight of ``schedule``'s kind (module docstring), by its ``hierarchy`` input: a packing has none."""
+    hierarchy = dict(schedule.meta.inputs).get("hierarchy")
+    if hierarchy is None:
+        return FILL_WEIGHT
+    return ADAPTED_FILL_WEIGHT if hierarchy == "rail-adapted" else HIERARCHY_FILL_WEIGHT
 
 
 def estimate(schedule: Schedule, topology: Topology, size_bytes: float) -> Estimate:
@@ -157,6 +160,9 @@ def choose_by_time(topology: Topology, ranks: Sequence[str] | None, options: Dep
         except MCCLError as error:
             first_error = first_error or error
             continue
+        if name == "rail-adapted" and "rail" in built and not (
+                float(schedule.meta.achieved_gbs or 0.0) > float(built["rail"][0].meta.achieved_gbs or 0.0) * (1 + 1e-9)):
+            continue  # nothing to route around: the rail trees themselves
         built[name] = (schedule, estimate(schedule, topology, options.size_bytes))
     for name in [name for name in ("packing", "latency_aware") if name in built]:
         full_schedule, full = built[name]
