@@ -16,10 +16,10 @@ of a host (another rail, over the aggregation layer), the sender (any rank that 
 buffer at level ≤ 2: a host peer when the source's NIC is slow, a host's neighbour for a spare GPU
 on a host of its own), the hub, and for each rank whether it takes the buffer from its entry over
 the NVSwitch or straight through its NIC. The rule (rip-up and reroute, :mod:`.railadaptkernel`):
-a decision keeps the rail hierarchy's option unless that option would raise the maximum load
-(buffers ÷ capacity) of the fabric without this source; else the least-loaded option wins. Passes
-repeat until none changes (at most ``passes``). On a healthy HPN fabric nothing is hot, so the trees
-are the rail hierarchy's.
+each decision takes the option whose links end least loaded (buffers ÷ capacity, against every other
+tree), the rail hierarchy's own option on ties. Passes repeat until none changes (at most
+``passes``). On a healthy HPN fabric the rail option is always least loaded, so the trees are the
+rail hierarchy's (tested).
 
 Exact where it claims: the trees deliver every buffer to every rank once, in step order, over the
 fabric's shortest switch-only routes (:func:`mccl.schedule.validate` in the tests); the throughput it

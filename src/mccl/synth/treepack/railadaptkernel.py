@@ -2,11 +2,14 @@
 
 Every decision of a rail tree (which host rank receives a source's buffer from outside, which rank
 sends it, which rank of a segment is its hub, whether a rank takes it from its host's entry over the
-NVSwitch or straight from a sender) is kept as the rail hierarchy has it unless that option would
-raise its links' load (buffers ÷ capacity) above the fabric's current maximum without this source's
-tree; then the option of least such load is taken among the ranks that already hold the buffer at
-a bounded level (ties: the shallower sender, then the rail hierarchy's choice, then the lower rank).
-A pass re-chooses every source's tree against the others' loads; passes repeat until none changes.
+NVSwitch or straight from a sender) takes the option whose links end least loaded (the maximum of
+buffers ÷ capacity over the option's links, with every other tree's loads) among the ranks that
+already hold the buffer at a bounded level; ties go to the rail hierarchy's own option, then to the
+shallower sender, then to the fewer changes, then to the lower rank. (Keeping the rail option
+whenever it stays below the fabric's maximum stalls: under Fail2 at 2×8 gpu0's slow NIC carries one
+buffer each way, and each direction is "below the maximum" set by the other.) Pass 0 is the rail
+hierarchy; each later pass re-chooses every source's tree against the others' loads; passes repeat
+until none changes.
 
 Why compiled: a pass weighs about 10⁸ options at 512 GPUs (every holder × every rank of a host);
 each is a few array reads.
@@ -83,7 +86,7 @@ def _better(cost: float, level: int, penalty: int, best_cost: float, best_level:
 
 
 @_jit
-def _build_root(root: int, structural: bool, limit: float, n: int, host_of: np.ndarray, mem_off: np.ndarray,
+def _build_root(root: int, structural: bool, n: int, host_of: np.ndarray, mem_off: np.ndarray,
                 mem: np.ndarray, seg_off: np.ndarray, seg_hosts: np.ndarray, host_seg: np.ndarray,
                 entry_struct: np.ndarray, hub_struct: np.ndarray, nic_out: np.ndarray, r_off: np.ndarray,
                 r_links: np.ndarray, load: np.ndarray, cap: np.ndarray, max_level: int, delta: np.ndarray,
@@ -141,7 +144,7 @@ def _build_root(root: int, structural: bool, limit: float, n: int, host_of: np.n
                                 s_best, e_best, best_cost, best_level, best_penalty = sender, entry, cost, level[sender], penalty
                 hub_host = host_of[e_best]
             hub = e_best
-            count, held = _deliver(s_best, e_best, hub_host, structural, limit, n, mem_off, mem, r_off, r_links,
+            count, held = _deliver(s_best, e_best, hub_host, structural, n, mem_off, mem, r_off, r_links,
                                    load, cap, level, holders, held, snd, rcv, lvl, count)
             first = -1
         # the segment's other hosts (``seg_hosts``: larger hosts first, so a host of one rank can take
@@ -170,12 +173,12 @@ def _build_root(root: int, structural: bool, limit: float, n: int, host_of: np.n
                         penalty = (sender != struct_sender) * 2 + (entry != struct_entry)
                         if _better(cost, level[sender], penalty, best_cost, best_level, best_penalty):
                             s_best, e_best, best_cost, best_level, best_penalty = sender, entry, cost, level[sender], penalty
-            count, held = _deliver(s_best, e_best, host, structural, limit, n, mem_off, mem, r_off, r_links,
+            count, held = _deliver(s_best, e_best, host, structural, n, mem_off, mem, r_off, r_links,
                                    load, cap, level, holders, held, snd, rcv, lvl, count)
 
 
 @_jit
-def _deliver(sender: int, entry: int, host: int, structural: bool, limit: float, n: int,
+def _deliver(sender: int, entry: int, host: int, structural: bool, n: int,
              mem_off: np.ndarray, mem: np.ndarray, r_off: np.ndarray, r_links: np.ndarray, load: np.ndarray,
              cap: np.ndarray, level: np.ndarray, holders: np.ndarray, held: int, snd: np.ndarray, rcv: np.ndarray,
              lvl: np.ndarray, count: int) -> tuple[int, int]:
@@ -234,7 +237,7 @@ def reroute(n: int, host_of: np.ndarray, mem_off: np.ndarray, mem: np.ndarray, s
     new_rcv = np.empty(n - 1, dtype=np.int64)
     new_lvl = np.empty(n - 1, dtype=np.int64)
     for root in range(n):
-        _build_root(root, True, 0.0, n, host_of, mem_off, mem, seg_off, seg_hosts, host_seg, entry_struct, hub_struct,
+        _build_root(root, True, n, host_of, mem_off, mem, seg_off, seg_hosts, host_seg, entry_struct, hub_struct,
                     nic_out, r_off, r_links, load, cap, max_level, delta, level, holders, snd[root], rcv[root], lvl[root])
     done = 0
     for _ in range(passes):
@@ -243,12 +246,7 @@ def reroute(n: int, host_of: np.ndarray, mem_off: np.ndarray, mem: np.ndarray, s
         for root in range(n):
             for i in range(n - 1):
                 _add_route(snd[root, i] * n + rcv[root, i], -1.0, r_off, r_links, load)
-            limit = 0.0
-            for link in range(n_links):
-                value = load[link] / cap[link]
-                if value > limit:
-                    limit = value
-            _build_root(root, False, limit, n, host_of, mem_off, mem, seg_off, seg_hosts, host_seg, entry_struct,
+            _build_root(root, False, n, host_of, mem_off, mem, seg_off, seg_hosts, host_seg, entry_struct,
                         hub_struct, nic_out, r_off, r_links, load, cap, max_level, delta, level, holders,
                         new_snd, new_rcv, new_lvl)
             for i in range(n - 1):
