@@ -3,12 +3,16 @@
     nice -n 10 python benchmarks/flow_bar.py --gpus 512 --faults healthy,fail1,fail2,fail3 --cache /tmp/flow_bar
     python benchmarks/flow_bar.py --gpus 128 --faults fail2 --synth-only --cache /tmp/flow_bar
 
+Under a fault at 512 GPUs the choice is the rail trees routed around the hot links (``rail-adapted``,
+depth 5, :mod:`mccl.synth.treepack.railadapt`), whose flow-level run takes minutes of CPU; the packings
+chosen before (depth 35–59) did not finish in 19 min.
+
 Per HPN fabric (``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8) and fault, one row:
 
 * ``chosen``: what ``optimize(topology, "allgather", method="treepack.depth", size_bytes=1 GiB)``
   returns (what the controller issues for a 1 GiB AllGather), its shape, depth, trees per source and
   the CPU seconds of the choice. With ``--cache DIR`` the schedule is pickled there once and read back by
-  later runs (a cold choice at 512 GPUs takes minutes); a cached schedule is used only if it still passes
+  later runs (a cold choice at 512 GPUs takes minutes; the names carry :data:`CHOICE_VERSION`); a cached schedule is used only if it still passes
   :func:`mccl.schedule.validate` on the fabric (which refuses routes that visit a node twice: the stale
   packings of earlier sessions are regenerated);
 * ``bound``: the AllGather cut bound (:func:`mccl.synth.allgather_cut_bound`);
@@ -39,6 +43,7 @@ from mccl.topology import Topology, apply_fault, rail_optimized
 
 SHAPES = {16: (1, 2, 8), 64: (1, 8, 8), 128: (1, 16, 8), 512: (4, 16, 8)}
 CSV = Path(__file__).resolve().parent / "results" / "flow_bar.csv"
+CHOICE_VERSION = "v5"  # in the cache's file names: a choice cached by an older treepack.depth is not reused
 COLUMNS = ["gpus", "fault", "size_bytes", "bound_gbs", "shape", "depth", "trees_per_source", "slices", "transfers",
            "choice_cpu_s", "cached", "chosen_ab_16MiB", "ring_ab_16MiB", "chosen_ab_1GiB", "ring_ab_1GiB", "chosen_flow_gbs", "ring_flow_gbs", "chosen_vs_bound", "chosen_vs_ring",
            "ring_vs_bound", "chosen_sim_cpu_s", "ring_sim_cpu_s", "finished_utc"]
@@ -47,7 +52,7 @@ COLUMNS = ["gpus", "fault", "size_bytes", "bound_gbs", "shape", "depth", "trees_
 def chosen_schedule(topology: Topology, gpus: int, fault: str, size: float, cache: Path | None
                     ) -> tuple[Schedule, float, bool]:
     """The depth-aware choice at ``size``, its CPU seconds (0 when read from the cache) and whether it was cached."""
-    path = cache / f"depth-allgather-{gpus}-{fault}-{int(size)}.pkl" if cache is not None else None
+    path = cache / f"depth-allgather-{CHOICE_VERSION}-{gpus}-{fault}-{int(size)}.pkl" if cache is not None else None
     if path is not None and path.exists():
         with path.open("rb") as handle:
             schedule = pickle.load(handle)

@@ -128,6 +128,17 @@ def test_depth_chosen_packing_under_a_fault_matches_the_flow_engine():
     from mccl.synth import optimize
 
     fabric = apply_fault(rail_optimized(1, 2, 8), "fail1")
-    schedule = optimize(fabric, "allgather", method="treepack.depth", size_bytes=64 * MiB).schedule
+    schedule = optimize(fabric, "allgather", method="treepack.depth", size_bytes=64 * MiB,
+                        candidates=("packing", "latency_aware")).schedule
     grouped, flows = both(schedule, fabric, 64 * MiB)
+    assert_same(grouped, flows)
+
+
+def test_rail_adapted_trees_under_a_fault_match_the_flow_engine():
+    """The rail trees routed around a slow NVSwitch port (senders and entries moved, depth 2): both engines agree."""
+    from mccl.synth.treepack.railadapt import rail_adapted_allgather
+
+    fabric = apply_fault(rail_optimized(1, 2, 8), "fail1")
+    schedule = rail_adapted_allgather(fabric, fabric.gpus)
+    grouped, flows = both(schedule, fabric, 4 * MiB)
     assert_same(grouped, flows)

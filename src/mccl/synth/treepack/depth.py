@@ -11,7 +11,7 @@ trees of :mod:`.hierarchical` (shallowest, throughput not adapted to the capacit
 
 The estimate, per candidate, at size S (the executor's slicing, :mod:`mccl.schedule.slicing`)::
 
-    T = T_bw + L + FILL_WEIGHT · T_bw · (D − 1) / k
+    T = T_bw + L + w · T_bw · (D − 1) / k       (w: FILL_WEIGHT, HIERARCHY_FILL_WEIGHT)
 
 ``T_bw = max_a load_a · (S / n) / C_a`` (the steady state), ``L`` the sum over steps of the
 slowest route latency in the step, D the steps, k the slices per chunk. The fill weight is
@@ -30,6 +30,23 @@ fourth session) the healthy choice, the rail hierarchy (depth 3, 32 slices), sim
 the bound, 0.987× the ring: each of its flows gets ~1/60 of a NIC, so each level's fill is a slice
 time of ~80 µs — 2.7 % of 2.7 ms, more than the 0.04 weight predicts; the estimate still ranks it
 first among the candidates (host-rail: 0.82 flow level).
+
+The fill weight differs by kind, so the hierarchies get their own, :data:`HIERARCHY_FILL_WEIGHT`
+(BENCHMARKS.md, 2026-12-01 fifth session). In a hierarchy every source has one tree, all trees
+start at once and every NIC carries about the same count of them, so each level waits about one
+slice at a flow's share of a NIC (a 64 KiB slice at ~1/60 of a NIC: ~80 µs) and nothing else keeps the
+NIC busy meanwhile. Measured (flow level, grouped engine, 1 GiB): the rail trees at 512 GPUs lose 2.7 %
+to fill = 0.43 · T_bw · (D − 1) / k (D 3, k 32) where 0.04 predicted 0.25 %; the rail trees at 128
+(D 2, k 128) 0.56: 0.45 for ``rail`` and ``host-rail``. The rail-adapted trees exist only under a fault,
+where one slow link sets the pace and the slack of every other link hides part of the fill: at 512
+Fail2 (D 5, k 32) 0.21, :data:`ADAPTED_FILL_WEIGHT`. The packings keep 0.04 (measured on the 2×8
+packings; the 128-GPU Fail2 packing with one tree per source, D 27, k 128: 0.01).
+
+Under a fault the rail trees adapt nothing; ``rail-adapted`` (:mod:`.railadapt`) is the rail
+hierarchy re-chosen around the fabric's hot links: built whenever ``rail`` is a candidate (its name
+in the stats: ``estimate_rail_adapted_gbs``) and kept if its steady state beats the rail trees' (on a
+healthy HPN fabric its trees are the rail trees and it is dropped); at 512 GPUs under Fail1/2/3 it reaches 0.996–0.999 of the bound in steady
+state at depth 5, where the packings' trees are 35–59 deep.
 
 Fewer trees per source. With k trees per source a chunk is 1/k of a block, so it has k times
 fewer slices to fill its tree's pipeline with; the rounding (:mod:`.rounding`) keeps the k of the
@@ -59,11 +76,14 @@ from mccl.synth.options import DepthOptions
 from mccl.synth.result import BaselineStats, SynthesisResult
 from mccl.synth.treepack.hierarchical import hierarchical_allgather
 from mccl.synth.treepack.pipeline import synthesize
+from mccl.synth.treepack.railadapt import rail_adapted_allgather
 from mccl.topology import Topology
 
-__all__ = ["FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
+__all__ = ["FILL_WEIGHT", "HIERARCHY_FILL_WEIGHT", "ADAPTED_FILL_WEIGHT", "Estimate", "estimate", "choose_by_time"]
 
-FILL_WEIGHT = 0.04
+FILL_WEIGHT = 0.04  # packings (module docstring)
+HIERARCHY_FILL_WEIGHT = 0.45  # one tree per source through every NIC at once: rail, host-rail
+ADAPTED_FILL_WEIGHT = 0.21  # the same under a fault, rail-adapted: the slow link's pace hides part of it
 FEWER_CHUNKS = (4, 2, 1)  # trees per source also tried for the packings (module docstring)
 
 
@@ -80,6 +100,14 @@ class Estimate:
     algbw_gbs: float
 
 
+def fill_weight(schedule: Schedule) -> float:
+    """The fill weight of ``schedule``'s kind (module docstring), by its ``hierarchy`` input: a packing has none."""
+    hierarchy = dict(schedule.meta.inputs).get("hierarchy")
+    if hierarchy is None:
+        return FILL_WEIGHT
+    return ADAPTED_FILL_WEIGHT if hierarchy == "rail-adapted" else HIERARCHY_FILL_WEIGHT
+
+
 def estimate(schedule: Schedule, topology: Topology, size_bytes: float) -> Estimate:
     """The module docstring's estimate of ``schedule`` at ``size_bytes`` on ``topology``."""
     n = schedule.n_ranks
@@ -90,7 +118,7 @@ def estimate(schedule: Schedule, topology: Topology, size_bytes: float) -> Estim
     latency = float(schedule.transfers.step_max_route_cost(topology.latencies_us).sum() * 1e-6)
     depth = schedule.transfers.n_steps
     slices = slice_count(float(schedule.chunks.fraction.max()) * size_bytes / n)
-    fill = FILL_WEIGHT * bandwidth * (depth - 1) / slices
+    fill = fill_weight(schedule) * bandwidth * (depth - 1) / slices
     total = bandwidth + latency + fill
     return Estimate(total, bandwidth, latency, fill, depth, slices, size_bytes / total / 1e9)
 
@@ -107,6 +135,8 @@ def _could_win(full: Estimate, schedule: Schedule, chunks: int, size_bytes: floa
 def _candidate(name: str, topology: Topology, ranks: tuple[str, ...], chunks: int) -> Schedule:
     if name in ("packing", "latency_aware"):
         return synthesize(topology, ranks, chunks=chunks, latency_aware=name == "latency_aware").schedule
+    if name == "rail-adapted":
+        return describe_on(rail_adapted_allgather(topology, ranks), topology)
     return describe_on(hierarchical_allgather(topology, ranks, name), topology)
 
 
@@ -123,12 +153,16 @@ def choose_by_time(topology: Topology, ranks: Sequence[str] | None, options: Dep
     started = time.perf_counter()
     built: dict[str, tuple[Schedule, Estimate]] = {}
     first_error: MCCLError | None = None
-    for name in options.candidates:
+    names = list(options.candidates) + (["rail-adapted"] if "rail" in options.candidates else [])
+    for name in names:
         try:
             schedule = _candidate(name, topology, chosen_ranks, options.chunks)
         except MCCLError as error:
             first_error = first_error or error
             continue
+        if name == "rail-adapted" and "rail" in built and not (
+                float(schedule.meta.achieved_gbs or 0.0) > float(built["rail"][0].meta.achieved_gbs or 0.0) * (1 + 1e-9)):
+            continue  # nothing to route around: the rail trees themselves
         built[name] = (schedule, estimate(schedule, topology, options.size_bytes))
     for name in [name for name in ("packing", "latency_aware") if name in built]:
         full_schedule, full = built[name]
