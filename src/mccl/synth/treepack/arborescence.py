@@ -159,6 +159,7 @@ class _Packer:
             grown = self.grown[self.applied]
             if grown is not None:
                 grown.release(self.residual)
+                self.grower.released()
         while self.applied < min(count, len(self.grown)):
             grown = self.grown[self.applied]
             if grown is not None:
