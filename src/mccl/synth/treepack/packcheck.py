@@ -4,7 +4,8 @@ Phase 2 (:func:`packing_ok`: does the whole forest, ``need`` = Σ k trees into e
 split?) asks the rooted minimum cut of :mod:`.rootcut` once; the rules below do not help there (at
 need = n·k no host split carries n·k: 31 flows for 32 ranks, BENCHMARKS.md third session).
 Phase 3 (:func:`packs`, issue 17: 2048 GPUs) asks it of the residual many times, with small
-``need``, where the rules prove most sinks:
+``need``, where the rules prove most sinks and one rooted cut over the ranks they leave decides
+the rest (fifth session; before, one OR-Tools max-flow per such rank, ~100 per check at 2048):
 
 The trees still to pack fit the residual iff every rank v has ``maxflow(s*, v) >= need``
 (s* → r of capacity ``untouched[r]``, need = Σ untouched; :mod:`.arborescence`). Asked
@@ -23,10 +24,11 @@ Most sinks follow from the ones already proven. Let S be the proven ranks plus s
   (then H has no proven member and every arc from S into T enters X) or splits H (then the
   arcs of H across the split enter it).
 
-A max-flow is run only for a rank no rule reaches (the ranks the caller expects to fail
-first, then the rest in order); one flow to a rank of a host with fat NVSwitch arcs
-proves the whole host. A failing flow stops the check. Hosts bigger than
-``_SPLIT_LIMIT`` ranks skip the host rule (2^size splits).
+The ranks no rule reaches are the candidate sinks of one rooted minimum cut (Hao–Orlin,
+:mod:`.rootcut`: the least ``maxflow(s*, v)`` over them, in about one max-flow's work, deciding
+against ``need`` so that a failing check stops at its first failing sink). The proven ranks stay
+in its network as ordinary nodes, so the verdict is exactly the definition's (the tests compare it
+with a max-flow per rank). Hosts bigger than ``_SPLIT_LIMIT`` ranks skip the host rule (2^size splits).
 """
 
 from __future__ import annotations
@@ -127,11 +129,11 @@ def prove(start_nodes: np.ndarray, proven: np.ndarray, into: np.ndarray, host_in
 
 
 def packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
-          host: np.ndarray, first: np.ndarray | None = None) -> tuple[bool, int]:
-    """Whether the untouched roots' trees still fit (module docstring), and the max-flows that took.
+          host: np.ndarray) -> tuple[bool, int]:
+    """Whether the untouched roots' trees still fit (module docstring), and the solves that took (0: the
+    rules proved every rank; 1: one rooted cut).
 
-    ``host``: each rank's host 0, 1, … (:func:`~.growkernel.host_index`); ``first``: ranks to try
-    before the others (where a failure is likely), so that a failing check stops early.
+    ``host``: each rank's host 0, 1, … (:func:`~.growkernel.host_index`).
     """
     need = int(untouched.sum())
     if need == 0:
