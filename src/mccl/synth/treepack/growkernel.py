@@ -12,6 +12,10 @@ rank added, and Phase 3 adds ``groups × (n - 1)`` ranks (about 10⁶ at 512 GPU
 2048): that overhead was most of Phase 3. Here the work per rank added is the out-arcs of
 the new rank plus one scan of the n-long "best arc into each rank" table.
 
+The kernel walks only the arcs :class:`FastGrower` lists: those with units left when it last
+re-listed them (every few growths, and after any root gave its units back), in their original
+relative order, so every score and tie is what walking all arcs gives (tests compare both).
+
 Output is arrays, not :class:`~mccl.synth.treepack.tree.Tree` objects (16 million Python
 tuples at 2048 GPUs): per group its multiplicity, its arcs in the order added, and the depth
 of every rank. Randomized retries (``seed`` ≥ 0) draw their noise from numba's own generator,
