@@ -67,3 +67,34 @@ def test_search_equals_the_python_search_on_random_residuals(data) -> None:
         target = data.draw(st.integers(0, n - 1).filter(lambda t, s=source: t != s))
         limit = data.draw(st.integers(1, 8))
         assert residual.shortest(source, target, limit) == residual.shortest_reference(source, target, limit)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_vectorized_spread_equals_the_pair_loop(data) -> None:
+    """The split's proportional spread as numpy rows: the same plan (pairs in the same order), the same
+    units left per rank, on random switches (in/out ranks overlapping, hosts, a switch inside a host)."""
+    from mccl.synth.treepack.switch_removal import _spread, _spread_reference
+
+    n = data.draw(st.integers(2, 12))
+    groups = np.array(data.draw(st.lists(st.integers(-1, 3), min_size=n + 1, max_size=n + 1)), dtype=np.int64)
+    w = n  # the switch
+    ins = {u: data.draw(st.integers(0, 40)) for u in data.draw(st.lists(st.integers(0, n - 1), unique=True, min_size=1))}
+    outs = {t: data.draw(st.integers(0, 40)) for t in data.draw(st.lists(st.integers(0, n - 1), unique=True, min_size=1))}
+    plan, left_in, left_out = _spread(ins, outs, groups, w)
+    reference = _spread_reference(ins, outs, groups, w)
+    assert list(plan.items()) == list(reference[0].items())
+    assert list(left_in.items()) == list(reference[1].items())
+    assert list(left_out.items()) == list(reference[2].items())
+
+
+@pytest.mark.parametrize("fault", [None, "fail3"])
+def test_split_with_the_vectorized_spread_keeps_its_routes(fault, monkeypatch) -> None:
+    """The whole split on the 32-GPU fabric: the same logical graph and routes as with the pair loop."""
+    from mccl.synth.treepack import switch_removal
+
+    topology = rail_optimized(1, 4, 8)
+    fabric, logical = _split(apply_fault(topology, fault) if fault else topology)
+    monkeypatch.setattr(switch_removal, "_spread", switch_removal._spread_reference)
+    _, reference = _split(apply_fault(topology, fault) if fault else topology)
+    assert logical.units == reference.units and logical.routes == reference.routes
