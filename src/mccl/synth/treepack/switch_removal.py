@@ -113,8 +113,8 @@ def _fast_split(graph: SplitGraph, w: int, groups: np.ndarray) -> None:
         graph.drop_switch(w)
         return
 
-    def apart(u: int, t: int) -> bool:
-        return u != t and (groups[u] < 0 or groups[u] != groups[t] or groups[w] == groups[u])
+    def apart(u: np.ndarray, t: np.ndarray) -> np.ndarray:  # elementwise over in-ranks × out-ranks
+        return (u != t) & ((groups[u] < 0) | (groups[u] != groups[t]) | (groups[w] == groups[u]))
 
     plan, left_in, left_out = _spread(ins, outs, groups, w)
     _fill(plan, left_in, left_out, apart)
@@ -181,11 +181,17 @@ def _spread_reference(ins: dict[int, int], outs: dict[int, int], groups: np.ndar
     return plan, left_in, left_out
 
 
-def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: dict[int, int], allowed) -> None:
-    """Add to ``plan`` a maximal split of what is left, over the allowed pairs (bipartite max-flow)."""
+def _fill(plan: dict[tuple[int, int], int], left_in: dict[int, int], left_out: dict[int, int],
+          allowed: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+    """Add to ``plan`` a maximal split of what is left, over the allowed pairs (bipartite max-flow).
+
+    ``allowed(u, t)``: elementwise over an in-rank column and an out-rank row; the pairs in row-major
+    order, as the nested loop over in- then out-ranks listed them."""
     us = [u for u in left_in if left_in[u] > 0]
     ts = [t for t in left_out if left_out[t] > 0]
-    pairs = [(i, j) for i, u in enumerate(us) for j, t in enumerate(ts) if allowed(u, t)]
+    if not us or not ts:
+        return
+    pairs = np.argwhere(allowed(np.array(us, dtype=np.int64)[:, None], np.array(ts, dtype=np.int64)[None, :])).tolist()
     if not pairs:
         return
     net = FlowNet(2 + len(us) + len(ts))
