@@ -50,7 +50,7 @@ def test_random_fabrics_straightened_routes_equal_the_python_search(topology, mo
     assert compiled == reference
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_search_equals_the_python_search_on_random_residuals(data) -> None:
     """Random spare units on the 16-GPU rail fabric's arcs, random pairs and limits: the same route or None,
