@@ -30,6 +30,7 @@ and the ratios before/after are printed.
     python benchmarks/treepack_scale.py --gpus 1024,2048 --repeats 1 --cases healthy
     python benchmarks/treepack_scale.py --gpus 512 --cases healthy,fail2-warm --before-src /work/main/src
     python benchmarks/treepack_scale.py --gpus 128,512 --cases fail2-warm --repeats 3 --warm-up --before-src /work/main/src
+    python benchmarks/treepack_scale.py --gpus 2048 --repeats 1 --cases fail1 --no-exact --dump-phase2 /tmp/ph2
     python benchmarks/treepack_scale.py --gpus 128,512 --repeats 1 \
         --cases fail1,fail1-warm,fail2,fail2-warm,fail3,fail3-warm,back-from-fail1,back-from-fail2,back-from-fail3
 """
@@ -54,7 +55,8 @@ from mccl.synth import allgather_cut_bound, optimize
 from mccl.synth.maxflow import scipy_max_flow
 from mccl.topology import fail1, fail2, fail3, rail_optimized
 
-gpus, case, exact_too, warm_up = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+gpus, case, exact_too = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+warm_up, dump = sys.argv[4] == "1", sys.argv[5]
 import mccl.synth.treepack.pipeline as pipeline
 phase_cpu = {}
 
@@ -74,6 +76,16 @@ for name, attribute in (("phase1_cpu_s", "max_rate"), ("rounding_cpu_s", "best_i
                         ("phase2_cpu_s", "split_switches"), ("phase3_cpu_s", "pack_arborescences"),
                         ("lowering_cpu_s", "lower_trees")):
     setattr(pipeline, attribute, timed(name, getattr(pipeline, attribute)))
+if dump:  # Phase 3's input (n, logical units, k, host groups) pickled after the timed call, for Phase 3 alone
+    import pickle
+    dumped = []
+    timed_split = pipeline.split_switches
+
+    def dumping_split(fabric, integral):
+        split = timed_split(fabric, integral)
+        dumped.append((fabric.n_ranks, split.logical.units, split.k, fabric.groups))
+        return split
+    pipeline.split_switches = dumping_split
 healthy = rail_optimized(1, gpus // 8, 8)
 faults = {"fail1": fail1, "fail2": fail2, "fail3": fail3}
 base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -95,6 +107,9 @@ phase_cpu.clear()
 start = time.process_time()
 result = optimize(topology, "allgather", previous=previous)
 cpu = time.process_time() - start
+if dump and dumped:
+    with open(f"{dump}/phase2-{gpus}-{case}.pkl", "wb") as handle:
+        pickle.dump(dumped[-1], handle)
 validate(result.schedule, topology)
 stats = dict(result.schedule.meta.stats)
 exact = allgather_cut_bound(topology, result.schedule.ranks, max_flow=scipy_max_flow).algbw_gbs if exact_too else None
@@ -105,11 +120,12 @@ print(json.dumps({"cpu_s": cpu, **phase_cpu, "bound_gbs": result.bound_gbs, "ach
 """.replace("STAT_NAMES", repr(STATS))
 
 
-def run_case(src: str, gpus: int, case: str, timeout: float, exact: bool = True, warm_up: bool = False) -> dict:
-    """One case in a fresh interpreter importing mccl from ``src``."""
+def run_case(src: str, gpus: int, case: str, timeout: float, exact: bool = True, warm_up: bool = False,
+             dump: str = "") -> dict:
+    """One case in a fresh interpreter importing mccl from ``src`` (``dump``: a folder for Phase 3's input)."""
     env_path = f"import sys; sys.path.insert(0, {src!r})\n"
     done = subprocess.run([sys.executable, "-c", env_path + WORKER, str(gpus), case, "1" if exact else "0",
-                           "1" if warm_up else "0"],
+                           "1" if warm_up else "0", dump],
                           capture_output=True,
                           text=True, timeout=timeout, check=False)
     if done.returncode != 0:
@@ -137,6 +153,8 @@ def main() -> None:
     parser.add_argument("--warm-up", action="store_true",
                         help="before the timed call, run a 16-GPU cold and warm synthesis in the same process "
                              "(what a long-lived controller has done: compiled kernels loaded from numba's cache)")
+    parser.add_argument("--dump-phase2", default="", metavar="DIR",
+                        help="pickle Phase 3's input (n, logical units, k, groups) per case into DIR (cold cases)")
     parser.add_argument("--out", default=str(HERE / "results" / "treepack_scale.jsonl"))
     args = parser.parse_args()
     sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
@@ -149,7 +167,7 @@ def main() -> None:
         for case in args.cases.split(","):
             medians = {}
             for side, src in sides:
-                rows = [run_case(src, gpus, case, args.timeout, not args.no_exact, args.warm_up)
+                rows = [run_case(src, gpus, case, args.timeout, not args.no_exact, args.warm_up, args.dump_phase2)
                         for _ in range(args.repeats)]
                 row = median_row(rows)
                 medians[side] = row

@@ -5,9 +5,11 @@
     python benchmarks/treepack_table.py --gpus 512 --faults healthy,fail2    # solve + α-β only
     python benchmarks/treepack_table.py --gpus 2048 --no-packing             # hierarchies and ring only
     python benchmarks/treepack_table.py --gpus 128,512 --flow-gpus 128,512 --flow-methods pack,chosen,ring
+    python benchmarks/treepack_table.py --gpus 1024 --flat --flow-gpus ""   # one segment: treepack_scale's fabric
 
-Per fabric (HPN ``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8, 2048 = 16×16×8) and fault,
-all in one process, one row each:
+Per fabric (HPN ``rail_optimized``: 16 = 1×2×8, 128 = 1×16×8, 512 = 4×16×8, 1024 = 8×16×8, 2048 =
+16×16×8; with ``--flat`` one segment, 1×(GPUs/8)×8, the fabric of ``treepack_scale.py``'s time bars, so
+that one synthesis serves both) and fault, all in one process, one row each:
 
 * the optimal packing, cold (``optimize(topology, "allgather")``): solve time (CPU,
   ``time.process_time``: the machine is shared), the bound, its steady state, tree depth, route
@@ -24,20 +26,26 @@ all in one process, one row each:
   ring (the issue's bars: ≥ 0.95 and > 1). A collective alone under equal streams runs on the
   grouped engine (:mod:`mccl.sim.grouped`), which makes 128 and 512 GPUs a matter of minutes;
 * Phase 2 (switch removal, with the lower-rate search of :mod:`mccl.synth.treepack.balance`) and
-  Phase 3 (tree construction) times from the packing's stats (wall, ``perf_counter``).
+  Phase 3 (tree construction) times from the packing's stats (wall, ``perf_counter``), and their CPU
+  times (``phase2_cpu_s``, ``phase3_cpu_s``: the pipeline's functions wrapped, as ``treepack_scale.py``
+  does), the max-flows, and the process's peak RSS when the row is done (``rss_mb``: it includes the
+  ``validate`` and the α-β evaluations; one row per process gives that row's peak).
 
-Rows print as they finish (markdown) and are appended to ``benchmarks/results/treepack_table_flow.csv``.
+Rows print as they finish (markdown) and are appended to ``benchmarks/results/treepack_table_rows.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+import mccl.synth.treepack.pipeline as pipeline
 from mccl.schedule import Schedule, validate
 from mccl.sim import SimOptions, evaluate, simulate_schedule
 from mccl.synth import optimize
@@ -49,22 +57,47 @@ from mccl.topology import Topology, apply_fault, rail_optimized
 
 MiB = 1 << 20
 SIZES = {"16MiB": 16 * MiB, "1GiB": 1024 * MiB}
-SHAPES = {16: (1, 2, 8), 128: (1, 16, 8), 512: (4, 16, 8), 2048: (16, 16, 8)}
-# (treepack_table.csv holds the rows of the first session, before the chosen / phase columns)
-CSV = Path(__file__).resolve().parent / "results" / "treepack_table_flow.csv"
+SHAPES = {16: (1, 2, 8), 128: (1, 16, 8), 512: (4, 16, 8), 1024: (8, 16, 8), 2048: (16, 16, 8)}
+# (treepack_table.csv: the first session's rows; treepack_table_flow.csv: before the fabric / CPU / RSS columns)
+CSV = Path(__file__).resolve().parent / "results" / "treepack_table_rows.csv"  # with the fabric / phase CPU / RSS columns
 
 
 def loop_count(schedule: Schedule, topology: Topology) -> int:
-    """Transfers whose route visits a node twice (independent of the validator's vectorized rule)."""
+    """Transfers whose route visits a node twice (independent of the validator's rule): per route length,
+    the routes' nodes as rows of a matrix, sorted, a repeat where two neighbours are equal."""
     tail = np.array([topology.node_index[link.src] for link in topology.links])
     head = np.array([topology.node_index[link.dst] for link in topology.links])
     transfers = schedule.transfers
+    lengths = transfers.route_lengths
+    starts = transfers.route_offsets[:-1]
     loops = 0
-    for index in np.flatnonzero(transfers.route_lengths >= 3):
-        route = np.asarray(transfers.route(int(index)))
-        nodes = np.concatenate([tail[route[:1]], head[route]])
-        loops += len(np.unique(nodes)) < len(nodes)
+    for length in np.unique(lengths[lengths >= 2]).tolist():
+        chosen = np.flatnonzero(lengths == length)
+        for block in range(0, len(chosen), 1 << 20):  # bounded memory at 2,048 GPUs (42 M transfers)
+            first = starts[chosen[block:block + (1 << 20)]]
+            links = transfers.route_links[first[:, None] + np.arange(length)]
+            nodes = np.sort(np.concatenate([tail[links[:, :1]], head[links]], axis=1), axis=1)
+            loops += int(np.count_nonzero((nodes[:, 1:] == nodes[:, :-1]).any(axis=1)))
     return loops
+
+
+PHASES = (("phase2_cpu_s", "split_switches"), ("phase3_cpu_s", "pack_arborescences"))
+phase_cpu: dict[str, float] = {}
+
+
+def _timed(name: str, function: Callable) -> Callable:
+    """``function`` with its CPU time added to ``phase_cpu[name]`` (the pipeline's own phase times are wall)."""
+    def wrapper(*args, **kwargs):
+        started = time.process_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            phase_cpu[name] = phase_cpu.get(name, 0.0) + time.process_time() - started
+    return wrapper
+
+
+for _name, _attribute in PHASES:
+    setattr(pipeline, _attribute, _timed(_name, getattr(pipeline, _attribute)))
 
 
 def flow_algbw(schedule: Schedule, topology: Topology, size: float) -> tuple[float, float]:
@@ -74,18 +107,23 @@ def flow_algbw(schedule: Schedule, topology: Topology, size: float) -> tuple[flo
     return run.algbw_gbs, time.process_time() - started
 
 
-def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = True) -> dict[str, object]:
+def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = True,
+            flat: bool = False) -> dict[str, object]:
     """One row (module docstring); ``with_packing=False``: hierarchies and ring only (a size the packing
-    cannot reach in the time at hand)."""
-    topology = rail_optimized(*SHAPES[gpus])
+    cannot reach in the time at hand); ``flat``: one segment of GPUs/8 hosts."""
+    shape = (1, gpus // 8, 8) if flat else SHAPES[gpus]
+    topology = rail_optimized(*shape)
     if fault != "healthy":
         topology = apply_fault(topology, fault)
-    row: dict[str, object] = {"gpus": gpus, "fault": fault}
+    row: dict[str, object] = {"gpus": gpus, "fabric": "x".join(map(str, shape)), "fault": fault}
     candidates: dict[str, Schedule] = {}
     if with_packing:
+        phase_cpu.clear()
         started = time.process_time()
         packing = optimize(topology, "allgather")
         solve_cpu = time.process_time() - started
+        row.update({name: round(value, 2) for name, value in phase_cpu.items()})
+        row["max_flows"] = int(packing.schedule.meta.stat("max_flows", 0.0))
         started = time.process_time()
         validate(packing.schedule, topology)
         validate_cpu = time.process_time() - started
@@ -137,10 +175,11 @@ def measure(gpus: int, fault: str, flow: tuple[str, ...], with_packing: bool = T
         for name in ("pack", "chosen"):
             if name in flow and "ring" in flow and f"{name}_flow_1GiB" in row:
                 row[f"{name}_flow_vs_ring"] = round(float(row[f"{name}_flow_1GiB"]) / float(row["ring_flow_1GiB"]), 3)
+    row["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return row
 
 
-COLUMNS = ["gpus", "fault", "solve_cpu_s", "validate_cpu_s", "bound_gbs", "steady_gbs", "depth", "route_max",
+COLUMNS = ["gpus", "fabric", "fault", "solve_cpu_s", "phase2_cpu_s", "phase3_cpu_s", "max_flows", "rss_mb", "validate_cpu_s", "bound_gbs", "steady_gbs", "depth", "route_max",
            "route_mean", "loop_transfers", "transfers", "phase2_s", "phase3_s", "rail_depth", "rail_steady_gbs",
            *[f"{name}_ab_{label}" for label in SIZES for name in ("pack", "rail", "ring")],
            *[f"chosen_{label}" for label in SIZES], "depth_choice_1GiB", "depth_choice_cpu_s",
@@ -158,6 +197,7 @@ def main() -> None:
     parser.add_argument("--flow-methods", default="pack,rail,chosen,ring",
                         help="which schedules the flow level simulates (of pack, rail, chosen, ring)")
     parser.add_argument("--no-packing", action="store_true", help="hierarchies and ring only (no packing columns)")
+    parser.add_argument("--flat", action="store_true", help="one segment of GPUs/8 hosts (treepack_scale.py's fabric)")
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()
     sizes = [int(value) for value in args.gpus.split(",")]
@@ -171,7 +211,7 @@ def main() -> None:
     for gpus in sizes:
         for fault in args.faults.split(","):
             flow = tuple(args.flow_methods.split(",")) if gpus in flow_sizes else ()
-            row = measure(gpus, fault, flow, with_packing=not args.no_packing)
+            row = measure(gpus, fault, flow, with_packing=not args.no_packing, flat=args.flat)
             row["finished_utc"] = time.strftime("%H:%M:%S", time.gmtime())
             print("| " + " | ".join(str(row.get(column, "")) for column in COLUMNS) + " |", flush=True)
             with args.csv.open("a", newline="") as handle:

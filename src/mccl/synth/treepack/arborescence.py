@@ -28,8 +28,8 @@ the fallback. The packing is optimistic instead (issue 17: checks only where nee
    passes the check (:mod:`.packcheck`: ``maxflow(s*, v) >= M`` for every rank, most ranks
    proven by a rank or a host rule instead of a max-flow; one check passing proves the
    prefix and that root). If none does, the last prefix of roots after which the rest
-   still packs (the ranks the stuck tree missed checked first, so that a failing check
-   stops early) is found by backing off from the stall 0, 1, 2, 4, … roots and
+   still packs (each check one rooted cut after the rules, stopping at the first rank it
+   fails) is found by backing off from the stall 0, 1, 2, 4, … roots and
    bisecting — the grown roots are released and re-applied, not regrown;
 3. the root after that prefix is grown greedily with its result checked, then with a
    few randomized greedy orders, then with the exact rule; and step 1 resumes after it.
@@ -143,7 +143,6 @@ class _Packer:
         self.grown: list[GrownRoot | None] = []
         self.applied = 0  # how many of ``grown`` are in the residual
         self.solves = 0
-        self.missed = np.zeros(n, dtype=bool)  # ranks the last stuck group could not reach
 
     def untouched(self) -> np.ndarray:
         """Trees still wanted by the roots not yet applied."""
@@ -159,6 +158,7 @@ class _Packer:
             grown = self.grown[self.applied]
             if grown is not None:
                 grown.release(self.residual)
+                self.grower.released()
         while self.applied < min(count, len(self.grown)):
             grown = self.grown[self.applied]
             if grown is not None:
@@ -183,7 +183,6 @@ class _Packer:
             grown = self.grower.grow_root(root, int(self.wanted[root]), self.residual, self._mask(root),
                                           untouched=untouched, reserve=reserve)
             if grown is None:
-                self.missed = self.grower.unreached.copy()
                 return index
             self.grown.append(grown)
             self.applied += 1
@@ -270,8 +269,7 @@ class _Packer:
         return self._packs_now()
 
     def _packs_now(self) -> bool:
-        ok, used = packs(self.n, self.tails, self.heads, self.residual, self.untouched(), self.grower.host,
-                         self.missed)
+        ok, used = packs(self.n, self.tails, self.heads, self.residual, self.untouched(), self.grower.host)
         self.solves += used
         return ok
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from mccl.synth.cutbound import CutChecker
-from mccl.synth.treepack.packcheck import _prove
+from mccl.synth.treepack import packcheck
 
 __all__ = ["violated_cut"]
 
@@ -47,7 +47,7 @@ def violated_cut(checker: CutChecker, arc_capacity: np.ndarray, source_capacity:
     proven = np.zeros(nodes, dtype=np.bool_)
 
     def prove(start: np.ndarray) -> None:
-        _prove(start, proven, into, host_in, host_ok, out_start, out_arc, heads, capacity, alone, alone,
+        packcheck.prove(start, proven, into, host_in, host_ok, out_start, out_arc, heads, capacity, alone, alone,
                np.arange(nodes + 1, dtype=np.int64), int(need))
 
     prove(np.flatnonzero(into >= need).astype(np.int64))

@@ -12,6 +12,10 @@ rank added, and Phase 3 adds ``groups × (n - 1)`` ranks (about 10⁶ at 512 GPU
 2048): that overhead was most of Phase 3. Here the work per rank added is the out-arcs of
 the new rank plus one scan of the n-long "best arc into each rank" table.
 
+The kernel walks only the arcs :class:`FastGrower` lists: those with units left when it last
+re-listed them (every few growths, and after any root gave its units back), in their original
+relative order, so every score and tie is what walking all arcs gives (tests compare both).
+
 Output is arrays, not :class:`~mccl.synth.treepack.tree.Tree` objects (16 million Python
 tuples at 2048 GPUs): per group its multiplicity, its arcs in the order added, and the depth
 of every rank. Randomized retries (``seed`` ≥ 0) draw their noise from numba's own generator,
@@ -90,14 +94,16 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
     ``unreached`` marks the ranks the stuck group could not reach)."""
     jitter = seed >= 0
     egress = np.zeros(len(reserve), dtype=np.int64)
-    for arc in range(len(tails)):
+    top = 1.0
+    if len(by_tail):  # the arcs listed (all with units left, and maybe some spent ones): the rest hold 0
+        top = 0.0
+    for position in range(len(by_tail)):
+        arc = by_tail[position]
         if inter[arc]:
             egress[host[tails[arc]]] += residual[arc]
+        top = max(top, float(residual[arc]))
     if jitter:
         np.random.seed(seed)
-    top = 1.0
-    if len(residual):
-        top = float(residual.max())
     log_arc = np.empty(k * n, dtype=np.int64)
     log_amount = np.empty(k * n, dtype=np.int64)
     logged = 0
@@ -245,6 +251,14 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
     return group
 
 
+_REFRESH_EVERY = 8  # growths between re-listings of the live arcs (one is an O(m) pass, ~a growth's cost / 8 at 2,048)
+
+
+def _starts(ends: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
+    """CSR offsets of ``order`` (arc ids sorted by ``ends``) per rank 0 … n."""
+    return np.concatenate([[0], np.cumsum(np.bincount(ends[order], minlength=n))]).astype(np.int64)
+
+
 def host_index(n: int, groups: np.ndarray | None) -> np.ndarray:
     """Each rank's host as 0, 1, …; a rank without a host (or no ``groups``) is a host of its own."""
     raw = np.full(n, -1, dtype=np.int64) if groups is None else np.asarray(groups[:n], dtype=np.int64)
@@ -281,14 +295,35 @@ class FastGrower:
         self.tails = np.ascontiguousarray(tails, dtype=np.int64)
         self.heads = np.ascontiguousarray(heads, dtype=np.int64)
         self.latency_aware = latency_aware
-        self.by_tail = np.argsort(self.tails, kind="stable").astype(np.int64)
-        self.start = np.searchsorted(self.tails[self.by_tail], np.arange(n + 1)).astype(np.int64)
-        self.by_head = np.argsort(self.heads, kind="stable").astype(np.int64)
-        self.head_start = np.searchsorted(self.heads[self.by_head], np.arange(n + 1)).astype(np.int64)
+        self.all_by_tail = np.argsort(self.tails, kind="stable").astype(np.int64)
+        self.all_by_head = np.argsort(self.heads, kind="stable").astype(np.int64)
+        self.by_tail, self.start = self.all_by_tail, _starts(self.tails, self.all_by_tail, n)
+        self.by_head, self.head_start = self.all_by_head, _starts(self.heads, self.all_by_head, n)
+        self.grows_since_refresh = 0
         self.host = host_index(n, groups)
         self.n_hosts = int(self.host.max()) + 1 if n else 0
         self.inter = self.host[self.tails] != self.host[self.heads]
         self.unreached = np.zeros(n, dtype=np.bool_)
+
+    def released(self) -> None:
+        """Units went back into the residual (a root released): arcs spent before may hold units again,
+        so the next growth lists every arc afresh (:meth:`_refresh`)."""
+        self.grows_since_refresh = _REFRESH_EVERY
+
+    def _refresh(self, residual: np.ndarray) -> None:
+        """List only the arcs with units left (in the same relative order, so ties break as before).
+
+        The kernel walks the out- and in-arcs of every rank it adds (``groups × m`` arc visits): late in
+        the packing most arcs are spent, and at 2,048 GPUs (640 k arcs) walking them was most of its work.
+        Residuals only shrink between refreshes (a release calls :meth:`released`), so the list stays a
+        superset of the live arcs, and a spent arc listed is skipped as before: the trees are identical.
+        """
+        live = residual > 0
+        self.by_tail = self.all_by_tail[live[self.all_by_tail]]
+        self.by_head = self.all_by_head[live[self.all_by_head]]
+        self.start = _starts(self.tails, self.by_tail, self.n)
+        self.head_start = _starts(self.heads, self.by_head, self.n)
+        self.grows_since_refresh = 0
 
     def reserve(self, untouched: np.ndarray) -> np.ndarray:
         """Per host, the trees its untouched roots still need to send out (egress the greedy keeps free)."""
@@ -308,6 +343,9 @@ class FastGrower:
             untouched = np.zeros(self.n, dtype=np.int64)
         if reserve is None:
             reserve = self.reserve(untouched)
+        if self.grows_since_refresh >= _REFRESH_EVERY:
+            self._refresh(residual)
+        self.grows_since_refresh += 1
         n = self.n
         arcs = np.empty((k, max(n - 1, 0)), dtype=np.int64)
         mult = np.empty(k, dtype=np.int64)

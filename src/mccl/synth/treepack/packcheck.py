@@ -4,7 +4,8 @@ Phase 2 (:func:`packing_ok`: does the whole forest, ``need`` = Σ k trees into e
 split?) asks the rooted minimum cut of :mod:`.rootcut` once; the rules below do not help there (at
 need = n·k no host split carries n·k: 31 flows for 32 ranks, BENCHMARKS.md third session).
 Phase 3 (:func:`packs`, issue 17: 2048 GPUs) asks it of the residual many times, with small
-``need``, where the rules prove most sinks:
+``need``, where the rules prove most sinks and one rooted cut over the ranks they leave decides
+the rest (fifth session; before, one OR-Tools max-flow per such rank, ~100 per check at 2048):
 
 The trees still to pack fit the residual iff every rank v has ``maxflow(s*, v) >= need``
 (s* → r of capacity ``untouched[r]``, need = Σ untouched; :mod:`.arborescence`). Asked
@@ -23,10 +24,11 @@ Most sinks follow from the ones already proven. Let S be the proven ranks plus s
   (then H has no proven member and every arc from S into T enters X) or splits H (then the
   arcs of H across the split enter it).
 
-A max-flow is run only for a rank no rule reaches (the ranks the caller expects to fail
-first, then the rest in order); one flow to a rank of a host with fat NVSwitch arcs
-proves the whole host. A failing flow stops the check. Hosts bigger than
-``_SPLIT_LIMIT`` ranks skip the host rule (2^size splits).
+The ranks no rule reaches are the candidate sinks of one rooted minimum cut (Hao–Orlin,
+:mod:`.rootcut`: the least ``maxflow(s*, v)`` over them, in about one max-flow's work, deciding
+against ``need`` so that a failing check stops at its first failing sink). The proven ranks stay
+in its network as ordinary nodes, so the verdict is exactly the definition's (the tests compare it
+with a max-flow per rank). Hosts bigger than ``_SPLIT_LIMIT`` ranks skip the host rule (2^size splits).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 from mccl.synth.maxflow import FlowNet
 from mccl.synth.treepack.rootcut import rooted_min_cut
 
-__all__ = ["packs", "packing_ok", "packing_ok_by_flows"]
+__all__ = ["packing_ok", "packing_ok_by_flows", "packs", "prove"]
 
 _jit = numba.njit(cache=True, nogil=True)
 _SPLIT_LIMIT = 12
@@ -82,7 +84,7 @@ def _host_splits(members: np.ndarray, member_start: np.ndarray, tails: np.ndarra
 
 
 @_jit
-def _prove(start_nodes: np.ndarray, proven: np.ndarray, into: np.ndarray, host_in: np.ndarray,
+def prove(start_nodes: np.ndarray, proven: np.ndarray, into: np.ndarray, host_in: np.ndarray,
            host_ok: np.ndarray, out_start: np.ndarray, out_arc: np.ndarray, heads: np.ndarray,
            residual: np.ndarray, host: np.ndarray, members: np.ndarray, member_start: np.ndarray,
            need: int) -> int:
@@ -127,11 +129,11 @@ def _prove(start_nodes: np.ndarray, proven: np.ndarray, into: np.ndarray, host_i
 
 
 def packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, untouched: np.ndarray,
-          host: np.ndarray, first: np.ndarray | None = None) -> tuple[bool, int]:
-    """Whether the untouched roots' trees still fit (module docstring), and the max-flows that took.
+          host: np.ndarray) -> tuple[bool, int]:
+    """Whether the untouched roots' trees still fit (module docstring), and the solves that took (0: the
+    rules proved every rank; 1: one rooted cut).
 
-    ``host``: each rank's host 0, 1, … (:func:`~.growkernel.host_index`); ``first``: ranks to try
-    before the others (where a failure is likely), so that a failing check stops early.
+    ``host``: each rank's host 0, 1, … (:func:`~.growkernel.host_index`).
     """
     need = int(untouched.sum())
     if need == 0:
@@ -151,24 +153,33 @@ def packs(n: int, tails: np.ndarray, heads: np.ndarray, residual: np.ndarray, un
     proven = np.zeros(n, dtype=np.bool_)
     full = host_ok & (host_in >= need)  # the host rule with S = {s*}
     seeds = np.flatnonzero((into >= need) | full[host]).astype(np.int64)
-    _prove(seeds, proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
+    prove(seeds, proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
            member_start, need)
-    net: FlowNet | None = None
-    sinks = np.arange(n) if first is None else np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
-    solves = 0
-    for v in sinks.tolist():
-        if proven[v]:
-            continue
-        if net is None:
-            net = FlowNet(n + 1)
-            net.add_arcs(arc_tail, arc_head, arc_cap)
-            net.add_arcs(np.full(n, n), np.arange(n), untouched)
-        solves += 1
+    unproven = ~proven
+    if not unproven.any():
+        return True, 0
+    # The rest in one rooted minimum cut over the unproven ranks (:mod:`.rootcut`): the least
+    # maxflow(s*, v) over them, stopping at the first below ``need``; about one max-flow's work.
+    tails_all = np.concatenate([arc_tail, np.full(n, n, dtype=np.int64)])
+    heads_all = np.concatenate([arc_head, np.arange(n, dtype=np.int64)])
+    caps_all = np.concatenate([arc_cap, np.asarray(untouched, dtype=np.int64)])
+    candidates = np.concatenate([unproven, [False]])
+    try:
+        return rooted_min_cut(n + 1, n, tails_all, heads_all, caps_all, candidates, need=need).value >= need, 1
+    except ArithmeticError:  # the label guard of :mod:`.rootcut` (never seen): a max-flow per unproven rank
+        return _packs_by_flows(n, arc_tail, arc_head, arc_cap, untouched, np.flatnonzero(unproven), need)
+
+
+def _packs_by_flows(n: int, tails: np.ndarray, heads: np.ndarray, caps: np.ndarray, untouched: np.ndarray,
+                    sinks: np.ndarray, need: int) -> tuple[bool, int]:
+    """``maxflow(s*, v) >= need`` for each of ``sinks``, one OR-Tools max-flow each (the fallback)."""
+    net = FlowNet(n + 1)
+    net.add_arcs(tails, heads, caps)
+    net.add_arcs(np.full(n, n), np.arange(n), untouched)
+    for solves, v in enumerate(sinks.tolist(), start=1):
         if net.max_flow(n, v) < need:
             return False, solves
-        _prove(np.array([v], dtype=np.int64), proven, into, host_in, host_ok, out_start, out_arc, arc_head, arc_cap, host, members,
-               member_start, need)
-    return True, solves
+    return True, len(sinks)
 
 
 def packing_ok(n_nodes: int, n_ranks: int, tail: np.ndarray, head: np.ndarray, caps: np.ndarray,

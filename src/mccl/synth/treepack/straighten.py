@@ -37,6 +37,7 @@ from collections import defaultdict
 import numpy as np
 
 from mccl.synth.treepack.fabric import Fabric
+from mccl.synth.treepack.straightkernel import Adjacency, shortest_route
 
 __all__ = ["straighten_routes", "simple_route"]
 
@@ -85,16 +86,21 @@ class _Residual:
         for routes in pieces.values():
             for route, count in routes:
                 np.add.at(load, self.arc_of_link[list(route)], count)
-        self.spare = (np.asarray(units, dtype=np.int64) - load).tolist()  # may be < 0 only if given overloaded
+        self.spare = np.asarray(units, dtype=np.int64) - load  # may be < 0 only if given overloaded
+        self.adjacency = Adjacency(fabric.n_nodes, fabric.tail, fabric.head)
 
     def arcs_of(self, route: Path) -> list[int]:
         return self.arc_of_link[list(route)].tolist()
 
     def shift(self, arcs: list[int], amount: int) -> None:
-        for arc in arcs:
-            self.spare[arc] += amount
+        np.add.at(self.spare, arcs, amount)
 
     def shortest(self, source: int, target: int, limit: int) -> list[int] | None:
+        """Arcs of a shortest route ``source → target`` through switches with spare units, at most ``limit``
+        long: :meth:`shortest_reference`'s route, compiled (:mod:`.straightkernel`; 2,048 GPUs, Fail3)."""
+        return shortest_route(self.adjacency, self.spare, self.n_ranks, source, target, limit)
+
+    def shortest_reference(self, source: int, target: int, limit: int) -> list[int] | None:
         """Arcs of a shortest route ``source → target`` through switches with spare units, at most ``limit`` long."""
         spare, n_ranks = self.spare, self.n_ranks
         forward: dict[int, tuple[int, int]] = {source: (-1, 0)}  # node -> (arc in, depth)
@@ -179,7 +185,7 @@ def straighten_routes(fabric: Fabric, units: np.ndarray,
             arcs = residual.shortest(key[0], key[1], length - 1)
             if arcs is None:
                 break
-            amount = min(left, min(residual.spare[arc] for arc in arcs))
+            amount = min(left, int(residual.spare[arcs].min()))
             residual.shift(arcs, -amount)
             left -= amount
             shorter = tuple(residual.link_of_arc[arc] for arc in arcs)
