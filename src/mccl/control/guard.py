@@ -84,7 +84,7 @@ from mccl.errors import ControllerError, SynthesisError
 from mccl.schedule import Chunks, Collective, Schedule, Transfers, gbps_to_gbs, link_load
 from mccl.topology import Topology
 
-__all__ = ["AlphaBeta", "Predictor", "BASELINE_METHOD", "CollectiveClock", "GuardDecision", "Guard", "SizeMeter",
+__all__ = ["AlphaBeta", "Predictor", "explained_text", "BASELINE_METHOD", "CollectiveClock", "GuardDecision", "Guard", "SizeMeter",
            "alpha_beta_seconds", "choose", "explained", "fixed_plus_links", "size_from_bytes"]
 
 Predictor = Callable[[Schedule, Topology, float], float]
@@ -349,3 +349,21 @@ class Guard:
                                  observed or (math.nan, math.nan), trusted, affine)
         self.decisions.append(decision)
         return decision
+
+
+def explained_text(decision: GuardDecision) -> str:
+    """The guard's explanation check in an event's text: r (predicted / observed time of the active schedule)
+    and whether the measured fabric explained it; nothing when no collective times were observed."""
+    if math.isnan(decision.explained):
+        return ""
+    predicted = decision.predicted_s
+    gain = max((predicted[ACTIVE] / seconds for label, seconds in predicted.items() if label != ACTIVE), default=1.0) \
+        if ACTIVE in predicted else math.nan
+    reference, now = decision.observed_s
+    text = (f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f}, best predicted gain "
+            f"over the active {gain:.3f}x; observed {reference * 1e3:.4g} -> {now * 1e3:.4g} ms)")
+    if decision.affine is not None and ACTIVE in predicted:
+        calibrated = max(decision.calibrated_s(ACTIVE) / decision.calibrated_s(label) for label in predicted)
+        text += (f"; read as {decision.affine[0] * 1e3:.3g} ms fixed + {decision.affine[1]:.3g} x predicted: "
+                 f"best calibrated gain {calibrated:.3f}x")
+    return text

@@ -46,16 +46,7 @@ decision, and a degradation that starts inside that window is measured relative 
 (its references absorb it; a later clear then reads as a recovery above base, clipped
 to nominal).
 
-Late landing (issue 15, the AllToAll that stayed at 0.90 of healthy). A version made for a fault that
-clears before the ranks reach its first collective learns its references on the repaired fabric while
-its base says degraded: ``base · factor`` stays degraded, no path speeds up against references learned
-after the repair, and the schedule made for the fault runs on for good. Where ranks report collective
-times, the replaced version's keep reaching its clock series after the issue; once the new version has
-run a collective, the replaced one's last time is compared with its time when the flag was decided: faster
-by more than Γ (the drift test's own threshold) and back within Γ of its own reference time means the
-change cleared before the new version landed, and the base goes back to the one before it ("rebased"
-event). The drift test then reads the version's cut, profiled on the degraded fabric, against the fabric
-as it is, and flags it back (a second swap for that repair: the first landed after it).
+Late landing (a version made for a fault that cleared before it landed): :mod:`.landing`.
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
@@ -90,8 +81,9 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
+from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.intake import Batch, fold
+from mccl.control.landing import cleared_before_landing
 from mccl.control.observed import CollectiveClock
 from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
@@ -300,19 +292,11 @@ class ScheduleManager:
         return decisions
 
     def _check_landing(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> None:
-        """Late landing (module docstring): once ``active`` has run a collective, did the version it replaced
-        get faster by more than Γ between the flag and its own last collective, back to within Γ of the time it
-        had when its references were learned? Then the change it was made for cleared before it landed: its
-        references stand for the base before it, not the fabric it was made for. (Both conditions: one slow
-        outlier in the clock's level at the flag must not read as a repair.) Called under the lock."""
-        if comm.clock.last(kind, active.version) is None:
-            return  # not landed yet (or its collective times not reported)
-        replaced, (reference_s, at_flag_s), base_before = active.landing
-        active.landing = None
-        last_s = comm.clock.last(kind, replaced)
-        gamma = self.config.gamma
-        if last_s is None or not (at_flag_s > last_s * (1.0 + gamma) and last_s <= reference_s * (1.0 + gamma)):
+        """Late landing (:mod:`.landing`): back to the base before, and judged again. Called under the lock."""
+        cleared = cleared_before_landing(comm.clock, kind, active, self.config.gamma)
+        if cleared is None:
             return
+        replaced, at_flag_s, last_s, base_before = cleared
         comm.base = None if base_before is None else np.array(base_before, dtype=float)
         self.guard.forget(name, kind, active.version)
         self._event("rebased", name, kind, active.version, at_flag_s / last_s,
@@ -472,7 +456,7 @@ class ScheduleManager:
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}" + _explained_text(verdict))
+                                f"guard: {dict(verdict.predicted_s)}" + explained_text(verdict))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
@@ -491,7 +475,7 @@ class ScheduleManager:
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
-                        + ("" if guarded is None else _explained_text(guarded[0])))
+                        + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
@@ -520,20 +504,3 @@ class ScheduleManager:
             log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
             return None
 
-
-def _explained_text(decision: GuardDecision) -> str:
-    """The guard's explanation check in an event's text: r (predicted / observed time of the active schedule)
-    and whether the measured fabric explained it; nothing when no collective times were observed."""
-    if math.isnan(decision.explained):
-        return ""
-    predicted = decision.predicted_s
-    gain = max((predicted[ACTIVE] / seconds for label, seconds in predicted.items() if label != ACTIVE), default=1.0) \
-        if ACTIVE in predicted else math.nan
-    reference, now = decision.observed_s
-    text = (f"; {'explained' if decision.trusted else 'unexplained'} (r {decision.explained:.3f}, best predicted gain "
-            f"over the active {gain:.3f}x; observed {reference * 1e3:.4g} -> {now * 1e3:.4g} ms)")
-    if decision.affine is not None and ACTIVE in predicted:
-        calibrated = max(decision.calibrated_s(ACTIVE) / decision.calibrated_s(label) for label in predicted)
-        text += (f"; read as {decision.affine[0] * 1e3:.3g} ms fixed + {decision.affine[1]:.3g} x predicted: "
-                 f"best calibrated gain {calibrated:.3f}x")
-    return text
