@@ -77,9 +77,12 @@ def test_paced_sends_take_their_serialization_time_and_telemetry_sees_the_rate()
         # 1 MiB at 0.2 Gbit/s is 41.9 ms of link time; loopback alone is far faster
         assert result["times"][0.2] >= 0.9 * (1 << 20) * 8 / 0.2e9
         assert result["times"][0.2] > 2 * result["times"][None]
-        # the window of the paced pair measures the emulated rate (completion times from the pacer):
-        # never above it, and on a loaded machine (sleeps overshoot) not far below
-        assert 0.1 <= result["last_gbps"] <= 0.2 * 1.1
+        # the window of the paced pair measures the emulated rate (completion times from the pacer): not far
+        # below it on a loaded machine (sleeps overshoot), and above it only by the pacer's catch-up burst after
+        # a stall (throttle.py: the posts behind schedule go at once). Measured with 3 CPU burners, 6 runs each:
+        # 0.223-0.290 in 1-2 of 6 on main and on this tree (the old bound 1.1x failed a fresh-clone CI); loopback
+        # unpaced reads > 1 Gbit/s, so 1.5x still tells the pacer's rate from no pacing at all
+        assert 0.1 <= result["last_gbps"] <= 0.2 * 1.5
         assert len(result["errors"]) == 3 and "positive" in result["errors"][2]
         # AllToAll: unmetered one alltoallv, metered eager, whose receive windows see the paced link (their
         # rate is not bounded here: after a stall on a loaded machine the pacer catches up in a burst)
