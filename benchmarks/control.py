@@ -610,6 +610,8 @@ def main() -> None:
     def ints(text: str) -> list[int]:
         return [int(item) for item in text.split(",") if item]
 
+    if args.repeats < 1 or args.large_repeats < 1:
+        parser.error(f"--repeats and --large-repeats must be at least 1, got {args.repeats} and {args.large_repeats}")
     scale = args.manager_warm or args.controller_cpu or args.ingest_scale or args.serialize
     if args.serialize:
         write("serialize", serialize_cost(args.ingest_gpus, args.collectives.split(","), args.repeats, args.cache))

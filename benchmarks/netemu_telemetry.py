@@ -232,11 +232,19 @@ def main() -> None:
         sys.exit(f"netemu_telemetry: {reason}")
     if args.runs < 1 or args.repeats < 2:
         parser.error("--runs must be at least 1 and --repeats at least 2 (the first call is a warm-up)")
-    factors = [float(f) for f in args.fault_factors.split(",")]
+    try:
+        factors = [float(f) for f in args.fault_factors.split(",")]
+    except ValueError:
+        parser.error(f"--fault-factors takes a comma list of numbers, got {args.fault_factors!r}")
     telemetry = {}
     for item in filter(None, args.telemetry.split(",")):
         key, _, value = item.partition("=")
-        telemetry[key.strip()] = type(getattr(TelemetryConfig(), key.strip()))(float(value))
+        if not hasattr(TelemetryConfig(), key.strip()):
+            parser.error(f"--telemetry: TelemetryConfig has no field {key.strip()!r}")
+        try:
+            telemetry[key.strip()] = type(getattr(TelemetryConfig(), key.strip()))(float(value))
+        except ValueError:
+            parser.error(f"--telemetry: {key.strip()}={value!r} is not a number")
     if not all(0 < f <= 1 for f in factors):
         parser.error(f"--fault-factors must lie in (0, 1], got {args.fault_factors}")
     rows = []
