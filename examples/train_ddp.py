@@ -3,13 +3,15 @@
     torchrun --standalone --nproc-per-node 4 examples/train_ddp.py                 # on mccl
     torchrun --standalone --nproc-per-node 4 examples/train_ddp.py --backend gloo  # the same on gloo
 
-Prints every 10th step's loss and, at the end, the median step time and which
-collectives ran an mccl schedule (the mccl group's call log).
+Prints every 10th step's loss and, at the end, the final loss in full (bit-identical on
+mccl and gloo), the median step time and which collectives ran an mccl schedule (the
+mccl group's call log). Flags: ``--backend mccl|gloo``, ``--width``, ``--layers``, ``--steps``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -50,13 +52,44 @@ def batch_for(rank: int, width: int, rows: int = 32) -> tuple[torch.Tensor, torc
     return torch.randn(rows, width, generator=generator), torch.randn(rows, width, generator=generator)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=BACKEND)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=30)
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (0 steps, width or layers would train nothing or divide by zero)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """The examples' flags; a usage error (exit 2) for a bad value or a run outside torchrun."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default=BACKEND, choices=("mccl", "gloo"),
+                        help="torch.distributed backend (default: %(default)s; gloo: the same run without mccl)")
+    parser.add_argument("--width", type=positive_int, default=256, help="features per layer (default: %(default)s)")
+    parser.add_argument("--layers", type=positive_int, default=4, help="linear layers (default: %(default)s)")
+    parser.add_argument("--steps", type=positive_int, default=30, help="training steps (default: %(default)s)")
     args = parser.parse_args()
+    if "RANK" not in os.environ:
+        parser.error("start it with torchrun, which gives every rank its place: "
+                     "torchrun --standalone --nproc-per-node 4 " + parser.prog)
+    return args
+
+
+def report(rank: int, backend: str, loss: float, times: list[float]) -> None:
+    """Rank 0's last lines: the final loss in full (compare it with the other backend's), the median
+    step time and, on mccl, which path ran each call."""
+    if rank == 0:
+        print(f"final loss {loss!r}")
+        print(f"{backend}: median step {statistics.median(times) * 1e3:.1f} ms over {len(times)} steps")
+        if backend == "mccl":
+            print("calls by (operation, path):", mb.communicator().calls.counts())
+
+
+def main() -> None:
+    args = parse_args(__doc__)
     mb.register(direct_setup)  # makes "mccl" known to torch.distributed; harmless for other backends
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
@@ -69,10 +102,7 @@ def main() -> None:
         times.append(time.perf_counter() - start)
         if rank == 0 and index % 10 == 0:
             print(f"step {index}: loss {loss:.5f}")
-    if rank == 0:
-        print(f"{args.backend}: median step {statistics.median(times) * 1e3:.1f} ms over {args.steps} steps")
-        if args.backend == "mccl":
-            print("calls by (operation, path):", mb.communicator().calls.counts())
+    report(rank, args.backend, loss, times)
     dist.destroy_process_group()
 
 

@@ -10,8 +10,6 @@ the call log that shows it.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 
 import torch
@@ -19,7 +17,7 @@ import torch.distributed as dist
 from mccl_setup import direct_setup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from train_ddp import batch_for, mlp, step
+from train_ddp import batch_for, mlp, parse_args, report, step
 
 import mccl.runtime.backend as mb
 
@@ -37,12 +35,7 @@ def build(group: dist.ProcessGroup | None, width: int, layers: int) -> tuple[tor
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default=BACKEND)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+    args = parse_args(__doc__)
     mb.register(direct_setup)
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
@@ -55,10 +48,7 @@ def main() -> None:
         times.append(time.perf_counter() - start)
         if rank == 0 and index % 10 == 0:
             print(f"step {index}: loss {loss:.5f}")
-    if rank == 0:
-        print(f"{args.backend}: median step {statistics.median(times) * 1e3:.1f} ms over {args.steps} steps")
-        if args.backend == "mccl":
-            print("calls by (operation, path):", mb.communicator().calls.counts())
+    report(rank, args.backend, loss, times)
     dist.destroy_process_group()
 
 

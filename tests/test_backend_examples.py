@@ -31,7 +31,7 @@ def _run(script: str, backend: str) -> str:
 def test_example_runs_on_mccl_as_on_gloo(script):
     on_mccl, on_gloo = _run(script, "mccl"), _run(script, "gloo")
     losses = re.findall(r"loss [0-9.]+", on_mccl)
-    assert len(losses) == 2 and losses == re.findall(r"loss [0-9.]+", on_gloo)
+    assert len(losses) == 3 and losses == re.findall(r"loss [0-9.]+", on_gloo)  # steps 0, 10, the final loss in full
     counts = on_mccl[on_mccl.index("calls by"):]
     assert "'schedule'" in counts and ("all_reduce" in counts if script == "train_ddp.py" else
                                       "reduce_scatter_tensor', 'schedule'" in counts)

@@ -37,6 +37,7 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
     from mccl.control.auth import is_loopback, new_secret, read_secret_file, write_secret_file
 
+    _check_tcp_port(bind)
     if insecure and not is_loopback(bind):
         raise click.UsageError(f"--insecure serves loopback, ipc or inproc endpoints only, not {bind}")
     config = ControlConfig(alpha=alpha, gamma=gamma)  # refuses non-finite / out-of-range values before anything else
@@ -52,6 +53,7 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
                 scratch = Path(tempfile.mkdtemp(prefix="mccl-controller-"))  # 0700
                 secret_file = scratch / "control.key"
             secret = write_secret_file(secret_file, new_secret()) and read_secret_file(secret_file)
+        secret_file = secret_file.resolve()  # what executors started from another directory must be given
     try:
         service = ControllerService(ScheduleManager(topology, config), bind, secret=secret,
                                     authenticate=not insecure)
@@ -67,6 +69,17 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_tcp_port(endpoint: str) -> None:
+    """A tcp endpoint's port must be 1-65535 or ``*`` (any free one): libzmq binds a random port for any
+    other number without a word, so executors told the asked-for port would never reach the service."""
+    if not endpoint.startswith("tcp://"):
+        return
+    port = endpoint.rsplit(":", 1)[-1] if endpoint.count(":") >= 2 else ""
+    if port == "*" or (port.isdigit() and 1 <= int(port) <= 65535):
+        return
+    raise click.UsageError(f"--bind {endpoint}: a tcp endpoint needs a port of 1-65535 or '*' (tcp://HOST:PORT)")
 
 
 @click.command("controller-status")

@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from mccl.control.auth import JobSecret, as_secret, secret_from_env
+from mccl.control.auth import HANDSHAKE_FAILED, JobSecret, as_secret, secret_from_env
 from mccl.control.protocol import decode, encode, finite_samples, telemetry_message
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Schedule, dumps_schedule, loads_schedule
@@ -254,14 +254,28 @@ class ControllerClient:
         socket.setsockopt(zmq.LINGER, 0)
         if self.secret is not None:
             self.secret.make_client(socket)
+        # a refused handshake (wrong secret, or none against an authenticating service) would otherwise
+        # read as a silent controller: say so at once
+        monitor = socket.get_monitor_socket(HANDSHAKE_FAILED)
         try:
             socket.connect(self.endpoint)
             socket.send(encode(op, **fields))
-            if not socket.poll(int((timeout_s or self.timeout_s) * 1e3), zmq.POLLIN):
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            ready = dict(poller.poll(int((timeout_s or self.timeout_s) * 1e3)))
+            if socket not in ready and monitor in ready:
+                raise ControllerError(f"the controller at {self.endpoint} refused this client's handshake: "
+                                      + ("its control-plane secret is not the one the controller was started with"
+                                         " (or the controller runs --insecure)" if self.secret is not None else
+                                         "this client has no control-plane secret: set MCCL_CONTROL_SECRET_FILE"))
+            if socket not in ready:
                 raise ControllerError(f"the controller at {self.endpoint} did not answer {op!r} "
                                       f"within {timeout_s or self.timeout_s:g} s{self._hint()}")
             reply = decode(socket.recv())
         finally:
+            socket.disable_monitor()
+            monitor.close(linger=0)
             socket.close(linger=0)
         if reply["op"] == "error":
             raise ControllerError(f"the controller refused {op!r}: {reply.get('message')}")

@@ -204,7 +204,13 @@ class MCCLProcessGroup(dist.ProcessGroup):
         pending = [work for work in works if work is not None]
         if not pending:
             return self._result(None, result)
-        future = torch.futures.collect_all([work.get_future() for work in pending]).then(lambda _: result)
+        def first_error_or_result(done: torch.futures.Future) -> list[torch.Tensor]:
+            # collect_all completes when every call has, failed or not: raise the first failure's error
+            for future in done.value():
+                future.wait()
+            return result
+
+        future = torch.futures.collect_all([work.get_future() for work in pending]).then(first_error_or_result)
         return self._track(torch_private.work_from_future(future))
 
     # ---- AllGather ------------------------------------------------------------------

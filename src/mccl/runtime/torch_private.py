@@ -5,11 +5,15 @@ reachable through ``torch._C``) may change in any torch release without notice; 
 them here means an upgrade is checked in one file, and the rest of the runtime uses
 public torch only. When torch grows a public equivalent, replace the wrapper's body.
 
-* :func:`work_from_future` — ``torch._C._distributed_c10d._create_work_from_future``.
+* :func:`work_from_future` — a Python subclass of ``dist.Work`` (torch's C++ ``Work``
+  trampoline calls its ``wait`` / ``get_future`` from C++ callers too: DDP, FSDP2).
   A Python ``ProcessGroup`` must return a c10d ``Work`` from its collectives, and the
-  communicator's ``async_op=True`` calls return one too; torch has no public way to
-  make a ``Work`` from a ``torch.futures.Future`` (``dist.Work`` cannot be completed
-  from Python), and this is what torch's own Python process groups use.
+  communicator's ``async_op=True`` calls return one too. Not the private
+  ``_create_work_from_future``, which torch's own Python groups use: its ``wait()``
+  returns True when the future failed (checked on 2.13.0), so a collective that raised
+  ``PeerLost`` or ``CollectiveMismatch`` on the worker thread looked successful to every
+  caller that waits on the Work (``work.wait()``, DDP's parameter check, FSDP2's
+  all-gathers) and left its output unwritten. Only ``get_future().wait()`` raised.
 * :func:`default_store` — ``torch.distributed.distributed_c10d._get_default_store``.
   ``mccl.init`` puts its hot-swap control channel on the job's store; torch keeps that
   store only in this private getter (``init_process_group`` takes no store back out).
@@ -49,9 +53,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions
 
-__all__ = ["AllgatherOptions", "PROCESS_GROUP_ALIASES", "add_private_aliases", "all_gather_base", "backend_creator",
+__all__ = ["AllgatherOptions", "FutureWork", "PROCESS_GROUP_ALIASES", "add_private_aliases", "all_gather_base", "backend_creator",
            "backend_name",
            "default_store", "end_coalescing", "reduce_scatter_base", "register_backend", "start_coalescing",
            "work_from_future"]
@@ -63,9 +67,31 @@ PROCESS_GROUP_ALIASES = {"_allgather_base": "all_gather_single", "_reduce_scatte
                          "_start_coalescing": "start_coalescing", "_end_coalescing": "end_coalescing"}
 
 
-def work_from_future(future: torch.futures.Future) -> object:
-    """A c10d ``Work`` that completes with ``future`` (see module docstring)."""
-    return _create_work_from_future(future)
+class FutureWork(dist.Work):
+    """A c10d ``Work`` that completes with a ``torch.futures.Future`` and whose ``wait()`` raises the
+    future's error (see the module docstring: the private factory's ``wait()`` swallows it)."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: object = None) -> bool:
+        """Block until the collective is done; raise its error if it failed. ``timeout`` is not
+        applied (as with torch's own future-backed Work): mccl bounds a lost peer itself
+        (``MCCL_PEER_TIMEOUT``, :mod:`mccl.runtime.liveness`)."""
+        self._future.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+def work_from_future(future: torch.futures.Future) -> FutureWork:
+    """A c10d ``Work`` that completes with ``future``, raising its error on ``wait()`` (module docstring)."""
+    return FutureWork(future)
 
 
 def default_store() -> dist.Store:

@@ -38,6 +38,11 @@ class NodeKind(StrEnum):
 
 
 SWITCH_KINDS = frozenset(kind for kind in NodeKind if kind is not NodeKind.GPU)
+# the slowest link may be this share of the fastest, no less: below it the solvers' tolerances (HiGHS,
+# the tree packing's integral rate search) cannot tell the link from a dead one; measured on a 4-GPU
+# switch of 100 Gbit/s links, one at 1e-14 of the rest: the packing's rate search raised ArithmeticError
+# and the AllToAll came out with no chunks; at 1e-11 both still synthesized (the packing in 45 s)
+MIN_CAPACITY_RATIO = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +256,15 @@ def _check(nodes: Sequence[Node], links: Sequence[Link]) -> None:
         if not (math.isfinite(link.latency_us) and link.latency_us >= 0):
             raise TopologyError(
                 f"link {link.id} ({link.src} -> {link.dst}) has latency {link.latency_us} µs; it must be >= 0"
+            )
+    if links:
+        fastest = max(links, key=lambda link: link.gbps)
+        slowest = min(links, key=lambda link: link.gbps)
+        if slowest.gbps < fastest.gbps * MIN_CAPACITY_RATIO:
+            raise TopologyError(
+                f"link {slowest.id} ({slowest.src} -> {slowest.dst}) has capacity {slowest.gbps:g} Gbit/s, below "
+                f"{MIN_CAPACITY_RATIO:g} of the fastest link's {fastest.gbps:g}: too slow to schedule around "
+                "(a dead link is one to leave out)"
             )
     pair = unreachable_gpu_pair(nodes, links)
     if pair is not None:
