@@ -34,11 +34,11 @@ small AllToAll per call on the schedule transport (BENCHMARKS.md says what it co
 
 Per-call CPU on gloo (what decides the step time when ranks share cores): the executor
 cuts chunks into slices of gloo's own segment size, 1 MiB, not the 64 KiB meant for
-NCCL-like transports (:func:`_slice_bytes`; ``MCCL_SLICE_BYTES`` overrides, rank 0's value
-holds for the group), and one-step schedules (direct AllGather, ReduceScatter, AllToAll)
+NCCL-like transports (:func:`mccl.runtime.backend_transports.slice_bytes`; ``MCCL_SLICE_BYTES`` overrides,
+rank 0's value holds for the group), and one-step schedules (direct AllGather, ReduceScatter, AllToAll)
 run as one gloo alltoallv, its waits in C++ (:func:`mccl.runtime.executor.default_driver`).
 
-The NCCL branch (:func:`_transport_backend`, :func:`_delegates`) is the same two calls
+The NCCL branch (:mod:`mccl.runtime.backend_transports`) is the same two calls
 with ``ProcessGroupNCCL``, and the executor drives it with the stepwise driver through the
 same :class:`~mccl.runtime.transport.Transport` as gloo. **It has never been run**: these
 machines have no GPU, and no test exercises it. On NCCL the ReduceScatter adds in the
@@ -48,7 +48,6 @@ call, so there is no fixed order to match.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -58,12 +57,11 @@ import torch.distributed as dist
 
 from mccl.errors import MCCLError
 from mccl.runtime import torch_private
+from mccl.runtime.backend_transports import delegates, group_slice_bytes, transport_backend
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
-from mccl.runtime.reduction_order import GLOO_MAX_SEGMENT_BYTES
-from mccl.runtime.transport import Transport, nccl_group, nccl_timeout
+from mccl.runtime.transport import Transport
 from mccl.schedule import Schedule
-from mccl.schedule.slicing import SLICE_BYTES
 from mccl.topology import Topology
 
 __all__ = ["BACKEND", "MCCLProcessGroup", "Setup", "communicator", "register"]
@@ -90,59 +88,6 @@ def _reduce_op(opts: object) -> object:
     return opts if isinstance(opts, dist.ReduceOp | dist.ReduceOp.RedOpType) else opts.reduceOp
 
 
-def _transport_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> tuple[object, str]:
-    name = os.environ.get("MCCL_TRANSPORT") or ("nccl" if torch.cuda.is_available() else "gloo")
-    prefix = dist.PrefixStore("mccl-transport/", store)
-    if name == "nccl":  # not run on the CPU-only machines this was written on (module docstring)
-        if not (torch.cuda.is_available() and dist.is_nccl_available()):
-            raise MCCLError("MCCL_TRANSPORT=nccl needs CUDA and a torch built with NCCL; this process has "
-                            f"cuda available={torch.cuda.is_available()}, nccl built={dist.is_nccl_available()}")
-        return nccl_group(prefix, rank, size, nccl_timeout(timeout)), name
-    if name == "gloo":
-        return dist.ProcessGroupGloo(prefix, rank, size, timeout), name
-    raise MCCLError(f"MCCL_TRANSPORT must be gloo or nccl, not {name!r}")
-
-
-def _slice_bytes(transport_name: str) -> float:
-    """The executor's pipelining grain on this group's transport (``MCCL_SLICE_BYTES`` overrides).
-
-    gloo: gloo's own segment size (1 MiB, what its ring allreduce pipelines in). Every slice is one
-    gloo message, and one message costs the CPU a fixed ~50-100 µs (a Python post and wait, a wake-up of
-    gloo's I/O thread) against ~10 µs to move 64 KiB over loopback: at the executor's default 64 KiB a
-    ring all-gather of FSDP2's 4 MiB took 1.7–1.9× gloo's CPU, at 1 MiB 0.97–1.16×
-    (``benchmarks/backend_probe.py slices``, BENCHMARKS.md 2026-12-01 third session). NCCL: the default (:data:`~mccl.schedule.slicing.SLICE_BYTES`), where a slice is a kernel's
-    step, not a CPU round trip."""
-    configured = os.environ.get("MCCL_SLICE_BYTES")
-    if configured:
-        try:
-            value = float(configured)
-        except ValueError:
-            value = 0.0
-        if not (value > 0 and math.isfinite(value)):
-            raise MCCLError(f"MCCL_SLICE_BYTES must be a positive number of bytes, not {configured!r}")
-        return value
-    return GLOO_MAX_SEGMENT_BYTES if transport_name == "gloo" else SLICE_BYTES
-
-
-def _group_slice_bytes(store: dist.Store, rank: int, transport_name: str) -> float:
-    """Rank 0's :func:`_slice_bytes`, adopted by every rank (through the group's store, once): ranks that
-    cut chunks differently would post messages of different sizes under one tag, which gloo aborts on."""
-    key = "mccl-config/slice_bytes"
-    if rank == 0:
-        store.set(key, repr(_slice_bytes(transport_name)))
-    return float(store.get(key).decode())
-
-
-def _delegates(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dict[str, tuple[object, object]]:
-    """device type -> (c10d backend, its BackendType): gloo for cpu, NCCL for cuda where there is CUDA."""
-    found = {"cpu": (dist.ProcessGroupGloo(dist.PrefixStore("mccl-delegate/cpu/", store), rank, size, timeout),
-                     dist.ProcessGroup.BackendType.GLOO)}
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        found["cuda"] = (dist.ProcessGroupNCCL(dist.PrefixStore("mccl-delegate/cuda/", store), rank, size),
-                         dist.ProcessGroup.BackendType.NCCL)
-    return found
-
-
 @torch_private.add_private_aliases  # torch may reach the gather and reduce-scatter by their private names
 class MCCLProcessGroup(dist.ProcessGroup):
     """A ProcessGroup whose AllGather / ReduceScatter / AllReduce / AllToAll run through an mccl
@@ -151,7 +96,7 @@ class MCCLProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, *, group_name: str | None = None,
                  setup: Setup | None = None) -> None:
         super().__init__(rank, size)
-        inner, transport_name = _transport_backend(store, rank, size, timeout)
+        inner, transport_name = transport_backend(store, rank, size, timeout)
         self._transport_device = "cuda" if transport_name == "nccl" else "cpu"
         control = StoreControl(store, "mccl-control/", rank, size)
         # named after the group from the start (torch hands the creator the name), so telemetry and
@@ -160,12 +105,12 @@ class MCCLProcessGroup(dist.ProcessGroup):
         transport = Transport(inner, backend=transport_name, store=dist.PrefixStore("mccl-liveness/", store))
         self.communicator = Communicator(transport, name=name, control=control,
                                          check=os.environ.get("MCCL_CHECK", "1") != "0",
-                                         slice_bytes=_group_slice_bytes(store, rank, transport_name))
+                                         slice_bytes=group_slice_bytes(store, rank, transport_name))
         # sums bit-identical to gloo's where the ReduceScatter schedule allows (mccl.runtime.reduction_order);
         # NCCL picks its own algorithm and order per call, so there is no order to match
         self.communicator.reduction_order = "gloo" if transport_name == "gloo" else None
         self._delegate = {}
-        for device, (backend, backend_type) in _delegates(store, rank, size, timeout).items():
+        for device, (backend, backend_type) in delegates(store, rank, size, timeout).items():
             torch_private.register_backend(self, device, backend_type, backend)
             self._delegate[device] = backend
         self._coalesced: list[object] | None = None

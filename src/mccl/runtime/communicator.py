@@ -10,7 +10,7 @@ path; also what ReduceScatter keeps, §3). The collectives themselves (tensor sh
 reductions, the pre-flight agreement) are in :mod:`mccl.runtime.collectives`;
 :attr:`Communicator.calls` records which path ran each one (:mod:`mccl.runtime.calls`).
 ``slice_bytes``: the executor's pipelining grain (:mod:`mccl.schedule.slicing`), the same on
-every rank; the torch backend sets it per transport (:func:`mccl.runtime.backend._slice_bytes`).
+every rank; the torch backend sets it per transport (:func:`mccl.runtime.backend_transports.slice_bytes`).
 """
 
 from __future__ import annotations
