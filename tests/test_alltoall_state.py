@@ -72,14 +72,14 @@ def test_the_way_back_from_a_file_warm_result_costs_what_cold_does() -> None:
 def test_a_restart_over_its_pivot_budget_falls_back_to_cold(monkeypatch) -> None:
     """A restart from the slack basis over the old columns (no capacity grew) that takes more pivots
     than ``restart_pivot_budget`` allows (one, forced here) starts over as cold, recorded in the stats."""
-    import mccl.synth.alltoall.pipeline as pipeline
+    import mccl.synth.alltoall.solve as solve  # where the restart reads its budget
 
     topology = rail_optimized(1, 4, 8)
     previous = synthesize(topology)
     slowed = degrade(degrade(topology, ("tor0.5", "agg3"), factor=0.828), ("nvs1", "gpu12"), factor=0.158)
     unforced = synthesize(slowed, previous=previous)
     assert unforced.stats.warm.restarted and not unforced.stats.warm.warm_fallback
-    monkeypatch.setattr(pipeline, "restart_pivot_budget", lambda master: 1)
+    monkeypatch.setattr(solve, "restart_pivot_budget", lambda master: 1)
     warm = synthesize(slowed, previous=previous)
     validate(warm.schedule, slowed)
     cold = synthesize(slowed)

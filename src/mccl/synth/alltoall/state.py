@@ -5,7 +5,7 @@ columns from its routes, but the rounded routes are not the LP's solution, so
 the first master solve starts from the slack basis and costs as many simplex
 pivots as a cold one (measured: at 512 GPUs under Fail1 ~50 k pivots, 10× the
 cold time; since bounded by a pivot budget, past which it falls back to the cold
-path, :func:`.pipeline.warm_pivot_budget`). mccl-paper §4.2 keeps "valid routing structures from previous
+path, :func:`.solve.warm_pivot_budget`). mccl-paper §4.2 keeps "valid routing structures from previous
 iterations": the column pool and the optimal basis of the last master. That is
 what :class:`SolverState` holds, taken when ``synthesize`` returns.
 
@@ -30,7 +30,7 @@ is kept when the old solution still fits the new capacities and no tight link
 and the first master solve takes no pivot. Otherwise the master restarts from
 the slack basis with the old columns (see :mod:`.master`), under a pivot budget;
 when some capacity grew, the run takes the cold path instead
-(:func:`.pipeline.restart_pivot_budget`).
+(:func:`.solve.restart_pivot_budget`).
 """
 
 from __future__ import annotations
