@@ -1,7 +1,7 @@
 """Incremental exact max-min over classes (hops) with multiplicities: the grouped engine's rate solver.
 
 See :mod:`mccl.sim.classkernels` for the model (every flow of a class has the class's rate; a class
-weighs as many flows as it carries) and :mod:`mccl.sim.kernels` for the method (Bertsekas &
+weighs as many flows as it carries) and :mod:`mccl.sim.maxmin` for the method (Bertsekas &
 Gallager §6.5.2): re-solve the set S of classes whose multiplicity changed and those
 bottlenecked on a link whose load changed, by exact progressive filling on what the other classes
 leave; then check feasibility and the bottleneck condition on every link whose rates changed and
