@@ -35,9 +35,15 @@ def test_a_changed_dependency_drops_the_kernels_cache(tmp_path, monkeypatch):
     assert os.path.exists(index)
     _load("jitkernel")
     assert os.path.exists(index), "an unchanged dependency must keep the cache"
-    later = time.time() + 5
-    os.utime(tmp_path / "jitdep.py", (later, later))
+    now = time.time()
+    os.utime(index, (now - 100, now - 100))
+    os.utime(tmp_path / "jitdep.py", (now - 50, now - 50))  # edited after the kernel was cached
     _load("jitkernel")
     assert not os.path.exists(index), "a newer dependency must drop the cache index"
+    assert _load("jitkernel").twice(4) == 8  # compiled afresh
+    assert os.path.exists(index)
+    os.utime(tmp_path / "jitdep.py", (now + 3600, now + 3600))  # a file dated in the future: kept, not
+    _load("jitkernel")                                             # dropped (and recompiled) by every process
+    assert os.path.exists(index)
     sys.modules.pop("jitkernel", None)
     sys.modules.pop("jitdep", None)

@@ -14,6 +14,7 @@ numba compiles it afresh (once; the new index is newer than them all).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -24,7 +25,10 @@ __all__ = ["cached_njit"]
 
 
 def _newest_source(modules: Sequence[ModuleType]) -> float:
-    return max(os.stat(module.__file__).st_mtime for module in modules)
+    """The newest modification time of the modules' files; 0 when one lies in the future (a clock or
+    copy skew): an index written now would look older than it forever and every process recompile."""
+    newest = max(os.stat(module.__file__).st_mtime for module in modules)
+    return newest if newest <= time.time() else 0.0
 
 
 def cached_njit(depends_on: Sequence[ModuleType], **options: Any) -> Callable[[Callable], Any]:
