@@ -4,8 +4,8 @@ Flows live in slots of preallocated arrays (struct of arrays, grown by doubling)
 starting or finishing flows costs nothing per other flow; compiled kernels keep
 per-link rows and per-hop lists of flows and re-solve, after each batch of events,
 only the flows whose rates can change — the incremental exact max-min of
-:mod:`mccl.sim.kernels`, which also defines the named groups of arrays the table is
-made of (:class:`~mccl.sim.kernels.FlowState`, ``LinkState``, ...). Free slots hold
+:mod:`mccl.sim.kernels` (:mod:`mccl.sim.maxmin`), which also re-exports the named groups of arrays
+the table is made of (:class:`~mccl.sim.flowstate.FlowState`, ``LinkState``, ...). Free slots hold
 ``run == -2``, ``rate == 0``, ``finish == inf`` and ``path == -1``, so masks over all
 slots select live flows.
 
