@@ -160,11 +160,13 @@ def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_i
         busy = ReplySpin(200_000, read_end, idle=lambda: False)
         busy.record("k", 10**9)
         started = time.perf_counter_ns()
+        busy.sample(started)  # (the gate is read before the send)
         busy.wait("k", started)
         assert busy.spun == 0 and time.perf_counter_ns() - started < 10**8  # no nap, no spin: poll's to sleep
 
         idle = ReplySpin(200_000, read_end, idle=lambda: True)
         started = time.perf_counter_ns()
+        idle.sample(started)
         idle.wait("new", started)  # no history: polls from the send, at most the window
         assert idle.spun == 1 and time.perf_counter_ns() - started < 10**8
 
@@ -178,3 +180,38 @@ def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_i
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def _fast_threads() -> set[int]:
+    """The native ids of the fast-path threads of the service fixture (it runs in this process)."""
+    return {thread.native_id for thread in threading.enumerate() if thread.name.endswith("-fast")}
+
+
+def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services_own(service):
+    allowed = os.sched_getaffinity(0)
+    target = max(allowed)
+    before = _fast_threads()
+    follows = _client(service, "alice", Shim, follow=True)
+    followers = _fast_threads() - before
+    stays = _client(service, "bob", Shim, follow=False)
+    stayers = _fast_threads() - before - followers
+    try:
+        assert len(followers) == 1 and len(stayers) == 1
+        comm, other = follows.join("follow", [0]), stays.join("stay", [0])
+        x, y = follows.empty(8), stays.empty(8)
+        x.fill_(1.0)
+        os.sched_setaffinity(0, {target})  # this (the calling) thread runs on one CPU now
+        comm.all_reduce(x)
+        other.all_reduce(y)
+        assert [os.sched_getaffinity(tid) for tid in followers] == [{target}]  # moved to the tenant's CPU
+        assert [os.sched_getaffinity(tid) for tid in stayers] == [allowed]  # a tenant that does not ask: unmoved
+        # a CPU the service may not use sends the thread back to all of the service's CPUs; the call still runs
+        frame = channel.encode_request(5, comm.joined.comm, "all_reduce", "float32", "sum", [follows.ref(x)],
+                                       channel.FOLLOW, cpu=60_000)
+        assert _raw(follows, frame)[1] is None
+        assert [os.sched_getaffinity(tid) for tid in followers] == [allowed]
+        assert torch.equal(x, torch.ones(8))
+    finally:
+        os.sched_setaffinity(0, allowed)
+        follows.close()
+        stays.close()

@@ -34,11 +34,12 @@ from mccl.provider.replyspin import ReplySpin
 
 __all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW"]
 
-SPIN_US = 200.0
+SPIN_US = 1000.0
 """The most a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
-0: it sleeps at once. It polls only around the reply's expected time and only while no task waits for a core
-(:mod:`.replyspin` says why: the fourth session's spin from the send, always on, cost more than it saved under
-load). ``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
+0: it sleeps at once. A call expected within this window polls from its send, a longer one only around the
+reply's expected time, and only while no task waits for a core (:mod:`.replyspin` says why: the fourth
+session's spin, always on, cost more than it saved under load; the fifth's 200 µs ended before most replies).
+``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
 
 
 FOLLOW = True
@@ -214,6 +215,8 @@ class ProviderClient:
             frame = head + tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
         else:
             frame = head + tail
+        if self._spin is not None:
+            self._spin.sample(sent)
         try:
             os.write(self._channel[0], frame)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
