@@ -13,8 +13,12 @@ whether a thread and its caches are warm, so no variant may always follow the sa
 ``inproc_shm``, ``provider`` (the shim as shipped: the reply spin, ``client.SPIN_US``, and the service's thread
 following the tenant's CPU, ``client.FOLLOW``), ``provider_nospin``, ``provider_nofollow``, ``provider_plain``
 (neither: the fifth session's path), each on a session of its own, and the two traced copies of ``provider``
-(wall stamps; CPU stamps) that give the stages; with ``floors``, the agreement, the session socket and the two
-bare round trips too.
+(wall stamps; CPU stamps) that give the stages, on a session of their own too; with ``floors``, the agreement,
+the session socket and the two bare round trips. Each timed variant has threads of its own that nothing else
+uses (a session: its service thread and its job's gloo thread; ``inproc`` and ``inproc_shm``: a gloo group each):
+a thread used by two variants is warmer for both (measured: the fifth session's ``provider`` shared its session
+with the traced copies and came out 15–35 µs faster than its twin ``provider_nospin`` on the same path, the spin
+gated off, at load 30).
 
 Enough repetitions to read 100 µs: ``blocks`` blocks, each ``calls(size)`` repetitions of every variant at
 every size (the sizes take turns block by block, so a burst of load lands in one block of each size, not in
@@ -56,13 +60,16 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
     from mccl.runtime.transport import Transport
 
     torch.set_num_threads(1)
-    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60))
-    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
-             for check in (False, True)}
+    def world_one(name: str, check: bool = False) -> Communicator:  # what mccl.init gives a rank, on a group of its own
+        group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60))
+        return Communicator(Transport(group, backend="gloo"), name=name, check=check)
+
+    local = {False: world_one("inproc"), True: world_one("inproc_check", True), "shm": world_one("inproc_shm")}
     credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
-    shims = {name: Shim(endpoint, credential, **settings) for name, settings in SETTINGS.items()}
+    shims = {name: Shim(endpoint, credential, **settings)
+             for name, settings in {**SETTINGS, "provider_traced": SETTINGS["provider"]}.items()}
     comms = {name: shim.join(f"single-{name}", [0]) for name, shim in shims.items()}
-    shim = shims["provider"]
+    shim = shims["provider_traced"]
     extra, close_floors = _floors(endpoint, credential, secret_hex, local) if floors else ({}, None)
     variants_at = {}
     for op in OPS:
@@ -72,10 +79,10 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
             for buffers in shared.values():
                 for tensor in buffers:
                     tensor.fill_(1.0)
-            variants = {"inproc": (_calls(local[False]), mine), "inproc_shm": (_calls(local[False]), shared["provider"]),
+            variants = {"inproc": (_calls(local[False]), mine), "inproc_shm": (_calls(local["shm"]), shared["provider"]),
                         **{name: (_calls(comms[name]), shared[name]) for name in PROVIDERS},
-                        "provider_traced": (_calls(comms["provider"]), shared["provider"]),
-                        "provider_cpu": (_calls(comms["provider"]), shared["provider"])}
+                        "provider_traced": (_calls(comms["provider_traced"]), shared["provider_traced"]),
+                        "provider_cpu": (_calls(comms["provider_traced"]), shared["provider_traced"])}
             for name, (made, own) in extra.items():  # (own: the shim whose memory the variant's buffers are in)
                 variants[name] = (made, mine if own is None else _buffers(op, size, 1, own.empty))
             variants_at[(op, size)] = variants

@@ -138,7 +138,7 @@ def test_a_spinning_shim_gets_the_same_results(service):
     spinning = _client(service, "alice", Shim, spin_us=200.0)
     try:
         assert spinning.spin_ns == 200_000
-        spinning._spin._idle = lambda: True  # spin whatever the machine's load (the rule is tested below)
+        spinning._gate.idle = lambda: True  # spin whatever the machine's load (the rule is tested below)
         comm = spinning.join("spin", [0])
         x = spinning.empty(8)
         x.copy_(torch.arange(8.0))
@@ -192,6 +192,7 @@ def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services
     target = max(allowed)
     before = _fast_threads()
     follows = _client(service, "alice", Shim, follow=True)
+    follows._gate.idle = lambda: True  # (it follows only while no task waits for a core: tested as if so)
     followers = _fast_threads() - before
     stays = _client(service, "bob", Shim, follow=False)
     stayers = _fast_threads() - before - followers
@@ -209,6 +210,11 @@ def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services
         frame = channel.encode_request(5, comm.joined.comm, "all_reduce", "float32", "sum", [follows.ref(x)],
                                        channel.FOLLOW, cpu=60_000)
         assert _raw(follows, frame)[1] is None
+        assert [os.sched_getaffinity(tid) for tid in followers] == [allowed]
+        comm.all_reduce(x)
+        assert [os.sched_getaffinity(tid) for tid in followers] == [{target}]
+        follows._gate.idle, follows._gate._sampled = (lambda: False), -10**18  # a loaded machine: no following
+        comm.all_reduce(x)
         assert [os.sched_getaffinity(tid) for tid in followers] == [allowed]
         assert torch.equal(x, torch.ones(8))
     finally:

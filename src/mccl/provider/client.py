@@ -30,7 +30,7 @@ from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
-from mccl.provider.replyspin import ReplySpin
+from mccl.provider.replyspin import IdleGate, ReplySpin
 
 __all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW"]
 
@@ -43,9 +43,10 @@ session's spin, always on, cost more than it saved under load; the fifth's 200 Â
 
 
 FOLLOW = True
-"""Whether each fast-path request carries the CPU of the calling thread, so that the service's thread runs the
-call there (:mod:`.fastpath` says why: the request's and the reply's wake-ups stay on one CPU).
-``benchmarks/provider.py --single-host`` measures it against False in the same run."""
+"""Whether a fast-path request carries the CPU of the calling thread, so that the service's thread runs the call
+there (:mod:`.fastpath` says why: the request's and the reply's wake-ups stay on one CPU) â€” only while no task
+waits for a core, as the spin (:class:`~.replyspin.IdleGate`); otherwise the service's thread goes where the
+scheduler puts it. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
 
 
 def _cpu_reader():
@@ -111,6 +112,7 @@ class ProviderClient:
         self.spin_ns = int(spin_us * 1e3)  # the most a fast-path call polls for its reply (.replyspin)
         self._spin: ReplySpin | None = None
         self._cpu = _cpu_reader() if follow else None  # the calling thread's CPU, sent with each request
+        self._gate = IdleGate()  # whether a core is free (the spin and the following ask it)
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
@@ -180,7 +182,7 @@ class ProviderClient:
         self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
-        self._spin = ReplySpin(self.spin_ns, reply_fd) if self.spin_ns else None
+        self._spin = ReplySpin(self.spin_ns, reply_fd, gate=self._gate) if self.spin_ns else None
 
     @property
     def fast(self) -> bool:
@@ -200,7 +202,10 @@ class ProviderClient:
         sent = time.perf_counter_ns()
         sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
         flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
-        if self._cpu is not None:
+        # whether a core is free, read before the send (the caller is then the one runnable task of its own counted)
+        idle = self._gate.sample(sent) if self._cpu is not None or self._spin is not None else False
+        follow = idle and self._cpu is not None
+        if follow:
             flags |= channel.FOLLOW
         key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
         tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
@@ -210,13 +215,11 @@ class ProviderClient:
                 self._tails.clear()
             self._tails[key] = tail
         head = channel.HEAD.pack(8 + len(tail), request_id)
-        if self._cpu is not None:  # (the tail's cpu field, between the codes and the references)
+        if follow:  # (the tail's cpu field, between the codes and the references)
             at = channel.CPU_AT - 8
             frame = head + tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
         else:
             frame = head + tail
-        if self._spin is not None:
-            self._spin.sample(sent)
         try:
             os.write(self._channel[0], frame)
         except BrokenPipeError:  # the service closed the channel: the socket still serves

@@ -18,7 +18,10 @@ CPU (this machine's idle vCPUs halt at once), tens of µs each way on a quiet ma
 waker's own CPU, which then sleeps, is a context switch (a pipe round trip between two processes: 5.6 µs
 on one CPU, 65 µs across two, measured here). A tenant that asks for it sends, with each request, the CPU its
 calling thread runs on; the thread moves there (its affinity, one system call when the CPU changed) and
-stays until the tenant runs elsewhere. Only this session's thread moves, only within the service's own
+stays until the tenant runs elsewhere, or sends a request without it (then the thread may run on any of the
+service's CPUs again). The tenant asks only while no task waits for a core (:class:`~.replyspin.IdleGate`):
+under load a pinned thread cannot take a free CPU, and following cost 5–10 µs a call at load 25–30.
+A thread the fast-path thread starts (a strategy's, from its ``between``) inherits where it is pinned. Only this session's thread moves, only within the service's own
 CPUs; the job's gloo threads are untouched (they are where the in-process baseline has them too).
 
 The tenant's ends are handed over as before (``/proc/<service pid>/fd/``, closed here once the tenant
@@ -125,8 +128,10 @@ class FastPath:
         """The reply frame to one request frame; never raises. A traced request (``channel.TRACE``) gets
         its stage times back (:mod:`.channel`)."""
         request_id, stamps, cpu = 0, None, None
-        if len(frame) >= channel.REQUEST.size and frame[15] & channel.FOLLOW:
-            self._follow(frame[channel.CPU_AT] | frame[channel.CPU_AT + 1] << 8)
+        if len(frame) >= channel.REQUEST.size:  # follow the tenant's CPU, or leave it when no longer asked
+            follow = frame[channel.CPU_AT] | frame[channel.CPU_AT + 1] << 8 if frame[15] & channel.FOLLOW else 0
+            if follow or self._cpu >= 0:
+                self._follow(follow)
         if len(frame) > 15 and frame[15] & channel.TRACE:
             stamps, cpu = [woke], [] if frame[15] & channel.TRACE_CPU else None
             stamp(stamps, cpu)
