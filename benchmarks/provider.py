@@ -17,14 +17,15 @@ process per host):
 * ``provider``: a tenant process per host calls the shim; its host's service process runs the
   collective on buffers in shared memory.
 
-``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
-in a new random order every repetition (what ran just before decides whether the service is warm), its own
-world-1 communicator (agreement off, on), the same call through its service on the fast path (default: the
-reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core; untraced,
-as a tenant's call is), without the spin (``no spin``), on the session socket, and the two bare round trips;
-plus the tenant's CPU per call and the stages of two traced variants of the fast-path call (wall stamps; CPU
-stamps, which cost ~2 µs each). The processes themselves are in ``provider_ranks.py``.
+``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``; ~40 s on a quiet machine): one
+tenant process alternates, in a new random order every repetition, its own world-1 communicator on private
+and on the shared-memory buffers, the same call through its service as shipped and with the reply spin / the
+service thread's following / both off, each on threads of its own, in blocks (``--blocks``, ``--calls``);
+the figures are the median over blocks of the per-block difference and its interquartile range, the tenant's
+CPU per call, and the stages of two traced copies (wall; per-thread CPU). ``provider_single.py`` says what
+each variant is and why; ``--floors`` adds the agreement, the session socket and the bare round trips.
 
+The default (several hosts) and ``--interleaved`` modes:
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and
 provider − inproc (everything a tenant pays, the agreement included). Each repetition is timed on
 every rank after a barrier and the slowest rank's time is kept; figures are medians over

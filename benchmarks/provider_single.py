@@ -17,7 +17,7 @@ following the tenant's CPU, ``client.FOLLOW``), ``provider_nospin``, ``provider_
 the session socket and the two bare round trips. Each timed variant has threads of its own that nothing else
 uses (a session: its service thread and its job's gloo thread; ``inproc`` and ``inproc_shm``: a gloo group each):
 a thread used by two variants is warmer for both (measured: the fifth session's ``provider`` shared its session
-with the traced copies and came out 15–35 µs faster than its twin ``provider_nospin`` on the same path, the spin
+with the traced copies and came out 16–56 µs faster than its twin ``provider_nospin`` on the same path, the spin
 gated off, at load 30).
 
 Enough repetitions to read 100 µs: ``blocks`` blocks, each ``calls(size)`` repetitions of every variant at

@@ -20,7 +20,7 @@ on one CPU, 65 µs across two, measured here). A tenant that asks for it sends, 
 calling thread runs on; the thread moves there (its affinity, one system call when the CPU changed) and
 stays until the tenant runs elsewhere, or sends a request without it (then the thread may run on any of the
 service's CPUs again). The tenant asks only while no task waits for a core (:class:`~.replyspin.IdleGate`):
-under load a pinned thread cannot take a free CPU, and following cost 5–10 µs a call at load 25–30.
+under load a pinned thread cannot take a free CPU, and following cost 2–11 µs a call at load 25–30.
 A thread the fast-path thread starts (a strategy's, from its ``between``) inherits where it is pinned. Only this session's thread moves, only within the service's own
 CPUs; the job's gloo threads are untouched (they are where the in-process baseline has them too).
 
