@@ -100,11 +100,17 @@ def test_garbage_on_the_fast_path_is_refused_and_a_broken_framing_closes_only_th
             (struct.pack("<I", channel.REQUEST.size + 5) + good[4:4 + channel.REQUEST.size] + b"\0" * 5,
              BadRequest, "bytes, not"),
             (struct.pack("<I", 3) + b"abc", BadRequest, "at least"),
+            # a request that names a CPU is checked the same
+            (channel.encode_request(12, joined.comm, "all_reduce", "float32", "sum", [[theirs.alloc_id, 0, 64]],
+                                    channel.FOLLOW, cpu=1), BadReference, "not an allocation of tenant 'bob'"),
         ]
         for frame, error, words in cases:
             _, reply, _ = _raw(bob, frame)
             assert reply is not None and reply["error"] == error.__name__ and words in reply["message"], (words, reply)
         assert _raw(bob, good) == (7, None, [])  # still serving
+        for cpu in (1, 2, 1):  # the same request from any CPU runs (its cached check keyed without the CPU)
+            assert _raw(bob, channel.encode_request(13, joined.comm, "all_reduce", "float32", "sum",
+                                                    [[mine.alloc_id, 0, 64]], channel.FOLLOW, cpu=cpu)) == (13, None, [])
         os.write(bob._channel[0], struct.pack("<I", 2**32 - 1))  # no framing left: the service closes the channel
         with pytest.raises(ProviderError, match="closed this session's fast path"):
             bob.collective(joined, "all_reduce", "float32", [[mine.alloc_id, 0, 64]])
