@@ -213,7 +213,8 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
     times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors)
     print(f"1 host, tenant and service processes, every variant interleaved; {started}; {blocks} blocks; load "
           f"average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({notes['cpus']} cores); "
-          f"{time.perf_counter() - clock:.0f} s; calls that spun for their reply: {notes['spun']}")
+          f"{time.perf_counter() - clock:.0f} s; calls that spun for their reply: {notes['spun']}; calls the "
+          f"service's thread followed: {notes['followed']}")
     print("added = provider - inproc: median over blocks of the per-block medians' difference [IQR over blocks]; "
           "ratio = the median per-block provider / inproc; cpu = the tenant process's CPU per call (inproc: gloo's "
           "thread included; provider: the service's CPU is in the stages below)")

@@ -97,6 +97,7 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
                 times.setdefault(key, []).extend(values)
                 per_block.setdefault(key, []).append(statistics.median(values))
     notes = {"spun": {name: one._spin.spun for name, one in shims.items() if one._spin is not None},
+             "followed": {name: one.followed for name, one in shims.items() if one._cpu is not None},
              "cpus": len(os.sched_getaffinity(0))}
     if close_floors is not None:
         close_floors()

@@ -211,6 +211,7 @@ def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services
         comm.all_reduce(x)
         other.all_reduce(y)
         assert [os.sched_getaffinity(tid) for tid in followers] == [{target}]  # moved to the tenant's CPU
+        assert follows.followed == 1 and stays.followed == 0
         assert [os.sched_getaffinity(tid) for tid in stayers] == [allowed]  # a tenant that does not ask: unmoved
         # a CPU the service may not use sends the thread back to all of the service's CPUs; the call still runs
         frame = channel.encode_request(5, comm.joined.comm, "all_reduce", "float32", "sum", [follows.ref(x)],

@@ -113,6 +113,7 @@ class ProviderClient:
         self._spin: ReplySpin | None = None
         self._cpu = _cpu_reader() if follow else None  # the calling thread's CPU, sent with each request
         self._gate = IdleGate()  # whether a core is free (the spin and the following ask it)
+        self.followed = 0  # fast-path calls that asked the service's thread to follow (for the benchmark and tests)
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
@@ -207,6 +208,7 @@ class ProviderClient:
         follow = idle and self._cpu is not None
         if follow:
             flags |= channel.FOLLOW
+            self.followed += 1
         key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
         tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
         if tail is None:
