@@ -17,14 +17,15 @@ process per host):
 * ``provider``: a tenant process per host calls the shim; its host's service process runs the
   collective on buffers in shared memory.
 
-``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``): one tenant process alternates,
-in a new random order every repetition (what ran just before decides whether the service is warm), its own
-world-1 communicator (agreement off, on), the same call through its service on the fast path (default: the
-reply spin: at most 200 µs, around the reply's expected time, only while no task waits for a core; untraced,
-as a tenant's call is), without the spin (``no spin``), on the session socket, and the two bare round trips;
-plus the tenant's CPU per call and the stages of two traced variants of the fast-path call (wall stamps; CPU
-stamps, which cost ~2 µs each). The processes themselves are in ``provider_ranks.py``.
+``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``; ~40 s on a quiet machine): one
+tenant process alternates, in a new random order every repetition, its own world-1 communicator on private
+and on the shared-memory buffers, the same call through its service as shipped and with the reply spin / the
+service thread's following / both off, each on threads of its own, in blocks (``--blocks``, ``--calls``);
+the figures are the median over blocks of the per-block difference and its interquartile range, the tenant's
+CPU per call, and the stages of two traced copies (wall; per-thread CPU). ``provider_single.py`` says what
+each variant is and why; ``--floors`` adds the agreement, the session socket and the bare round trips.
 
+The default (several hosts) and ``--interleaved`` modes:
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and
 provider − inproc (everything a tenant pays, the agreement included). Each repetition is timed on
 every rank after a barrier and the slowest rank's time is kept; figures are medians over
@@ -43,7 +44,9 @@ import sys
 import time
 from pathlib import Path
 
-from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _interleaved_tenant, _pair_tenant, _tenant  # noqa: E402
+from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _pair_tenant, _tenant  # noqa: E402
+from provider_single import BASELINES, PROVIDERS, added, ratio  # noqa: E402
+from provider_single import tenant as single_tenant  # noqa: E402
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.runtime.launch import free_port, run_ranks
@@ -93,7 +96,7 @@ def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
     return 0
 
 
-def _interleaved(sizes: list[int], quick: bool) -> tuple[dict, dict]:
+def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool) -> tuple:
     from mccl.control.auth import new_secret
     from mccl.provider.launch import start_services
 
@@ -101,8 +104,8 @@ def _interleaved(sizes: list[int], quick: bool) -> tuple[dict, dict]:
     context = mp.get_context("spawn")
     with start_services(1, secret, ["bench"], store_port=free_port()) as services:
         results = context.Queue()
-        tenant = context.Process(target=_interleaved_tenant, args=(services.endpoints[0], secret.hex, sizes, quick,
-                                                                   results))
+        tenant = context.Process(target=single_tenant, args=(services.endpoints[0], secret.hex, sizes, blocks, scale,
+                                                             floors, results))
         tenant.start()
         found = results.get(timeout=1800)
         tenant.join(timeout=30)
@@ -150,9 +153,20 @@ def main() -> int:
     parser.add_argument("--interleaved", action="store_true",
                         help="several hosts, the three variants interleaved repetition by repetition in the same "
                              "tenant processes (see _pair_tenant); the stage breakdown of host 0")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="--single-host: blocks of repetitions (default 10, --quick 3); the spread is over blocks")
+    parser.add_argument("--calls", type=float, default=None,
+                        help="--single-host: repetitions per block as a multiple of the default (100 calls up to "
+                             "64 KiB, 50 at 512 KiB, 10 at 8 MiB; --quick 0.5)")
+    parser.add_argument("--floors", action="store_true",
+                        help="--single-host: also the agreement, the session socket and the bare round trips")
     args = parser.parse_args()
+    blocks = args.blocks if args.blocks is not None else (3 if args.quick else 10)
+    scale = args.calls if args.calls is not None else (0.5 if args.quick else 1.0)
+    if blocks < 1 or scale <= 0:
+        parser.error("--blocks must be at least 1 and --calls above 0")
     if args.single_host:
-        return _print_single_host(SIZES, args.quick)
+        return _print_single_host(SIZES, blocks, scale, args.floors)
     if args.interleaved:
         return _print_pair(args.hosts, SIZES, args.quick)
     sizes = SIZES
@@ -192,43 +206,58 @@ def main() -> int:
     return 0
 
 
-def _print_single_host(sizes: list[int], quick: bool) -> int:
+def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
-    cpu_before = time.process_time()
-    times, stages = _interleaved(sizes, quick)
-    print(f"1 host, tenant and service processes, interleaved; {started}; load average before {load_before[0]:.1f}, "
-          f"after {os.getloadavg()[0]:.1f} (2 cores shared)")
-    med = {key: statistics.median(values) * 1e6 for key, values in times.items()}
-    print(f"{'op':<11}{'size':>9}{'inproc':>8}{'+check':>8}{'provider':>10}{'added':>7}{'no spin':>9}{'added':>7}"
-          f"{'socket':>8}{'added':>7}{'zmq rt':>8}{'pipe rt':>8}{'cpu':>9}{'nospin':>8}   (µs, medians)")
+    clock = time.perf_counter()
+    times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors)
+    print(f"1 host, tenant and service processes, every variant interleaved; {started}; {blocks} blocks; load "
+          f"average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({notes['cpus']} cores); "
+          f"{time.perf_counter() - clock:.0f} s; calls that spun for their reply: {notes['spun']}; calls the "
+          f"service's thread followed: {notes['followed']}")
+    print("added = provider - inproc: median over blocks of the per-block medians' difference [IQR over blocks]; "
+          "ratio = the median per-block provider / inproc; cpu = the tenant process's CPU per call (inproc: gloo's "
+          "thread included; provider: the service's CPU is in the stages below)")
+    print(f"{'op':<11}{'size':>9}{'reps':>6}{'inproc':>8}{'in shm':>8}{'provider':>9}{'added [IQR]':>19}{'vs shm':>8}"
+          f"{'nospin':>8}{'nofollow':>9}{'plain':>7}{'ratio':>7}{'cpu in':>8}{'cpu prov':>9}   (µs)")
     rows = []
     for op in OPS:
         for size in sizes:
-            inproc, checked, provider, spin, socket_path, zmq_rt, pipe_rt, cpu, cpu_spin = (
-                med[(variant, op, size)] for variant in ("inproc", "inproc_check", "provider", "provider_nospin",
-                                                         "provider_socket", "zmq_floor", "pipe_floor",
-                                                         "cpu:provider", "cpu:provider_nospin"))
-            row = {"op": op, "size_bytes": size, "inproc_us": inproc, "inproc_check_us": checked,
-                   "provider_us": provider, "added_vs_inproc_us": provider - inproc,
-                   "added_vs_inproc_check_us": provider - checked, "provider_nospin_us": spin,
-                   "nospin_added_vs_inproc_us": spin - inproc, "provider_socket_us": socket_path,
-                   "socket_added_vs_inproc_us": socket_path - inproc, "zmq_round_trip_us": zmq_rt,
-                   "pipe_round_trip_us": pipe_rt, "tenant_cpu_us": cpu, "tenant_cpu_nospin_us": cpu_spin,
-                   "reps": len(times[("provider", op, size)])}
+            med = {variant: statistics.median(times[(variant, op, size)]) * 1e6
+                   for variant in (*BASELINES, *PROVIDERS, "cpu:inproc", "cpu:provider")}
+            bar, q1, q3 = added(per_block, "provider", "inproc", op, size)
+            row = {"op": op, "size_bytes": size, "reps": len(times[("provider", op, size)]), "blocks": blocks,
+                   **{f"{variant}_us": med[variant] for variant in (*BASELINES, *PROVIDERS)},
+                   "added_us": bar, "added_q1_us": q1, "added_q3_us": q3,
+                   "added_vs_inproc_shm_us": added(per_block, "provider", "inproc_shm", op, size)[0],
+                   **{f"{variant}_added_us": added(per_block, variant, "inproc", op, size)[0]
+                      for variant in PROVIDERS[1:]},
+                   "ratio_provider_over_inproc": ratio(per_block, "provider", "inproc", op, size),
+                   "tenant_cpu_inproc_us": med["cpu:inproc"], "tenant_cpu_provider_us": med["cpu:provider"]}
+            for variant in ("inproc_check", "provider_socket", "zmq_floor", "pipe_floor"):
+                if (variant, op, size) in times:
+                    row[f"{variant}_us"] = statistics.median(times[(variant, op, size)]) * 1e6
             row.update({f"stage_{stage}_us": statistics.median(stages[(op, size, stage)])
                         for stage in STAGES + CPU_STAGES})
             rows.append(row)
-            print(f"{op:<11}{size:>9}{inproc:>8.0f}{checked:>8.0f}{provider:>10.0f}{provider - inproc:>7.0f}"
-                  f"{spin:>9.0f}{spin - inproc:>7.0f}{socket_path:>8.0f}{socket_path - inproc:>7.0f}{zmq_rt:>8.0f}"
-                  f"{pipe_rt:>8.0f}{cpu:>9.0f}{cpu_spin:>8.0f}")
+            spread = f"{bar:.0f} [{q1:.0f}, {q3:.0f}]"
+            print(f"{op:<11}{size:>9}{row['reps']:>6}{med['inproc']:>8.0f}{med['inproc_shm']:>8.0f}"
+                  f"{med['provider']:>9.0f}{spread:>19}{row['added_vs_inproc_shm_us']:>8.0f}"
+                  f"{row['provider_nospin_added_us']:>8.0f}{row['provider_nofollow_added_us']:>9.0f}"
+                  f"{row['provider_plain_added_us']:>7.0f}{row['ratio_provider_over_inproc']:>7.2f}"
+                  f"{med['cpu:inproc']:>8.0f}{med['cpu:provider']:>9.0f}")
+    if floors:
+        print(f"\n{'op':<11}{'size':>9}{'+check':>8}{'socket':>8}{'zmq rt':>8}{'pipe rt':>8}   (µs, medians)")
+        for row in rows:
+            print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(
+                f"{row[f'{variant}_us']:>8.0f}" for variant in ("inproc_check", "provider_socket", "zmq_floor",
+                                                               "pipe_floor")))
     for title, names in (("fast-path stages, wall", STAGES), ("their CPU (one thread each; provider_ranks.py)",
                                                               CPU_STAGES)):
         print(f"\n{title}, medians (µs): " + ", ".join(names))
         for row in rows:
             print(f"{row['op']:<11}{row['size_bytes']:>9}" + "".join(f"{row[f'stage_{stage}_us']:>11.1f}"
                                                                      for stage in names))
-    print(f"(this process's CPU: {time.process_time() - cpu_before:.1f} s)")
     write_csv(Path(__file__).parent / "results" / "provider_single_host.csv", rows)
     return 0
 

@@ -17,7 +17,6 @@ poll, read, decode), then the service's fast-path thread: *cpu_decode*, *cpu_che
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import time
@@ -205,82 +204,6 @@ def _echo(secret_hex: str, ready) -> None:
         if router in found:
             identity, frame = router.recv_multipart()
             router.send_multipart([identity, frame])
-
-
-def _interleaved_tenant(endpoint: str, secret_hex: str, sizes: list[int], quick: bool, results) -> None:
-    """One host: the tenant times, repetition by repetition, the same collective on its own in-process
-    communicator (world 1, check off and on), through its service on the fast path and on the session
-    socket, and the two bare round trips (ZeroMQ with CURVE, a pipe pair) — all under the same load.
-    The fast-path calls are traced: the service's stage timestamps come back in each reply."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    import zmq
-
-    from mccl.control.auth import JobSecret
-    from mccl.provider.keys import tenant_credential
-    from mccl.provider.shim import Shim
-    from mccl.runtime.communicator import Communicator
-    from mccl.runtime.transport import Transport
-
-    torch.set_num_threads(1)
-    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60))
-    local = {check: Communicator(Transport(group, backend="gloo"), name=f"local{check}", check=check)
-             for check in (False, True)}
-    credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
-    shim = Shim(endpoint, credential)
-    shim_socket = Shim(endpoint, credential, fast=False)
-    shim_nospin = Shim(endpoint, credential, spin_us=0.0)  # the fast path without the reply spin (mccl.provider.replyspin)
-    remote, remote_socket = shim.join("single", [0]), shim_socket.join("single-socket", [0])
-    remote_nospin = shim_nospin.join("single-nospin", [0])
-    context = mp.get_context("spawn")
-    mine_end, echo_end = context.Pipe()
-    echo = context.Process(target=_echo, args=(secret_hex, echo_end), daemon=True)
-    echo.start()
-    zmq_endpoint, request_path, reply_path = mine_end.recv()
-    dealer = zmq.Context().socket(zmq.DEALER)
-    credential.make_client(dealer)
-    dealer.connect(zmq_endpoint)
-    pipe_out, pipe_in = os.open(request_path, os.O_WRONLY), os.open(reply_path, os.O_RDONLY)
-    mine_end.send("opened")
-    message = b"x" * 100  # about a collective request's size
-
-    def zmq_round_trip(*_: object) -> None:
-        dealer.send(message)
-        dealer.recv()
-
-    def pipe_round_trip(*_: object) -> None:
-        os.write(pipe_out, message)
-        os.read(pipe_in, 4096)
-
-    times: dict = {}
-    stages: dict = {}
-    for op in OPS:
-        for size in sizes:
-            mine = _buffers(op, size, 1, lambda count: torch.ones(count))
-            shared = _buffers(op, size, 1, shim.empty)
-            shared_socket = _buffers(op, size, 1, shim_socket.empty)
-            shared_nospin = _buffers(op, size, 1, shim_nospin.empty)
-            variants = {**_compared(local, remote, mine, shared),
-                        "provider_traced": (_calls(remote), shared), "provider_cpu": (_calls(remote), shared),
-                        "provider_nospin": (_calls(remote_nospin), shared_nospin),
-                        "provider_socket": (_calls(remote_socket), shared_socket),
-                        "zmq_floor": ({"all_gather": zmq_round_trip, "all_reduce": zmq_round_trip}, mine),
-                        "pipe_floor": ({"all_gather": pipe_round_trip, "all_reduce": pipe_round_trip}, mine)}
-            _interleave(variants, shim, op, size, _reps(size, quick), times, stages)
-    calls = sum(len(values) + 5 for key, values in times.items()
-                if key[0] in ("provider", "provider_traced", "provider_cpu"))
-    print(f"provider calls (its three variants, warm-ups included) that spun for their reply: {shim._spin.spun} "
-          f"of {calls} (mccl.provider.replyspin: only while no task waits for a core)", flush=True)
-    os.close(pipe_out)
-    os.close(pipe_in)
-    dealer.close(linger=0)
-    echo.join(timeout=10)
-    shim.close()
-    shim_socket.close()
-    shim_nospin.close()
-    results.put((times, stages))
 
 
 def _pair_tenant(host: int, n: int, endpoint: str, secret_hex: str, port: int, sizes: list[int], quick: bool,

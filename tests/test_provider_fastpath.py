@@ -100,11 +100,17 @@ def test_garbage_on_the_fast_path_is_refused_and_a_broken_framing_closes_only_th
             (struct.pack("<I", channel.REQUEST.size + 5) + good[4:4 + channel.REQUEST.size] + b"\0" * 5,
              BadRequest, "bytes, not"),
             (struct.pack("<I", 3) + b"abc", BadRequest, "at least"),
+            # a request that names a CPU is checked the same
+            (channel.encode_request(12, joined.comm, "all_reduce", "float32", "sum", [[theirs.alloc_id, 0, 64]],
+                                    channel.FOLLOW, cpu=1), BadReference, "not an allocation of tenant 'bob'"),
         ]
         for frame, error, words in cases:
             _, reply, _ = _raw(bob, frame)
             assert reply is not None and reply["error"] == error.__name__ and words in reply["message"], (words, reply)
         assert _raw(bob, good) == (7, None, [])  # still serving
+        for cpu in (1, 2, 1):  # the same request from any CPU runs (its cached check keyed without the CPU)
+            assert _raw(bob, channel.encode_request(13, joined.comm, "all_reduce", "float32", "sum",
+                                                    [[mine.alloc_id, 0, 64]], channel.FOLLOW, cpu=cpu)) == (13, None, [])
         os.write(bob._channel[0], struct.pack("<I", 2**32 - 1))  # no framing left: the service closes the channel
         with pytest.raises(ProviderError, match="closed this session's fast path"):
             bob.collective(joined, "all_reduce", "float32", [[mine.alloc_id, 0, 64]])
@@ -138,7 +144,7 @@ def test_a_spinning_shim_gets_the_same_results(service):
     spinning = _client(service, "alice", Shim, spin_us=200.0)
     try:
         assert spinning.spin_ns == 200_000
-        spinning._spin._idle = lambda: True  # spin whatever the machine's load (the rule is tested below)
+        spinning._gate.idle = lambda: True  # spin whatever the machine's load (the rule is tested below)
         comm = spinning.join("spin", [0])
         x = spinning.empty(8)
         x.copy_(torch.arange(8.0))
@@ -160,11 +166,13 @@ def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_i
         busy = ReplySpin(200_000, read_end, idle=lambda: False)
         busy.record("k", 10**9)
         started = time.perf_counter_ns()
+        busy.sample(started)  # (the gate is read before the send)
         busy.wait("k", started)
         assert busy.spun == 0 and time.perf_counter_ns() - started < 10**8  # no nap, no spin: poll's to sleep
 
         idle = ReplySpin(200_000, read_end, idle=lambda: True)
         started = time.perf_counter_ns()
+        idle.sample(started)
         idle.wait("new", started)  # no history: polls from the send, at most the window
         assert idle.spun == 1 and time.perf_counter_ns() - started < 10**8
 
@@ -178,3 +186,45 @@ def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_i
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def _fast_threads() -> set[int]:
+    """The native ids of the fast-path threads of the service fixture (it runs in this process)."""
+    return {thread.native_id for thread in threading.enumerate() if thread.name.endswith("-fast")}
+
+
+def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services_own(service):
+    allowed = os.sched_getaffinity(0)
+    target = max(allowed)
+    before = _fast_threads()
+    follows = _client(service, "alice", Shim, follow=True)
+    follows._gate.idle = lambda: True  # (it follows only while no task waits for a core: tested as if so)
+    followers = _fast_threads() - before
+    stays = _client(service, "bob", Shim, follow=False)
+    stayers = _fast_threads() - before - followers
+    try:
+        assert len(followers) == 1 and len(stayers) == 1
+        comm, other = follows.join("follow", [0]), stays.join("stay", [0])
+        x, y = follows.empty(8), stays.empty(8)
+        x.fill_(1.0)
+        os.sched_setaffinity(0, {target})  # this (the calling) thread runs on one CPU now
+        comm.all_reduce(x)
+        other.all_reduce(y)
+        assert [os.sched_getaffinity(tid) for tid in followers] == [{target}]  # moved to the tenant's CPU
+        assert follows.followed == 1 and stays.followed == 0
+        assert [os.sched_getaffinity(tid) for tid in stayers] == [allowed]  # a tenant that does not ask: unmoved
+        # a CPU the service may not use sends the thread back to all of the service's CPUs; the call still runs
+        frame = channel.encode_request(5, comm.joined.comm, "all_reduce", "float32", "sum", [follows.ref(x)],
+                                       channel.FOLLOW, cpu=60_000)
+        assert _raw(follows, frame)[1] is None
+        assert [os.sched_getaffinity(tid) for tid in followers] == [allowed]
+        comm.all_reduce(x)
+        assert [os.sched_getaffinity(tid) for tid in followers] == [{target}]
+        follows._gate.idle, follows._gate._sampled = (lambda: False), -10**18  # a loaded machine: no following
+        comm.all_reduce(x)
+        assert [os.sched_getaffinity(tid) for tid in followers] == [allowed]
+        assert torch.equal(x, torch.ones(8))
+    finally:
+        os.sched_setaffinity(0, allowed)
+        follows.close()
+        stays.close()

@@ -20,8 +20,8 @@ session's own (:mod:`.fastpath`).
 
 Frames (little-endian). Every frame is ``u32 length`` and that many bytes:
 
-* request: ``u64 id, u32 comm, u8 kind, u8 dtype, u8 reduce, u8 flags, u8 refs`` and 3 bytes of
-  padding, then ``refs`` × ``(u64 allocation id, u64 offset, u64 length)``. Codes index
+* request: ``u64 id, u32 comm, u8 kind, u8 dtype, u8 reduce, u8 flags, u8 refs``, a byte of padding and
+  ``u16 cpu``, then ``refs`` × ``(u64 allocation id, u64 offset, u64 length)``. Codes index
   :data:`~.protocol.KINDS`, :data:`~.protocol.DTYPES` and :data:`~.protocol.REDUCTIONS` in their
   order. ``flags`` bit 0: trace (the reply carries the service's stage timestamps: its thread had read
   the frame, held the session's lock, decoded it, checked the references, ran the collective, encoded the
@@ -48,10 +48,12 @@ from mccl.provider.protocol import DTYPES, KINDS, REDUCTIONS
 
 __all__ = ["REQUEST", "REPLY", "REF", "MAX_FRAME", "MAX_REFS", "encode_request", "decode_request", "encode_reply",
            "encode_ok", "decode_reply", "HEAD", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE",
-           "TRACE_CPU"]
+           "TRACE_CPU", "FOLLOW", "CPU", "CPU_AT", "request_key"]
 
 LENGTH = struct.Struct("<I")
-REQUEST = struct.Struct("<QIBBBBB3x")
+REQUEST = struct.Struct("<QIBBBBBxH")
+CPU = struct.Struct("<H")
+CPU_AT = 18  # where a request's ``cpu`` is, from the start of the request (its id)
 REPLY = struct.Struct("<QBB6x")
 REF = struct.Struct("<QQQ")
 STAMP = struct.Struct("<Q")
@@ -60,6 +62,7 @@ MAX_REFS = 4
 MAX_FRAME = 4000  # < PIPE_BUF (4096): a frame and its length are written atomically
 TRACE = 1
 TRACE_CPU = 2  # with TRACE: the stamps carry the service thread's CPU too (a system call each: ~2 µs here)
+FOLLOW = 4  # the service's thread follows the tenant's thread to its CPU (``cpu`` is set)
 
 KIND_NAMES, DTYPE_NAMES = tuple(KINDS), tuple(DTYPES)
 KIND_CODES = {name: code for code, name in enumerate(KIND_NAMES)}
@@ -68,9 +71,9 @@ REDUCE_CODES = {name: code for code, name in enumerate(REDUCTIONS)}
 
 
 def encode_request(request_id: int, comm: int, kind: str, dtype: str, reduce: str, refs: Sequence[Sequence[int]],
-                   flags: int = 0) -> bytes:
+                   flags: int = 0, cpu: int = 0) -> bytes:
     body = REQUEST.pack(request_id, comm, KIND_CODES[kind], DTYPE_CODES[dtype], REDUCE_CODES[reduce], flags,
-                        len(refs)) + b"".join(REF.pack(*ref) for ref in refs)
+                        len(refs), cpu) + b"".join(REF.pack(*ref) for ref in refs)
     return LENGTH.pack(len(body)) + body
 
 
@@ -79,7 +82,7 @@ def decode_request(body: bytes) -> tuple[int, int, dict[str, Any]]:
     the frame had one)."""
     if len(body) < REQUEST.size:
         raise BadRequest(f"a fast-path request is at least {REQUEST.size} bytes, this one {len(body)}", 0)
-    request_id, comm, kind, dtype, reduce, flags, count = REQUEST.unpack_from(body)
+    request_id, comm, kind, dtype, reduce, flags, count, _ = REQUEST.unpack_from(body)
     if count > MAX_REFS or len(body) != REQUEST.size + count * REF.size:
         raise BadRequest(f"a fast-path request with {count} references is {REQUEST.size + count * REF.size} "
                          f"bytes, not {len(body)}", request_id)
@@ -88,6 +91,11 @@ def decode_request(body: bytes) -> tuple[int, int, dict[str, Any]]:
     refs = [list(REF.unpack_from(body, REQUEST.size + index * REF.size)) for index in range(count)]
     return request_id, flags, {"op": "collective", "id": request_id, "comm": comm, "kind": KIND_NAMES[kind],
                                "dtype": DTYPE_NAMES[dtype], "reduce": REDUCTIONS[reduce], "refs": refs}
+
+
+def request_key(body: bytes) -> bytes:
+    """What a request asks, less its id and ``cpu``: the key under which a checked request is kept."""
+    return body[8:] if not body[15] & FOLLOW else body[8:CPU_AT] + body[CPU_AT + CPU.size:]
 
 
 def encode_reply(request_id: int, error: dict[str, Any] | None = None, stamps: Sequence[int] = ()) -> bytes:

@@ -12,6 +12,7 @@ test's hostile tenant, which sends garbage through :meth:`ProviderClient.send_ra
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import mmap
 import os
@@ -29,15 +30,33 @@ from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
-from mccl.provider.replyspin import ReplySpin
+from mccl.provider.replyspin import IdleGate, ReplySpin
 
-__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US"]
+__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW"]
 
-SPIN_US = 200.0
+SPIN_US = 1000.0
 """The most a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
-0: it sleeps at once. It polls only around the reply's expected time and only while no task waits for a core
-(:mod:`.replyspin` says why: the fourth session's spin from the send, always on, cost more than it saved under
-load). ``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
+0: it sleeps at once. A call expected within this window polls from its send, a longer one only around the
+reply's expected time, and only while no task waits for a core (:mod:`.replyspin` says why: the fourth
+session's spin, always on, cost more than it saved under load; the fifth's 200 µs ended before most replies).
+``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
+
+
+FOLLOW = True
+"""Whether a fast-path request carries the CPU of the calling thread, so that the service's thread runs the call
+there (:mod:`.fastpath` says why: the request's and the reply's wake-ups stay on one CPU) — only while no task
+waits for a core, as the spin (:class:`~.replyspin.IdleGate`); otherwise the service's thread goes where the
+scheduler puts it. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
+
+
+def _cpu_reader():
+    """``sched_getcpu`` of the C library (≈1 µs through ctypes), or None where there is none."""
+    try:
+        function = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    function.restype, function.argtypes = ctypes.c_int, []
+    return function
 
 
 @dataclass(eq=False)
@@ -87,11 +106,14 @@ class ProviderClient:
     unauthenticated in-process service."""
 
     def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
-                 fast: bool = True, spin_us: float = SPIN_US) -> None:
+                 fast: bool = True, spin_us: float = SPIN_US, follow: bool = FOLLOW) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
         self.spin_ns = int(spin_us * 1e3)  # the most a fast-path call polls for its reply (.replyspin)
         self._spin: ReplySpin | None = None
+        self._cpu = _cpu_reader() if follow else None  # the calling thread's CPU, sent with each request
+        self._gate = IdleGate()  # whether a core is free (the spin and the following ask it)
+        self.followed = 0  # fast-path calls that asked the service's thread to follow (for the benchmark and tests)
         self._lock = threading.Lock()  # one request at a time, from any thread (a DDP hook runs on autograd's)
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
@@ -161,7 +183,7 @@ class ProviderClient:
         self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
-        self._spin = ReplySpin(self.spin_ns, reply_fd) if self.spin_ns else None
+        self._spin = ReplySpin(self.spin_ns, reply_fd, gate=self._gate) if self.spin_ns else None
 
     @property
     def fast(self) -> bool:
@@ -181,6 +203,12 @@ class ProviderClient:
         sent = time.perf_counter_ns()
         sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
         flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
+        # whether a core is free, read before the send (the caller is then the one runnable task of its own counted)
+        idle = self._gate.sample(sent) if self._cpu is not None or self._spin is not None else False
+        follow = idle and self._cpu is not None
+        if follow:
+            flags |= channel.FOLLOW
+            self.followed += 1
         key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
         tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
         if tail is None:
@@ -188,8 +216,14 @@ class ProviderClient:
             if len(self._tails) >= 256:
                 self._tails.clear()
             self._tails[key] = tail
+        head = channel.HEAD.pack(8 + len(tail), request_id)
+        if follow:  # (the tail's cpu field, between the codes and the references)
+            at = channel.CPU_AT - 8
+            frame = head + tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
+        else:
+            frame = head + tail
         try:
-            os.write(self._channel[0], channel.HEAD.pack(8 + len(tail), request_id) + tail)
+            os.write(self._channel[0], frame)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "

@@ -16,8 +16,17 @@ Two rules make it cheap and harmless, where the fourth session's fixed spin was 
 * **Only while no task waits for a core.** Under load the spin cost more than it saved (fourth session: the service's
   gloo thread waited for the spinner's core, 80–230 µs worse per call at load 20). Spinning pays only when no
   task waits for a core: the instantaneous count of runnable tasks in ``/proc/loadavg`` (sampled at most every
-  50 ms, right after a request was sent: the spinner and the service's thread are in it) must not exceed the
-  cores this process may use. Otherwise the call sleeps in ``poll`` at once.
+  50 ms, right *before* a request is sent: the caller is in it) must not exceed the cores this process may use.
+  Otherwise the call sleeps in ``poll`` at once. (The fifth session sampled right after the send, when the
+  service's freshly woken thread was counted too: on the quiet machine the gate then refused 80–90 % of the
+  calls — 366–654 of 3300 spun in the coordinator's re-runs — so "spin" and "no spin" measured mostly the same
+  path.)
+
+Sixth session: the window is 1 ms (``client.SPIN_US``), so a call up to ~1 ms — every size here but the 8 MiB
+AllGather — polls from its send to its reply. The coordinator's quiet re-run showed why a shorter spin does not
+do: with the spin ending at 200 µs and replies at ~300 µs, the reply's trip to the tenant took 93–111 µs of the
+call (a halted vCPU woken), against 25–30 µs under load. A spinning tenant also keeps its CPU awake for the
+service's thread, which follows it there (:mod:`.fastpath`).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import os
 import select
 import time
 
-__all__ = ["ReplySpin"]
+__all__ = ["IdleGate", "ReplySpin"]
 
 _SAMPLE_NS = 50_000_000  # how often the runnable count is read
 _NAP_MIN_NS = 50_000  # a shorter sleep than this is not worth a timer (and the kernel's timer slack is 50 µs)
@@ -42,29 +51,47 @@ def _no_task_waits_for_a_core() -> bool:
         return False
 
 
+class IdleGate:
+    """Whether no task waits for a core, re-read at most every 50 ms (module docstring). The client asks it before
+    each fast-path send, for the spin and for the service thread's following (:mod:`.fastpath`: under load a thread
+    pinned to its tenant's CPU cannot take the other, free one — 2–11 µs a call at load 25–30, measured)."""
+
+    def __init__(self, idle=_no_task_waits_for_a_core) -> None:
+        self.idle = idle  # (replaceable in tests)
+        self.now = False
+        self._sampled = -_SAMPLE_NS
+
+    def sample(self, now: int) -> bool:
+        """Right before a request is sent (``now``: ``perf_counter_ns``): whether a core is free."""
+        if now - self._sampled > _SAMPLE_NS:
+            self._sampled, self.now = now, self.idle()
+        return self.now
+
+
 class ReplySpin:
     """The reply wait's spin for one client (module docstring). ``spin_ns``: the most a call polls; ``fd``: the
-    reply pipe; ``idle``: whether spinning may take a core now (replaceable in tests)."""
+    reply pipe; ``idle``: whether spinning may take a core now, or ``gate``: an :class:`IdleGate` to share."""
 
-    def __init__(self, spin_ns: int, fd: int, idle=_no_task_waits_for_a_core) -> None:
+    def __init__(self, spin_ns: int, fd: int, idle=_no_task_waits_for_a_core, gate: IdleGate | None = None) -> None:
         self.spin_ns = spin_ns
         self.fd = fd
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
-        self._idle = idle
-        self._idle_now = False
-        self._sampled = -_SAMPLE_NS
+        self.gate = gate if gate is not None else IdleGate(idle)
         self._took: dict[tuple, int] = {}  # the last duration (ns) of each request
         self.spun = 0  # calls that spun (for the benchmark and tests)
 
+    def sample(self, now: int) -> bool:
+        """Right before a request is sent (``now``: ``perf_counter_ns``): re-read whether a core is free."""
+        return self.gate.sample(now)
+
     def wait(self, key: tuple, sent: int) -> None:
-        """After the request ``key`` was sent at ``sent`` (``perf_counter_ns``): nap and spin as the module
-        docstring says; returns when the reply is there or the window has passed (the caller then polls)."""
-        now = time.perf_counter_ns()
-        if now - self._sampled > _SAMPLE_NS:
-            self._sampled, self._idle_now = now, self._idle()
-        if not self._idle_now:
+        """After the request ``key`` was sent at ``sent`` (``perf_counter_ns``; :meth:`sample` called before):
+        nap and spin as the module docstring says; returns when the reply is there or the window has passed (the
+        caller then polls)."""
+        if not self.gate.now:
             return
+        now = time.perf_counter_ns()
         took = self._took.get(key)
         half = self.spin_ns // 2
         if took is not None and took > self.spin_ns:
