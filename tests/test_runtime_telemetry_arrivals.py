@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from mccl.runtime.arrivals import ArrivalClock, TimedReceive, stamp
+from mccl.runtime.arrivals import ArrivalClock, TimedReceive, nic_payload_share, stamp
 
 
 class _Work:
@@ -77,3 +77,14 @@ def test_a_failed_wait_is_raised_to_the_executor_and_a_receive_done_before_its_w
     early.wait()
     assert early.arrived is None  # had completed before anyone waited: unknown
     assert stamp(0.0, now=0.0005) is None and stamp(0.0, now=0.002) == 0.002
+
+
+def test_the_payload_share_is_none_without_a_counted_nic_and_a_full_segment_s_share_with_one():
+    import socket
+
+    assert nic_payload_share("lo") is None  # the loopback has no counter of this rank's own
+    assert nic_payload_share("mccl-no-such") is None
+    named = [name for _, name in socket.if_nameindex() if name != "lo"]
+    if named:  # an MTU of at least 576 (IPv4's minimum) carries well over 0.6 of its bytes as payload
+        share = nic_payload_share(named[0])
+        assert share is None or 0.6 < share < 1.0

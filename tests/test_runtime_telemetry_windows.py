@@ -81,3 +81,29 @@ def test_a_sender_with_arrivals_of_unknown_time_is_not_judged_by_its_known_inter
     arrivals += [Arrival(4, SIZE, 0.5 * PACE + 8 * PACE)]
     rate = port_rate(arrivals)
     assert rate.idle_s == 0.0
+
+
+def test_an_underfed_port_reads_its_rate_where_it_ran_at_it_not_the_window_s_average():
+    # 1 MB/s port; its senders' uplinks each carry a second flow, so for 60 ms it gets 0.5 MB/s, and only for
+    # 20 ms its full rate (the healthy AllGather on the emulated fabric): the port's rate is 1 MB/s, not 0.6
+    points = [0.0, 0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080]
+    moved = [5_000, 5_000, 10_000, 10_000, 5_000, 5_000, 5_000, 5_000]
+    counter = [0]
+    for step in moved:
+        counter.append(counter[-1] + step)
+    arrivals = [Arrival(1, 5_000, points[0], counter[0]), Arrival(2, counter[-1], points[-1], counter[-1])]
+    readings = list(zip(points[1:-1], counter[1:-1], strict=True))
+    rate = port_rate(arrivals, base=-5_000, readings=readings)  # the first 5 kB arrived before the first arrival
+    assert sum(rate.per_peer.values()) / rate.seconds == pytest.approx(1e6)
+    assert rate.idle_s == pytest.approx(0.080 - counter[-1] / 1e6)
+
+
+def test_the_wire_share_charges_the_acks_of_own_sends_to_the_port_s_time_not_its_capacity():
+    # the counter moves 1514 B per 1448 of payload, plus 66 B ACKs of this rank's own sends (here 5 % more):
+    # the window's payload ÷ growth reads the port below its goodput; the wire share does not
+    per_message = 10_000 * 1514 / 1448 * 1.05
+    arrivals = [Arrival(1, 10_000, 0.010 * (k + 1), round(per_message * (k + 1))) for k in range(4)]
+    own = port_rate(arrivals, base=0)
+    shared = port_rate(arrivals, base=0, wire_share=1448 / 1514)
+    assert sum(own.per_peer.values()) / own.seconds == pytest.approx(10_000 / 0.010, rel=1e-3)
+    assert sum(shared.per_peer.values()) / shared.seconds == pytest.approx(1.05 * 10_000 / 0.010, rel=1e-3)

@@ -49,7 +49,14 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ArrivalClock", "TimedReceive", "BLOCKED_WAIT_S", "stamp", "nic_rx_counter"]
+__all__ = ["ArrivalClock", "TimedReceive", "BLOCKED_WAIT_S", "stamp", "nic_rx_counter", "nic_payload_share",
+           "TCP_IPV4_HEADERS", "ETHERNET_HEADER"]
+
+# What a full-size segment of gloo's TCP connections carries besides payload: IPv4 (20) and TCP with the
+# timestamp option (32, Linux's default), inside the MTU; and the Ethernet header (14) the NIC's counter and a
+# shaper count on top of it (netemu.md §2a: goodput 1448/1514 of the rate at MTU 1500)
+TCP_IPV4_HEADERS = 52
+ETHERNET_HEADER = 14
 
 # A wait that returned later than this after it began was blocked on the operation, so the
 # operation completed (its last byte arrived) when the wait returned; a quicker return means it
@@ -193,3 +200,29 @@ def nic_rx_counter(interface: str | None = None) -> Callable[[], int] | None:
         os.close(fd)
         return None
     return read
+
+
+def nic_payload_share(interface: str | None = None) -> float | None:
+    """Payload per byte the NIC's counter (:func:`nic_rx_counter`) counts, for a full-size data segment of a
+    TCP/IPv4 connection: ``(MTU − 52) / (MTU + 14)`` (1448/1514 at MTU 1500), with the MTU of ``interface``
+    (default: ``GLOO_SOCKET_IFNAME``) in the calling thread's network namespace; None where there is no
+    counter or the MTU cannot be read. Why not the window's own payload ÷ counter growth: the counter also
+    counts the ACKs of this rank's own sends, which share the port's time but are not the port's capacity
+    (:func:`mccl.runtime.windows._counted_rate`)."""
+    import fcntl
+    import socket
+    import struct
+
+    name = interface or os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    if not name or name == "lo" or len(name) >= 16:
+        return None
+    siocgifmtu = 0x8921  # <linux/sockios.h>
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            answer = fcntl.ioctl(probe.fileno(), siocgifmtu, struct.pack("16si", name.encode(), 0))
+    except OSError:
+        return None
+    mtu = struct.unpack("16si", answer)[1]
+    if mtu <= TCP_IPV4_HEADERS:
+        return None
+    return (mtu - TCP_IPV4_HEADERS) / (mtu + ETHERNET_HEADER)

@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mccl.runtime.arrivals import ArrivalClock, TimedReceive, nic_rx_counter, stamp
+from mccl.runtime.arrivals import ArrivalClock, TimedReceive, nic_payload_share, nic_rx_counter, stamp
 from mccl.runtime.calls import CallTotals
 from mccl.runtime.sources import CallSink, Sample, TelemetrySink
 from mccl.runtime.windows import Arrival, port_rate
@@ -201,6 +201,7 @@ class Meters:
         # (the host fabric, a loopback transport) a waiter's hand-over per receive costs more CPU than the
         # arrival times gain (measured on loopback: +55 % CPU per AllGather with every receive watched)
         self._counter = nic_rx_counter() if config.nic_counter and config.arrival_waiters > 0 else None
+        self._wire_share = nic_payload_share() if self._counter is not None else None  # payload per counted byte
         self.arrivals = (ArrivalClock(config.arrival_waiters, self._counter, counted=self._through_nic)
                          if self._counter is not None else None)
         if self.arrivals is not None:
@@ -285,7 +286,8 @@ class Meters:
         opened, window.opened = window.opened, None
         if port == 0:
             self._sampling.clear()
-        rate = port_rate(window.arrivals, base=window.base, readings=window.readings)
+        rate = port_rate(window.arrivals, base=window.base, readings=window.readings,
+                         wire_share=self._wire_share if port == 0 else None)
         if rate is not None:
             per_peer, seconds = rate.per_peer, rate.seconds
         else:  # fewer than two known arrivals (one alltoallv per step): from the N-th post to the last notice

@@ -93,11 +93,13 @@ def _covered(start: float, end: float, spans: list[tuple[float, float]]) -> floa
 
 def port_rate(arrivals: Sequence[Arrival], *, gap_factor: float = GAP_FACTOR,
               min_intervals: int = MIN_INTERVALS, base: int | None = None,
-              readings: Sequence[tuple[float, int]] = ()) -> PortRate | None:
+              readings: Sequence[tuple[float, int]] = (), wire_share: float | None = None) -> PortRate | None:
     """The busy rate of one port's window (module docstring); None with fewer than two known arrivals.
     ``base``: the port's byte counter when the window opened; with it and every known arrival's
     ``counted``, the counter decides (:func:`_counted_rate`), with ``readings`` — (time, counter) taken
-    in between by the meters' sampler — as further points."""
+    in between by the meters' sampler — as further points. ``wire_share``: payload per counted byte of a
+    full-size data packet (:func:`mccl.runtime.arrivals.nic_payload_share`); None: the window's own
+    payload over the counter's growth."""
     known = sorted((a for a in arrivals if a.at is not None), key=lambda a: a.at)
     if len(known) < 2:
         return None
@@ -108,7 +110,7 @@ def port_rate(arrivals: Sequence[Arrival], *, gap_factor: float = GAP_FACTOR,
     for arrival in known[1:]:
         per_peer[arrival.peer] = per_peer.get(arrival.peer, 0) + arrival.nbytes
     if base is not None and all(a.counted is not None for a in known):
-        counted = _counted_rate(arrivals, known, per_peer, base, readings)
+        counted = _counted_rate(arrivals, known, per_peer, base, readings, wire_share)
         if counted is not None:
             return counted
     for arrival in arrivals:  # unknown times noticed after the first: counted, the window ends no earlier
@@ -154,17 +156,28 @@ def _steps(points: list[tuple[float, int]], min_step_s: float) -> list[tuple[flo
 
 
 def _counted_rate(arrivals: Sequence[Arrival], known: list[Arrival], per_peer: dict[int, int], base: int,
-                  readings: Sequence[tuple[float, int]]) -> PortRate | None:
+                  readings: Sequence[tuple[float, int]], wire_share: float | None = None) -> PortRate | None:
     """The port's rate from its byte counter (module docstring, "With the NIC's counter").
 
     Bytes: the counter's growth from the first known arrival to the last (every packet in between, whoever
-    sent it, and none from before), in payload bytes — scaled by the window's payload over the counter's
-    growth since the window opened (the counter also counts headers and the ACKs of this rank's own sends).
-    Busy time: over steps of at least :data:`MIN_STEP_S` between the points (arrivals and ``readings``), the
-    fixed point ``R = bytes / Σ busy_i``, where a step that moved less than :data:`IDLE_FACTOR` × R × its
-    length was busy only ``bytes_i / R`` of it (the rest idle: the port waited for its senders) and any
-    other step all of it. So R is the port's rate while it carried traffic — its capacity once it was
-    saturated at all in the window."""
+    sent it, and none from before). Busy time: over steps of at least :data:`MIN_STEP_S` between the points
+    (arrivals and ``readings``), the fixed point ``R = bytes / Σ busy_i``, where a step that moved less than
+    :data:`IDLE_FACTOR` × R × its length was busy only ``bytes_i / R`` of it (the rest idle, or the port
+    underfed: its senders waited, or sent at the pace of a link of theirs shared with other flows) and any
+    other step all of it. So R is the port's rate while it carried traffic at its pace — its capacity once it
+    was saturated at all in the window.
+
+    **The largest such R**: the iteration starts at the fastest step and descends to the first fixed point.
+    Why: started from the window's average (as until the sixth session), it stopped at the lowest one, and
+    where the port was underfed most of the window — the healthy AllGather on the emulated fabric, where
+    the senders' uplinks each carry two flows, so rank 0's downlink ran at 0.4–0.7 of its rate for most steps
+    and at its rate in one or two — the underfed steps counted as busy and the port read 15–31 % low
+    (BENCHMARKS.md, 2026-12-01 sixth session).
+
+    In payload bytes: ``R × wire_share`` (what the port carries as payload while it carries data only:
+    headers out, the ACKs of this rank's own sends not charged to it — they share the port's time, so
+    scaling by the window's own payload ÷ growth read 1–3 % below the shaped goodput whenever this rank
+    was sending too); without a ``wire_share``, that window's payload ÷ growth."""
     first, last = known[0], known[-1]
     grown = last.counted - base
     carried = last.counted - first.counted
@@ -177,17 +190,19 @@ def _counted_rate(arrivals: Sequence[Arrival], known: list[Arrival], per_peer: d
                     [(t, c) for t, c in readings if first.at < t < last.at])
     steps = [(dt, moved) for dt, moved in _steps(points, MIN_STEP_S) if dt > 0]
     span = last.at - first.at
-    rate = carried / span
-    busy = span
-    for _ in range(FIXED_POINT_STEPS):
-        busy = sum(dt if moved >= IDLE_FACTOR * rate * dt else moved / rate for dt, moved in steps)
-        if busy <= 0:
+    whole = [moved / dt for dt, moved in steps if dt >= MIN_STEP_S * (1 - 1e-9)]
+    rate = max(whole) if whole else carried / span  # the fastest step: from above, to the largest fixed point
+    for _ in range(FIXED_POINT_STEPS):  # R = the mean rate of the steps at ≥ IDLE_FACTOR × R; descends, settles
+        busy_steps = [(dt, moved) for dt, moved in steps if moved >= IDLE_FACTOR * rate * dt]
+        full_s, full_bytes = sum(dt for dt, _ in busy_steps), sum(moved for _, moved in busy_steps)
+        if full_s <= 0 or full_bytes <= 0:
             return None
-        updated = carried / busy
-        if abs(updated - rate) <= 1e-9 * rate:
+        updated = full_bytes / full_s
+        if updated >= rate * (1 - 1e-12):
             break
         rate = updated
-    port_payload_rate = rate * payload / grown  # bytes/s of payload while busy
+    busy = sum(dt if moved >= IDLE_FACTOR * rate * dt else moved / rate for dt, moved in steps)
+    port_payload_rate = rate * (wire_share if wire_share else payload / grown)  # bytes/s of payload while busy
     counted = sum(per_peer.values())
     if counted <= 0 or port_payload_rate <= 0:
         return None
