@@ -98,7 +98,7 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "detect_collectives": report.reaction(kind)["detect_collectives"],
            "collective_ms_healthy": round(statistics.median(healthy) * 1e3, 1) if healthy else None,
            "collective_ms_degraded": round(statistics.median(degraded) * 1e3, 1) if degraded else None,
-           "version": path["version"], "ahead": path["ahead"],
+           "outcomes": path["outcomes"], "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
            "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
            "prestaged_ranks": path["prestaged"]}

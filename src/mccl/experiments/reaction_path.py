@@ -53,16 +53,20 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 
 def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, Any]:
     """The terms above (ms; None where a mark is missing) for the first flag of ``kind`` after the change that
-    opened ``phase`` (the fault, or "restored": the repair), with ``version`` (the issued one) and ``ahead``."""
-    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged"))
+    opened ``phase`` (the fault, or "restored": the repair) that issued a version, with ``version`` (the issued
+    one), ``ahead`` and ``outcomes`` (every flag's outcome in the phase, "/"-joined: a guard that kept the
+    active schedule leaves no path, and says so here)."""
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged", "outcomes"))
     changed = report.degraded_at if phase == "degraded" else report.restored_at
     if changed is None:
         return out
     until = report.restored_at if phase == "degraded" and report.restored_at else float("inf")
     communicator = report.communicators.get(kind, kind)
     trace = report.trace
-    reaction = next((r for r in trace.get("reactions", []) if r["collective"] == kind and r["communicator"] == communicator
-                     and changed <= r["flagged_at"] < until and r["outcome"] == "issued"), None)
+    flags = [r for r in trace.get("reactions", []) if r["collective"] == kind and r["communicator"] == communicator
+             and changed <= r["flagged_at"] < until]
+    out["outcomes"] = "/".join(r["outcome"] or "?" for r in flags)  # every flag of the phase: issued, kept, aborted…
+    reaction = next((r for r in flags if r["outcome"] == "issued"), None)
     if reaction is None:
         return out
     flagged, issued, version = reaction["flagged_at"], reaction["issued_at"], reaction["issued_version"]
