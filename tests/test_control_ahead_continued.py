@@ -5,6 +5,7 @@ the band of the last speculation, and the flag then synthesized on its own path.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mccl.control import ControlConfig, ScheduleManager
 from mccl.control.ahead import Speculations
@@ -45,6 +46,7 @@ def test_a_drift_back_a_new_link_or_another_version_synthesizes():
     assert exact.take("k", 1, np.array([4.0, 10.0, 5.0, 10.0])) is None and exact.continued == 0
 
 
+@pytest.mark.slow  # 3.6 s at load 20 (two real tree-packing syntheses)
 def test_the_flag_after_a_jump_past_the_band_reuses_the_speculation():
     """The manager end to end: a speculation at δ 0.15 (rank 0's NIC at 0.7), then the NIC falls to 0.2 in one
     collective: the flag's capacities are far outside the band, the drift only went further — taken."""
