@@ -21,9 +21,12 @@ set-up (16 KiB at 40 Mbit/s: CPU-bound, the fault hardly shows).
 
 The path measured ("now", :data:`NOW`): candidates pushed and prepared before the flag
 (:mod:`mccl.control.candidates`), the hot swap's ready wait by the store's event, the ranks' switch interval
-1 ms, the controller 10 below the ranks' niceness (it stands for a machine of its own). ``--ab``: every run
+1 ms, the controller 10 below the ranks' niceness (it stands for a machine of its own), and (sixth session) the
+ranks' hold (``swap_hold_s`` 0.1: a launch during a swap round waits, once, for the round to end —
+:mod:`mccl.runtime.hotswap`, "The hold"); the controller reuses a speculation whose drift only went further
+(:mod:`mccl.control.ahead`). ``--ab``: every run
 is followed by one of ``--before`` (:data:`BEFORE`: "fourth", the fourth session's path; "poll", the path
-before issue 15's pushes; or one change taken back), and the ratio of the medians is printed.
+before issue 15's pushes; "fifth" = "no-hold", the fifth session's; or one change taken back), and the ratio of the medians is printed.
 
 Per run the terms of :mod:`mccl.experiments.reaction_path` (ms) for the first flag after the fault; the
 medians over the runs that flagged. Writes ``benchmarks/results/reaction{tag}.csv``.
@@ -70,9 +73,12 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
                    "prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None, "controller_nice": 0},
           "fourth": {"prestage": False, "ready_poll_s": 0.002, "switch_interval_s": None, "controller_nice": 0},
           "no-prestage": {"prestage": False}, "ready-poll": {"ready_poll_s": 0.002},
-          "switch-5ms": {"switch_interval_s": None}, "controller-nice0": {"controller_nice": 0}}
+          "switch-5ms": {"switch_interval_s": None}, "controller-nice0": {"controller_nice": 0},
+          # the fifth session's path: everything above but the sixth session's hold
+          "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
-NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10}
+# and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
+NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10, "swap_hold_s": 0.1}
 
 
 def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:
@@ -92,7 +98,7 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "detect_collectives": report.reaction(kind)["detect_collectives"],
            "collective_ms_healthy": round(statistics.median(healthy) * 1e3, 1) if healthy else None,
            "collective_ms_degraded": round(statistics.median(degraded) * 1e3, 1) if degraded else None,
-           "version": path["version"], "ahead": path["ahead"],
+           "outcomes": path["outcomes"], "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
            "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
            "prestaged_ranks": path["prestaged"]}

@@ -35,6 +35,8 @@ def _trace(ranks: int = 2) -> dict:
         "switches": [{"allgather": [(4, 102.030, {"allgather": 2})]},
                      {"allgather": [(4, 102.031, {"allgather": 2})]}][:ranks],
         "prestage_hits": [{"allgather": 1}, {"allgather": 0}][:ranks],
+        # rank 0 held its launch of seq 4 for 15 ms during the round; a hold before the flag is another round's
+        "holds": [{"allgather": [(2, 101.5, 0.040), (4, 102.010, 0.015)]}, {"allgather": []}][:ranks],
     }
 
 
@@ -43,7 +45,7 @@ def test_the_reaction_path_is_split_into_fig13b_terms_from_every_ranks_marks():
     assert path["version"] == 2 and path["ahead"] is True and path["prestaged"] == 1
     expected = {"decision": 10.0, "synthesis": 0.2, "guard": 0.5, "issue": 4.0, "encode": 1.0, "push": 1.0,
                 "dispatch": 4.0, "swap": 12.0, "stage": 1.0, "ready": 5.0, "oob": 4.0, "activation": 20.0, "in_flight": 11.0,
-                "detect_to_first": 31.0, "first_done": 50.0}
+                "detect_to_first": 31.0, "first_done": 50.0, "detection": 1500.0, "hold": 15.0}
     for term, value in expected.items():
         assert path[term] == pytest.approx(value, abs=1e-6), term
 

@@ -187,6 +187,26 @@ def _hotswap(rank, n, controller_address):
                            [dict(s.adopted) for s in comm.swaps], len(comm.prestages))
     comm.close()
 
+    # 7. the hold (mccl.runtime.hotswap, "The hold"): rank N-1 is asked 0.4 s after the others. Held (2 s at most),
+    # the others wait at their next launch and the very next collective runs the new version everywhere; with a
+    # 0.05 s hold they launch it on the old one after 0.05 s (once: the hold is per round) and K moves one later
+    held = {}
+    for version, hold_s in ((1, 2.0), (2, 0.05)):
+        comm = mccl.init(topology=topology, schedules=[old])
+        comm.swap_hold_s = hold_s
+        exact = _check_ag(comm, rank, n, 0) and _check_ag(comm, rank, n, 1)
+        asked_at = comm.seq
+        if rank == n - 1:
+            time.sleep(0.4)
+        comm.stage(new.with_meta(version=version))
+        time.sleep(0.1)  # the swap thread has taken it: the round is open
+        for i in range(3):
+            exact &= _check_ag(comm, rank, n, 300 + i)
+        _wait_for(lambda comm=comm: comm.swaps)
+        held[hold_s] = (exact, asked_at, comm.swaps[0].switch_after, [h[2] for h in comm.holds], comm.versions())
+        comm.close()
+    report["hold"] = held
+
     # 5. a local source closed (operator detached the controller) is also fail-static
     local = LocalScheduleSource()
     comm = mccl.init(controller=local, topology=topology, schedules=[old])
@@ -277,3 +297,19 @@ def test_a_candidate_is_prepared_not_adopted_and_its_content_is_staged_from_the_
         assert before == {"allgather": 0}  # the candidate was not adopted
         assert hits_other == 0 and hits == 1 and prestages == 1
         assert versions == {"allgather": 3} and adopted == [{"allgather": 2}, {"allgather": 3}]
+
+
+def test_a_held_launch_waits_for_the_round_so_the_next_collective_runs_the_new_version(reports):
+    """The hold moves when collectives launch, never which schedule runs one: K is agreed from what was launched."""
+    for rank, report in enumerate(reports):
+        long_hold, short_hold = report["hold"][2.0], report["hold"][0.05]
+        exact, asked_at, switch_after, holds, versions = long_hold
+        assert exact and versions == {"allgather": 1}
+        assert switch_after == asked_at  # the collective after the request ran the new version on every rank
+        if rank < N - 1:  # held until the late rank's round got there (~0.3 s), once
+            assert len(holds) == 1 and 0.15 < holds[0] < 2.0
+        exact, asked_at, switch_after, holds, versions = short_hold
+        assert exact and versions == {"allgather": 2}
+        assert switch_after == asked_at + 1  # the 0.05 s hold ran out: one more collective on the old version
+        if rank < N - 1:
+            assert len(holds) == 1 and 0.04 < holds[0] < 0.3

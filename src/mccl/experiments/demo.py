@@ -99,6 +99,8 @@ class DemoConfig:
     prestage: bool = True
     ready_poll_s: float | None = None
     switch_interval_s: float | None = None
+    # the ranks' hot-swap hold (Communicator.swap_hold_s, mccl.runtime.hotswap "The hold"; None: off)
+    swap_hold_s: float | None = None
     # the controller process's niceness increment (os.nice; negative needs root, refused → it runs as it is). The
     # controller stands for a machine of its own (mccl-paper §3); here it shares 2 cores with the 8 busy ranks, and
     # under load its flag → push path (2 ms of CPU) took 30–100 ms of wall waiting for a core
@@ -327,6 +329,7 @@ def _report(config: DemoConfig, fabric: dict, outputs: list[dict], status: dict,
              "switches": [output.get("switches", {}) for output in outputs],
              "candidates": [output.get("candidates", []) for output in outputs],
              "prestage_hits": [output.get("prestage_hits", {}) for output in outputs],
+             "holds": [output.get("holds", {}) for output in outputs],
              "candidates_pushed": status.get("candidates", []),
              "reactions": status.get("reactions", []), "deliveries": status.get("deliveries", [])}
     return NetemuReport(config=asdict(config), records=tuple(records), events=tuple(status["events"]),

@@ -63,6 +63,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
                                telemetry=TelemetryConfig(flush_interval_s=0.02), poll_s=config.swap_poll_s)
             if comms[kind].swap_control is not None:
                 comms[kind].swap_control.poll_s = config.ready_poll_s
+            comms[kind].swap_hold_s = config.swap_hold_s
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
         fault = _NetemuFault(plan, rank, config) if plan is not None else _PacedFault(comms, topology, gpus, rank, config)
         out = _stream(rank, world, comms, config, progress, fault, torch, dist)
@@ -75,6 +76,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
         out["candidates"] = [item for client in clients.values() for item in client.candidate_arrivals]
         out["prestages"] = {kind: list(comm.prestages) for kind, comm in comms.items()}
         out["prestage_hits"] = {kind: comm.prestage_hits for kind, comm in comms.items()}
+        out["holds"] = {kind: list(comm.holds) for kind, comm in comms.items()}
         return out
     finally:
         for comm in comms.values():

@@ -1,8 +1,20 @@
 """Fig. 13(b) from a demo run's marks: the reaction path from the evidence to the first collective on the new version.
 
 Every mark is a wall-clock time on this one machine (the controller's and every rank's), so they
-subtract. For the first flag after a fabric change, the terms (ms), in order:
+subtract.
 
+What the two ends of the bar are. **Detection** is the controller's flag: the drift test of the schedule's
+overlay links crossing Γ, on the controller's clock (``flagged_at``), i.e. the end of the paper's "detection"
+stage (Fig. 13b: 53.1 ms from the fault). The fault itself (``report.degraded_at``, when the ``tc`` change
+returned) → the flag is ``detection`` below, kept apart. **The first collective on the new version** is the
+first collective *launched* on the version the flag issued, on the last rank to launch it (every rank's
+``Communicator.switches`` mark, taken when the launch takes that version); ``first_done`` is when that
+collective completed. The bar of issue 15 (≤ 50 ms) is ``detect_to_first`` = the flag → that launch, which
+spans the paper's synthesis, dispatch, OOB agreement and the wait for the collective in flight.
+
+For the first flag after a fabric change, the terms (ms), in order:
+
+``detection``     the fault (``tc`` changed) → the flag; ``detect_collectives`` in the report counts collectives
 ``decision``      the telemetry batch folded last before the flag arrived → the flag (the drift test's tick)
 ``synthesis``     the flag → the candidate (≈ 0 when it was synthesized ahead of the flag; ``ahead``);
                   ``synthesis_cpu``: the controller thread's CPU time in it (wall ≫ CPU: it waited for a core)
@@ -17,6 +29,8 @@ subtract. For the first flag after a fabric change, the terms (ms), in order:
                   had, :mod:`mccl.control.candidates`)
 ``ready``         the wait for every rank to have staged (the slowest rank's)
 ``oob``           the OOB exchange alone (the slowest rank's)
+``hold``          the longest a rank held its next launch for this round (``Communicator.swap_hold_s``,
+                  :mod:`mccl.runtime.hotswap` "The hold"; None: no rank held)
 ``activation``    flag → the last rank agreed: from here the next launch runs the new version
 ``in_flight``     agreed → the first collective launched on the new version (the collectives in flight)
 ``detect_to_first`` the flag → the first collective *launched* on the new version, on the last rank to launch
@@ -29,8 +43,8 @@ from typing import Any
 
 __all__ = ["reaction_path", "TERMS"]
 
-TERMS = ("decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "stage", "ready", "oob",
-         "activation", "in_flight", "detect_to_first", "first_done")
+TERMS = ("detection", "decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "stage", "ready",
+         "oob", "hold", "activation", "in_flight", "detect_to_first", "first_done")
 
 
 def _ms(later: float | None, earlier: float | None) -> float | None:
@@ -39,20 +53,25 @@ def _ms(later: float | None, earlier: float | None) -> float | None:
 
 def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, Any]:
     """The terms above (ms; None where a mark is missing) for the first flag of ``kind`` after the change that
-    opened ``phase`` (the fault, or "restored": the repair), with ``version`` (the issued one) and ``ahead``."""
-    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged"))
+    opened ``phase`` (the fault, or "restored": the repair) that issued a version, with ``version`` (the issued
+    one), ``ahead`` and ``outcomes`` (every flag's outcome in the phase, "/"-joined: a guard that kept the
+    active schedule leaves no path, and says so here)."""
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged", "outcomes"))
     changed = report.degraded_at if phase == "degraded" else report.restored_at
     if changed is None:
         return out
     until = report.restored_at if phase == "degraded" and report.restored_at else float("inf")
     communicator = report.communicators.get(kind, kind)
     trace = report.trace
-    reaction = next((r for r in trace.get("reactions", []) if r["collective"] == kind and r["communicator"] == communicator
-                     and changed <= r["flagged_at"] < until and r["outcome"] == "issued"), None)
+    flags = [r for r in trace.get("reactions", []) if r["collective"] == kind and r["communicator"] == communicator
+             and changed <= r["flagged_at"] < until]
+    out["outcomes"] = "/".join(r["outcome"] or "?" for r in flags)  # every flag of the phase: issued, kept, aborted…
+    reaction = next((r for r in flags if r["outcome"] == "issued"), None)
     if reaction is None:
         return out
     flagged, issued, version = reaction["flagged_at"], reaction["issued_at"], reaction["issued_version"]
-    out.update(version=version, ahead=reaction["ahead"], decision=_ms(flagged, reaction["evidence_at"]),
+    out.update(version=version, ahead=reaction["ahead"], detection=_ms(flagged, changed),
+               decision=_ms(flagged, reaction["evidence_at"]),
                synthesis=_ms(reaction["synth_end"], reaction["synth_start"]),
                guard=None if reaction["guard_s"] is None else reaction["guard_s"] * 1e3, issue=_ms(issued, flagged),
                synthesis_cpu=None if reaction.get("synth_cpu_s") is None else reaction["synth_cpu_s"] * 1e3)
@@ -76,6 +95,9 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     launches = [at for rank in trace.get("switches", []) for _seq, at, versions in rank.get(kind, [])
                 if versions.get(kind) == version]
     first_launch = max(launches) if len(launches) == ranks and launches else None
+    holds = [seconds for rank in trace.get("holds", []) for _seq, at, seconds in rank.get(kind, [])
+             if flagged <= at <= (first_launch or float("inf"))]
+    out["hold"] = max(holds) * 1e3 if holds else None
     out["in_flight"] = _ms(first_launch, agreed)
     out["detect_to_first"] = _ms(first_launch, flagged)
     first = next((r for r in report.stream(kind) if r.version == version), None)

@@ -121,6 +121,14 @@ class Communicator(Collectives):
         self._meters: Meters | None = None
         if sink is not None:
             self.attach_telemetry(sink, telemetry)
+        # the hold (mccl.runtime.hotswap, "The hold"): a launch during a swap round waits, once per round, at most
+        # this long for the round to end (None: never); ``holds``: (seq about to launch, wall clock, seconds held)
+        self.swap_hold_s: float | None = None
+        self.holds: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=256)
+        self._round_idle = threading.Event()
+        self._round_idle.set()
+        self._rounds_opened = 0
+        self._held_in_round = 0
         self._swapper = SwapThread(self, control, poll_s) if control is not None else None
 
     # ---- schedules -------------------------------------------------------------------
@@ -267,8 +275,27 @@ class Communicator(Collectives):
     def _record(self, record: SwapRecord) -> None:
         self.swaps.append(record)
 
+    def _round_opened(self) -> None:
+        self._rounds_opened += 1
+        self._round_idle.clear()
+
+    def _round_closed(self) -> None:
+        self._round_idle.set()
+
+    def _hold_for_round(self) -> None:
+        """Wait, once per swap round and at most ``swap_hold_s``, for the round in progress to end
+        (:mod:`mccl.runtime.hotswap`, "The hold"); outside the issue lock, which the round's exchange takes."""
+        hold = self.swap_hold_s
+        if not hold or self._round_idle.is_set() or self._held_in_round == self._rounds_opened:
+            return
+        self._held_in_round = self._rounds_opened
+        start, at = time.perf_counter(), time.time()
+        self._round_idle.wait(hold)
+        self.holds.append((self._seq + 1, at, time.perf_counter() - start))
+
     # ---- issuing and running ----------------------------------------------------------
     def _launch(self, kind: Collective | None) -> tuple[int, Installed | None]:
+        self._hold_for_round()
         with self._issue_lock:
             if self.broken is not None:
                 raise PeerLost(f"communicator {self.name!r} cannot run collectives any more: {self.broken}; "

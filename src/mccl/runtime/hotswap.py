@@ -17,6 +17,17 @@ the schedule source), and for each, in rounds that every rank runs in the same o
    maximum sequence number K is the switch point: collectives ≤ K run the old
    schedule, collectives > K the new one. Every rank computes the same result.
 
+The hold (issue 15, sixth session; ``Communicator.swap_hold_s``, off by default). Between step 1 and the
+end of step 3 a rank's main thread may wait, once per round and at most ``swap_hold_s``, before it
+launches its next collective. Why: K is the largest sequence number launched anywhere when the exchange
+runs, so a round that is still in its ready wait when a collective ends lets the next one start on the
+old schedule, and the new version waits a whole collective more (measured, fifth session: 273–347 ms of
+"in flight" quiet at 250–420 ms collectives). A rank that holds leaves K where it is when every rank's
+round gets there in time, and gives its core and the GIL to the swap thread meanwhile. It changes when
+collectives launch, never which schedule runs one: K is still agreed from what was launched, so a rank
+that did not hold (or a hold that timed out) only moves K later, exactly as without the hold; none is
+dropped or run twice. What it costs: at most ``swap_hold_s`` of one rank's launch per round.
+
 Candidates (issue 15). A source may also hand over a schedule the controller *may* issue next
 (anything with ``prestage_only`` true and a ``schedule``: :class:`mccl.control.client.Candidate`). The
 thread only prepares it (parse, validate, plan; ``Communicator._prestage``) and runs no round; when
@@ -255,6 +266,17 @@ class SwapThread:
         return explain(error) if explain is not None else error
 
     def _round(self, schedule: object) -> None:
+        comm = self.communicator
+        opened, closed = getattr(comm, "_round_opened", None), getattr(comm, "_round_closed", None)
+        if opened is not None:
+            opened()
+        try:
+            self._run_round(schedule)
+        finally:
+            if closed is not None:
+                closed()
+
+    def _run_round(self, schedule: object) -> None:
         comm = self.communicator
         self.round += 1
         start, started_at = time.perf_counter(), time.time()
