@@ -85,6 +85,7 @@ from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor
 from mccl.control.intake import Batch, fold
 from mccl.control.landing import cleared_before_landing
 from mccl.control.observed import CollectiveClock
+from mccl.control.opportunity import Opportunities, Opportunity
 from mccl.control.prepared import PreparedSchedule, prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -130,6 +131,7 @@ class ScheduleManager:
         self._comms: dict[str, _Communicator] = {}
         self._unavailable: set[tuple[str, Collective]] = set()
         self.events = EventLog(self.config.max_events)
+        self.opportunities = Opportunities(self.config.gamma)  # swap back when the fabric recovers (.opportunity)
         self.samples_taken = 0
         self.samples_ignored = 0
 
@@ -193,6 +195,7 @@ class ScheduleManager:
                 comm.sizes[schedule.collective] = float(size_bytes)
             if current is not None and current.version >= version:
                 return current.version
+            self.opportunities.remember(communicator, schedule, result)
             if current is not None:  # a newer version registered by a rank: its own references
                 self._relearn(comm, comm.base if comm.base is not None else self._nominal)
             comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology, text,
@@ -310,10 +313,15 @@ class ScheduleManager:
         another collective in the same step held a push back 38 ms)."""
         first = self.events.total
         decisions = self.check()
+        waiting = []
         for decision in decisions:
-            if decision.result.flagged and self.reoptimize(decision) is not None and on_issue is not None:
+            opportunity = None if decision.result.flagged else self._opportunity(decision)
+            if (decision.result.flagged or opportunity is not None) and \
+                    self.reoptimize(decision, opportunity) is not None and on_issue is not None:
                 on_issue()
-        for decision in decisions:
+            if opportunity is None:
+                waiting.append(decision)
+        for decision in waiting:
             if (not decision.result.flagged and self.speculate is not None
                     and decision.result.max_deviation >= self.speculate * self.config.gamma):
                 self.speculate_for(decision)
@@ -361,8 +369,18 @@ class ScheduleManager:
             self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
-    def reoptimize(self, decision: Decision) -> Schedule | None:
-        """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
+    def _opportunity(self, decision: Decision) -> Opportunity | None:
+        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None."""
+        with self._lock:
+            comm = self._comms[decision.communicator]
+            base = None if comm.base is None else comm.base.copy()
+        return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
+                                       decision.capacities_gbps, self._nominal)
+
+    def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
+        """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
+        ``opportunity``: not flagged, but the fabric recovered beyond what the version was made for
+        (:mod:`.opportunity`): the candidate is the healthy schedule where the topology is back to nominal."""
         name, kind = decision.communicator, decision.collective
         with self._lock:
             comm, active = self._workable(decision)
@@ -371,10 +389,13 @@ class ScheduleManager:
             active.busy = True
             reaction = Reaction(name, kind.value, active.version, self._ingested_at.get(name), time.time())
             self.reactions.append(reaction)
-            self._event("flagged", name, kind, active.version, decision.result.max_deviation,
-                        f"link {decision.result.worst_link}")
+            if opportunity is None:
+                self._event("flagged", name, kind, active.version, decision.result.max_deviation,
+                            f"link {decision.result.worst_link}")
+            else:
+                self._event("flagged", name, kind, active.version, opportunity.ratio, opportunity.text())
         try:
-            return self._reoptimize(name, comm, kind, active, decision, reaction)
+            return self._reoptimize(name, comm, kind, active, decision, reaction, opportunity)
         finally:
             with self._lock:
                 active.busy = False
@@ -397,7 +418,7 @@ class ScheduleManager:
                                 method=self.config.methods.get(kind), options=self.config.synth_options.get(kind))
 
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
-                    decision: Decision, reaction: Reaction) -> Schedule | None:
+                    decision: Decision, reaction: Reaction, opportunity: Opportunity | None = None) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
         measured = self._measured_topology(capacities)
         with self._lock:  # what the active one was observed to take when the fabric was measured, not after synthesis
@@ -407,10 +428,15 @@ class ScheduleManager:
             clock_current = comm.clock.counted_through(kind, active.version) >= comm.last_seq
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
-        held = self._speculations.take((name, kind), active.version, capacities)
+        healthy = self.opportunities.healthy_result(name, kind) if opportunity and opportunity.back_to_nominal else None
+        held = None if healthy is not None else self._speculations.take((name, kind), active.version, capacities)
         ahead = held is not None
         try:
-            result = held.result if ahead else self._resynthesize(active, kind, measured)
+            if healthy is not None:  # its cut on the fabric it is issued for, as the baseline's
+                result = replace(healthy, schedule=healthy.schedule.with_meta(
+                    bottleneck_cut=bottleneck_cut(healthy.schedule, measured)))
+            else:
+                result = held.result if ahead else self._resynthesize(active, kind, measured)
             prepared = held.prepared if ahead and held.prepared is not None else (
                 prepare_update(active.schedule, result, self.topology))  # validated where it changed
         except SynthesisUnavailable as error:
@@ -422,6 +448,8 @@ class ScheduleManager:
             reaction.outcome = "unavailable"
             return None
         except (SynthesisError, MCCLError) as error:
+            if opportunity is not None:  # not retried on every check for the same evidence
+                self.opportunities.judged(name, kind, active.version, opportunity)
             with self._lock:
                 self._event("failed", name, kind, active.version, text=str(error))
             reaction.outcome = "failed"
@@ -436,9 +464,14 @@ class ScheduleManager:
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
+        if opportunity is not None and not self._worth(comm, kind, active, result, measured, guarded):
+            self.opportunities.judged(name, kind, active.version, opportunity)
+            reaction.outcome = "kept"
+            self._event("kept", name, kind, active.version, 0.0, f"{opportunity.text()}: predicted gain within the guard's tolerance")
+            return None
         with self._lock:
             again = self._decide(name, comm, kind, active)
-            if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
+            if opportunity is None and not again.result.flagged:  # cleared during synthesis: keep the current one
                 reaction.outcome = "aborted"
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
@@ -453,6 +486,8 @@ class ScheduleManager:
                     # fault was never flagged again)
                     if verdict.trusted or clock_current:
                         active.cut = self._cut_on(active.schedule, measured)
+                    if opportunity is not None:
+                        self.opportunities.judged(name, kind, active.version, opportunity)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
@@ -477,6 +512,21 @@ class ScheduleManager:
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
+
+    def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
+               measured: Topology, guarded: tuple[GuardDecision, SynthesisResult | None] | None) -> bool:
+        """Does the schedule for a recovered fabric win over the active one (:mod:`.opportunity`)? The guard's
+        choice when it compared them (its own "kept" path records a kept one); else predicted here, a gain above
+        the guard's tolerance."""
+        if guarded is not None:
+            return True
+        with self._lock:
+            size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
+        try:
+            return self.guard.predict(active.schedule, measured, size) > \
+                self.guard.predict(result.schedule, measured, size) * (1.0 + self.config.guard_tolerance)
+        except MCCLError:
+            return False
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
         """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""

@@ -1,0 +1,130 @@
+"""Swap back when the fabric recovers (issue 15): an opportunity check beside the drift test.
+
+Algorithm 1 asks one question of the *active* schedule: did its bottleneck cut drift? After a repair
+that question misses the chance the repair opens. A version made for a degraded link loads it
+lightly and has its cut elsewhere, so when the link comes back, the active cut's slacks barely move
+(measured on the emulated fabric: the fault's version sped up 6–16 % after rank 0's NIC was
+restored, below Γ; restored ÷ healthy 0.86 AllGather, 0.93 AllToAll), and the fault's version runs
+on although the healthy schedule would be 7–16 % faster. The repair is in the evidence nevertheless:
+the measured topology (:func:`mccl.control.drift.measured_capacities`) takes a link believed
+degraded back to nominal when *any* path through it reads clearly faster than its reference
+(``recovered_factor`` 1 + Γ) — the lightly loaded paths through the repaired NIC run about 2×
+faster, whatever the rest of the schedule does.
+
+So, beside the drift test, per active schedule: **the measured topology moved** — some link the
+version's base believes degraded (below nominal by more than Γ) now reads more than 1 + Γ times its
+base, i.e. clearly faster than the fabric the version was made for, from any sample that crosses it
+(passive evidence only: no probe traffic). Then the manager compares the active schedule with the
+schedule for the measured topology as it is now — the healthy schedule it registered first when the
+topology is back to nominal within Γ on every link (the manager keeps it: no synthesis, and the
+same schedule as before the fault), else a re-synthesis on the measured topology — and issues it only
+if the guard's comparison (calibrated as for a flag, :mod:`.guard`) chooses it **and** it wins by more
+than Γ: a gain the drift test itself would ignore is not worth a swap. Each link's recovery is judged
+once per active version (:meth:`Opportunities.judged`), so a kept decision is not re-opened by the
+same evidence on every check.
+
+Why it is robust to noise: it needs a base below nominal (only a version issued for a degraded
+measured topology has one — a healthy fabric, a microburst, an off-cut or a uniform slowdown that
+never swapped cannot trigger it), a link whose best path moved by more than Γ against references
+the current version learned itself, and a predicted gain above Γ.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mccl.errors import ControllerError
+from mccl.schedule import Collective, Schedule
+from mccl.synth import SynthesisResult
+
+__all__ = ["Opportunity", "Opportunities", "recovered_links"]
+
+
+@dataclass(frozen=True)
+class Opportunity:
+    """A recovery the active version was not made for: ``links`` (ids) its base believes degraded that
+    the measured topology reads clearly faster; ``ratio``: the largest measured ÷ base among them;
+    ``back_to_nominal``: every link's measured capacity is within Γ of nominal (the healthy schedule is
+    the schedule for this topology)."""
+
+    links: tuple[int, ...]
+    ratio: float
+    back_to_nominal: bool
+
+    def text(self) -> str:
+        shown = ", ".join(str(link) for link in self.links[:6]) + (" ..." if len(self.links) > 6 else "")
+        return (f"opportunity: link{'s' if len(self.links) > 1 else ''} {shown} read up to {self.ratio:.2f}x "
+                f"the base they were believed degraded at"
+                + ("; the measured topology is back to nominal" if self.back_to_nominal else ""))
+
+
+def recovered_links(base_gbps: np.ndarray | None, measured_gbps: np.ndarray, nominal_gbps: np.ndarray,
+                    gamma: float) -> np.ndarray:
+    """Ids of the links ``base`` believes degraded beyond ``gamma`` (base · (1 + Γ) < nominal) that
+    ``measured`` reads more than 1 + Γ times their base; empty without a base (nominal)."""
+    if base_gbps is None:
+        return np.zeros(0, dtype=np.int64)
+    base = np.asarray(base_gbps, dtype=float)
+    measured = np.asarray(measured_gbps, dtype=float)
+    nominal = np.asarray(nominal_gbps, dtype=float)
+    if not base.shape == measured.shape == nominal.shape:
+        raise ControllerError(f"capacities of {base.shape}, {measured.shape} and {nominal.shape} links do not match")
+    return np.flatnonzero((base * (1.0 + gamma) < nominal) & (measured > base * (1.0 + gamma)))
+
+
+class Opportunities:
+    """The manager's side of the check (module docstring): the healthy schedule of each (communicator,
+    collective) — the first one registered — and which recovered links each active version has been
+    judged on. Thread-safe."""
+
+    def __init__(self, gamma: float) -> None:
+        if not gamma > 0:
+            raise ControllerError(f"the opportunity check needs a positive gamma, got {gamma}")
+        self.gamma = float(gamma)
+        self._lock = threading.Lock()
+        self._healthy: dict[tuple[str, Collective], tuple[Schedule, SynthesisResult | None]] = {}
+        self._judged: dict[tuple[str, Collective, int], set[int]] = {}
+
+    def remember(self, communicator: str, schedule: Schedule, result: SynthesisResult | None) -> None:
+        """Keep ``schedule`` as the healthy one of its collective, if none is kept yet (the first registered
+        runs on the nominal fabric: the manager registers versions only at start-up or from the ranks)."""
+        with self._lock:
+            self._healthy.setdefault((communicator, schedule.collective), (schedule, result))
+
+    def find(self, communicator: str, kind: Collective, version: int, base_gbps: np.ndarray | None,
+             measured_gbps: np.ndarray, nominal_gbps: np.ndarray) -> Opportunity | None:
+        """The recovery ``version`` was not made for, if the measured topology shows one it has not been
+        judged on yet (module docstring); None otherwise."""
+        links = recovered_links(base_gbps, measured_gbps, nominal_gbps, self.gamma)
+        if len(links) == 0:
+            return None
+        with self._lock:
+            judged = self._judged.get((communicator, kind, version), set())
+        if set(links.tolist()) <= judged:
+            return None
+        base = np.asarray(base_gbps, dtype=float)
+        measured = np.asarray(measured_gbps, dtype=float)
+        back = bool(np.all(measured * (1.0 + self.gamma) >= np.asarray(nominal_gbps, dtype=float)))
+        return Opportunity(tuple(int(link) for link in links), float(np.max(measured[links] / base[links])), back)
+
+    def judged(self, communicator: str, kind: Collective, version: int, opportunity: Opportunity) -> None:
+        """``version`` was judged on ``opportunity``'s links (kept, or the synthesis failed): not again."""
+        with self._lock:
+            self._judged.setdefault((communicator, kind, version), set()).update(opportunity.links)
+
+    def healthy_result(self, communicator: str, kind: Collective) -> SynthesisResult | None:
+        """The healthy schedule as a synthesis result to issue (its own result with the warm state when the
+        registration gave one, else a baseline-style result around the schedule), or None if none is kept.
+        Its ``origin`` is dropped: it says which transfers copy the schedule it was warm-started from, not
+        the active one's, so the manager validates it in full."""
+        with self._lock:
+            kept = self._healthy.get((communicator, kind))
+        if kept is None:
+            return None
+        schedule, result = kept
+        if result is None:
+            return SynthesisResult.of_baseline(schedule, schedule.meta.synthesizer or "registered", 0.0)
+        return replace(result, origin=None)
