@@ -516,10 +516,14 @@ class ScheduleManager:
     def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
                measured: Topology, guarded: tuple[GuardDecision, SynthesisResult | None] | None) -> bool:
         """Does the schedule for a recovered fabric win over the active one (:mod:`.opportunity`)? The guard's
-        choice when it compared them (its own "kept" path records a kept one); else predicted here, a gain above
-        the guard's tolerance."""
+        choice when it compared them (its own "kept" path records a kept one), and then by more than the guard's
+        tolerance on its (calibrated) times: the guard gives ties to the candidate, but a tie is no reason to
+        leave a schedule nothing flagged (measured, emulated fabric: a predicted 1.000x swap). Without the guard,
+        predicted here."""
         if guarded is not None:
-            return True
+            verdict = guarded[0]
+            return verdict.chosen == ACTIVE or verdict.calibrated_s(ACTIVE) > \
+                verdict.calibrated_s(verdict.chosen) * (1.0 + self.config.guard_tolerance)
         with self._lock:
             size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
         try:
