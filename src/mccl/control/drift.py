@@ -58,20 +58,6 @@ measurement covers keep their base capacity. A degradation that clears raises th
 factors of the paths through it, the measured topology moves back towards nominal, and
 the schedule made for the degraded fabric gets flagged in its turn.
 
-Utilisation at the reference. ``base · factor`` is exact only for a link that bound the paths through it
-when their references were learned. A link with headroom — the schedule needed only a share ``u < 1`` of it
-— that becomes the bottleneck of its paths after a fault slows them by ``f`` carries ``u · f`` of its base
-now, and that is its capacity: ``base · f`` would leave it ``1/u`` times too fast (measured, flow simulator,
-Fail1 AllGather: gpu0's NVLink egress read 1631 Gbit/s against a true 800) and a schedule made for that
-fabric loads it past what it has. Which link binds a slowed path is decided per path: among the links of its
-routes that no path exonerates (their best factor is clearly slowed too), the one the schedule loaded most
-relative to its base (highest ``u``: the first to saturate) — for a path whose other links are exonerated,
-the only one. Those links are read at ``base · u · f``; the others keep ``base · f`` (a link with ``u = 1`` is
-the same either way). ``u`` is scale-free, from the schedule's own link loads (Algorithm 1's ``n_a``):
-``n_a · x_min / base_a`` (:func:`reference_utilisation`). What it cannot see: an executor that runs every
-link below the schedule's model rate (the flow simulator's tree packing at ~0.5 of its bound) leaves more
-headroom than the loads say; that needs absolute rates, which the controller does not have.
-
 Recoveries. A schedule made for a degraded link loads it lightly, so after a repair the
 pairs through it are often paced by another link and speed up by less than the link
 did: ``base · factor`` then stays below nominal, the next version is made for that, its
@@ -93,7 +79,7 @@ from mccl.schedule import Schedule, chunks_per_link, link_load
 from mccl.topology import Topology
 
 __all__ = ["CutProfile", "DriftResult", "OverlayMap", "profile", "drift_test", "overlay_map", "merge_maps",
-           "measured_capacities", "reference_utilisation", "binding_links"]
+           "measured_capacities"]
 
 
 @dataclass(frozen=True)
@@ -214,41 +200,17 @@ def merge_maps(first: OverlayMap, second: OverlayMap) -> OverlayMap:
     return OverlayMap(first.n_ranks, offsets, links)
 
 
-def reference_utilisation(cuts: list[CutProfile], base_gbps: np.ndarray) -> np.ndarray:
-    """Per link, the share of its ``base`` capacity the schedules' references used, by their own link loads:
-    ``n_a · x_min / base_a`` with ``x_min = min_b base_b / n_b`` (Algorithm 1's phase 1), so a link on the
-    schedule's bottleneck reads 1 and a link with k× headroom 1/k; the largest over ``cuts`` (several collectives
-    of one communicator share its telemetry); 0 where no schedule loads the link. Scale-free: ratios of the
-    schedule's own loads, whatever the fabric's absolute speed."""
-    base = np.asarray(base_gbps, dtype=float)
-    utilisation = np.zeros(len(base))
-    for cut in cuts:
-        loaded = cut.n > 0
-        if not np.any(loaded):
-            continue
-        links, n = cut.links[loaded], cut.n[loaded]
-        if np.any(~(base[links] > 0)):
-            raise ControllerError("base capacities must be positive on every link a schedule loads")
-        x_min = float(np.min(base[links] / n))
-        np.maximum.at(utilisation, links, np.minimum(1.0, n * x_min / base[links]))
-    return utilisation
-
-
 def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_factor: np.ndarray,
                         nominal_gbps: np.ndarray,
                         fresh: tuple[np.ndarray, np.ndarray] | None = None, *,
-                        base_gbps: np.ndarray | None = None, recovered_factor: float | None = None,
-                        utilisation: np.ndarray | None = None) -> np.ndarray:
+                        base_gbps: np.ndarray | None = None, recovered_factor: float | None = None) -> np.ndarray:
     """Per link, ``min(nominal, base · max factor)`` over the overlay links that cover it (module
     docstring); ``base_gbps``: the capacities the references were learned on (None: nominal, which
     makes it ``nominal · min(1, max factor)``); ``fresh``: ``(inter, intra)`` masks of the overlay
     links sampled since the active version was issued. Uncovered links keep their base capacity.
     ``recovered_factor``: a link believed degraded (base below nominal) whose best path now runs
     more than this many times faster than its reference is taken as repaired, back to nominal
-    (module docstring, "Recoveries"). ``utilisation``: each link's share of its base used at the reference
-    (:func:`reference_utilisation`); with it, a link that must be what slows a clearly slowed path (module
-    docstring, "Utilisation at the reference"; "clearly": below ``1 / recovered_factor``, or 1 without one)
-    is read at the traffic it carries now, ``base · utilisation · factor``.
+    (module docstring, "Recoveries").
 
     Factors are NaN where an overlay link has no reference yet; those are skipped."""
     n = mapping.n_ranks
@@ -259,7 +221,6 @@ def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_fac
     known = ~np.isnan(per_entry) & (per_entry > 0)
     best = np.full(len(nominal_gbps), -np.inf)
     np.maximum.at(best, mapping.links[known], per_entry[known])
-    used = known
     if fresh is not None:
         new = np.concatenate([np.asarray(fresh[0], dtype=bool).reshape(n * n),
                               np.asarray(fresh[1], dtype=bool).reshape(n)])
@@ -267,38 +228,13 @@ def measured_capacities(mapping: OverlayMap, inter_factor: np.ndarray, intra_fac
         best_fresh = np.full(len(nominal_gbps), -np.inf)
         np.maximum.at(best_fresh, mapping.links[current], per_entry[current])
         best = np.where(np.isfinite(best_fresh), best_fresh, best)
-        used = np.where(np.isfinite(best_fresh)[mapping.links], current, known)
     nominal = np.asarray(nominal_gbps, dtype=float)
     result = np.array(nominal if base_gbps is None else base_gbps, dtype=float)
     if result.shape != nominal.shape:
         raise ControllerError(f"base capacities for {result.shape} links, nominal for {nominal.shape}")
     touched = np.isfinite(best)
     result[touched] = np.minimum(result[touched] * best[touched], nominal[touched])
-    if utilisation is not None:
-        slowed = 1.0 / recovered_factor if recovered_factor is not None else 1.0
-        binding = binding_links(mapping, per_entry, used, best, np.asarray(utilisation, dtype=float), slowed)
-        result[binding] = np.minimum(result[binding], np.array(nominal if base_gbps is None else base_gbps,
-                                                               dtype=float)[binding] * utilisation[binding] * best[binding])
     if recovered_factor is not None:
         repaired = touched & (best > recovered_factor)
         result[repaired] = nominal[repaired]
     return np.minimum(result, nominal)
-
-
-def binding_links(mapping: OverlayMap, per_entry: np.ndarray, used: np.ndarray, best: np.ndarray,
-                  utilisation: np.ndarray, slowed: float) -> np.ndarray:
-    """The links that must be what slows some clearly slowed path (module docstring, "Utilisation at the
-    reference"): per overlay link whose factor is below ``slowed``, among the links of its routes that no path
-    exonerates (their best factor is below ``slowed`` too) and that the schedule loads, the one(s) with the
-    highest utilisation at the reference. A mask over links. ``per_entry``/``used``: each CSR entry's factor and
-    whether it counts (as :func:`measured_capacities` computes them)."""
-    links = mapping.links
-    owner = np.repeat(np.arange(len(mapping.offsets) - 1), np.diff(mapping.offsets))
-    entry_u = utilisation[links]
-    suspect = used & (per_entry < slowed) & (best[links] < slowed) & (entry_u > 0)
-    top = np.zeros(len(mapping.offsets) - 1)
-    np.maximum.at(top, owner[suspect], entry_u[suspect])
-    chosen = suspect & (entry_u >= top[owner])
-    mask = np.zeros(len(utilisation), dtype=bool)
-    mask[links[chosen]] = True
-    return mask

@@ -79,7 +79,6 @@ from mccl.control.drift import (
     drift_test,
     measured_capacities,
     profile,
-    reference_utilisation,
 )
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
@@ -136,10 +135,8 @@ class ScheduleManager(_ManagerState):
 
     # ---- decisions --------------------------------------------------------------------
     def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
-        base = self._nominal if comm.base is None else comm.base
-        utilisation = reference_utilisation([active.cut for active in comm.active.values()], base)
         return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base,
-                                   recovered_factor=1.0 + self.config.gamma, utilisation=utilisation)
+                                   recovered_factor=1.0 + self.config.gamma)
 
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         capacities = self._measured(comm, comm.ewma)
