@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from mccl.control import ControlConfig
-from mccl.control.opportunity import Opportunities, recovered_links
+from mccl.control.observed import CollectiveClock
+from mccl.control.opportunity import Opportunities, healthy_observed_faster, recovered_links
 from mccl.errors import ControllerError
 from mccl.experiments.closedloop_fluid import run_fluid_loop
 from mccl.experiments.closedloop_sim import TelemetryModel
@@ -63,6 +64,8 @@ def test_the_allgather_made_for_a_nic_fault_is_swapped_back_to_the_healthy_rate_
     assert restored == pytest.approx(healthy, rel=0.05)  # was 0.896 of healthy without the opportunity check
     flags = [item.event for item in loop.events_of("flagged")]
     assert "opportunity" in flags[-1].text and "back to nominal" in flags[-1].text
+    issued = [item.event for item in loop.events_of("issued")]
+    assert "the healthy schedule, observed faster" in issued[-1].text
     # detection: at most 10 collectives after the repair
     assert sum(1 for run in loop.runs if end <= run.end_s <= loop.events_of("flagged")[-1].time_s) <= 10
 
@@ -103,3 +106,14 @@ def test_a_judged_recovery_is_not_reopened_but_a_new_link_is():
     assert opportunities.find("job", Collective.ALLGATHER, 2, base, measured, nominal) is not None  # a new version
     with pytest.raises(ControllerError, match="positive gamma"):
         Opportunities(0.0)
+
+
+def test_back_to_nominal_the_healthy_schedules_observed_time_decides():
+    clock = CollectiveClock(alpha=1.0, keep=3)
+    for seq in (1, 2, 3):
+        for _ in range(2):
+            clock.add("allgather", 1, seq, 1.0, n_ranks=2)  # the healthy version 1: 1 s per collective
+    assert healthy_observed_faster(clock, Collective.ALLGATHER, 1, (1.3, 1.2), 0.01) is True  # active 1.2 s now
+    assert healthy_observed_faster(clock, Collective.ALLGATHER, 1, (1.3, 1.005), 0.01) is False  # within tolerance
+    assert healthy_observed_faster(clock, Collective.ALLGATHER, 7, (1.3, 1.2), 0.01) is None  # never observed
+    assert healthy_observed_faster(clock, Collective.ALLGATHER, 1, None, 0.01) is None  # no times for the active

@@ -84,7 +84,7 @@ from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
 from mccl.control.manager_state import _ManagerState
-from mccl.control.opportunity import Opportunities, Opportunity
+from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -326,10 +326,17 @@ class ScheduleManager(_ManagerState):
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
-        if opportunity is not None and not self._worth(comm, kind, active, result, measured, guarded):
+        seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
+        if healthy is not None:
+            with self._lock:
+                seen = healthy_observed_faster(comm.clock, kind, healthy.schedule.meta.version, observed,
+                                               self.config.guard_tolerance)
+        if opportunity is not None and not (seen if seen is not None else
+                                            self._worth(comm, kind, active, result, measured, guarded)):
             self.opportunities.judged(name, kind, active.version, opportunity)
             reaction.outcome = "kept"
-            self._event("kept", name, kind, active.version, 0.0, f"{opportunity.text()}: predicted gain within the guard's tolerance")
+            self._event("kept", name, kind, active.version, 0.0, f"{opportunity.text()}: "
+                        + ("the healthy schedule was not observed faster" if seen is not None else "no predicted gain"))
             return None
         with self._lock:
             again = self._decide(name, comm, kind, active)
@@ -338,7 +345,7 @@ class ScheduleManager(_ManagerState):
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
             chosen = "candidate"
-            if guarded is not None:
+            if guarded is not None and not seen:
                 verdict, baseline = guarded
                 chosen = verdict.chosen
                 if chosen == ACTIVE:  # still predicted fastest, or the measured fabric does not explain what the
@@ -372,6 +379,7 @@ class ScheduleManager(_ManagerState):
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
+                        + ("; the healthy schedule, observed faster" if seen else "")
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
 

@@ -18,7 +18,9 @@ base, i.e. clearly faster than the fabric the version was made for, from any sam
 schedule for the measured topology as it is now — the healthy schedule it registered first when the
 topology is back to nominal within Γ on every link (the manager keeps it: no synthesis, and the
 same schedule as before the fault), else a re-synthesis on the measured topology — and issues it where
-the guard's comparison chooses it, as for a flag (calibrated where the guard calibrates, ties to the
+the collective times the ranks report say so, when the candidate is the healthy schedule (its observed time on
+the nominal fabric against the active one's now, :func:`healthy_observed_faster`), else where the guard's
+comparison chooses it, as for a flag (calibrated where the guard calibrates, ties to the
 candidate within its tolerance; without the guard, a predicted gain above that tolerance). Why not a
 gain above Γ: the gains a repair leaves on the table are the 7–16 % above (the healthy schedule ÷ the
 fault's version on the repaired fabric), below the demo's Γ = 0.3 — a Γ rule would forbid exactly the
@@ -39,11 +41,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mccl.control.observed import CollectiveClock
 from mccl.errors import ControllerError
 from mccl.schedule import Collective, Schedule
 from mccl.synth import SynthesisResult
 
-__all__ = ["Opportunity", "Opportunities", "recovered_links"]
+__all__ = ["Opportunity", "Opportunities", "recovered_links", "healthy_observed_faster"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,23 @@ def recovered_links(base_gbps: np.ndarray | None, measured_gbps: np.ndarray, nom
     if not base.shape == measured.shape == nominal.shape:
         raise ControllerError(f"capacities of {base.shape}, {measured.shape} and {nominal.shape} links do not match")
     return np.flatnonzero((base * (1.0 + gamma) < nominal) & (measured > base * (1.0 + gamma)))
+
+
+def healthy_observed_faster(clock: CollectiveClock, kind: Collective, healthy_version: int,
+                            active_observed: tuple[float, float] | None, tolerance: float) -> bool | None:
+    """Back to nominal, the one comparison the controller can make on observation rather than a model: the
+    healthy schedule's own collective time on the nominal fabric (the reference its clock series kept, the median
+    of its first collectives) against the active one's time now, on the repaired fabric. True / False: faster /
+    not by more than ``tolerance``; None where either time was not observed (no collective times reported).
+    Why it overrides the guard's prediction here: the predictor can rank the two the other way (measured on the
+    emulated fabric: α-β put the fault's AllToAll version 3 % ahead of the healthy one on the nominal fabric,
+    which ran 7 % faster there), and both times are observations of the same job on the same fabric."""
+    if active_observed is None:
+        return None
+    healthy = clock.observed(kind, healthy_version)
+    if healthy is None:
+        return None
+    return healthy[0] * (1.0 + tolerance) < active_observed[1]
 
 
 class Opportunities:
