@@ -1,7 +1,7 @@
 """The Schedule Manager (mccl-paper §3.1–§3.2): which collectives to re-optimize, and when.
 
-Split by concern: this module holds the decisions (register, check, re-optimize, issue);
-telemetry batches are folded in by :mod:`.intake`, settings live in :mod:`.config`, records
+Split by concern: this module holds the decisions (check, re-optimize, issue); registration, the
+versions the ranks fetch and the telemetry intake are :mod:`.manager_state`'s (batches folded by :mod:`.intake`), settings live in :mod:`.config`, records
 (events, bounded by ``ControlConfig.max_events``; per-version state, whose schedule text is
 encoded on the first fetch) in :mod:`.records`, the never-worse comparison in :mod:`.guard`.
 
@@ -48,6 +48,9 @@ to nominal).
 
 Late landing (a version made for a fault that cleared before it landed): :mod:`.landing`.
 
+Swap back when the fabric recovers (a version made for a fault loads the degraded link lightly, so its cut does
+not drift when the link is repaired): the opportunity check beside the drift test, :mod:`.opportunity`.
+
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
 
@@ -62,10 +65,9 @@ each comparison.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -76,21 +78,18 @@ from mccl.control.drift import (
     CutProfile,
     drift_test,
     measured_capacities,
-    merge_maps,
-    overlay_map,
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
-from mccl.control.intake import Batch, fold
 from mccl.control.landing import cleared_before_landing
-from mccl.control.observed import CollectiveClock
-from mccl.control.prepared import PreparedSchedule, prepare_update
+from mccl.control.manager_state import _ManagerState
+from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster
+from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
-from mccl.schedule import Collective, Schedule, bottleneck_cut, validate
+from mccl.schedule import Collective, Schedule, bottleneck_cut
 from mccl.synth import SynthesisResult, optimize
-from mccl.telemetry import Sample
 from mccl.topology import Topology
 
 __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecision", "Reaction"]
@@ -98,7 +97,7 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-class ScheduleManager:
+class ScheduleManager(_ManagerState):
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
@@ -130,143 +129,9 @@ class ScheduleManager:
         self._comms: dict[str, _Communicator] = {}
         self._unavailable: set[tuple[str, Collective]] = set()
         self.events = EventLog(self.config.max_events)
+        self.opportunities = Opportunities(self.config.gamma)  # swap back when the fabric recovers (.opportunity)
         self.samples_taken = 0
         self.samples_ignored = 0
-
-    # ---- state ------------------------------------------------------------------------
-    def _event(self, kind: str, comm: str, collective: Collective, version: int, value: float = 0.0,
-               text: str = "") -> None:
-        self.events.append(Event(time.time(), kind, comm, collective.value, version, value, text))
-
-    def _activate(self, comm: _Communicator, schedule: Schedule, result: SynthesisResult | None, version: int,
-                  on: Topology, text: str | None = None, prepared: PreparedSchedule | None = None) -> _Active:
-        covered = overlay_map(schedule, on) if prepared is None else prepared.coverage
-        comm.coverage = covered if comm.coverage is None else merge_maps(comm.coverage, covered)
-        if self.config.guard:
-            self.guard.prepare(schedule)  # a cache hit for a candidate the guard just predicted
-        cut = profile(schedule, len(on.links)) if prepared is None else prepared.cut
-        return _Active(schedule, result, version, cut,
-                       judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text,
-                       schedule_format=self.config.schedule_format)
-
-    def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
-                 size_bytes: float | None = None, text: str | None = None,
-                 prepared: PreparedSchedule | None = None) -> int:
-        """Make ``schedule`` the active one of ``communicator`` (startup, §3.1 ⓪); returns its version.
-        ``text``: ``dumps_schedule(schedule)`` when the caller has it (the service computes it in its
-        parser process: 1.7 s of GIL-holding work for a 38 MiB schedule, issue 13). ``prepared``: the
-        schedule validated and its overlay map and profile computed (:mod:`.prepared`; the service's parser
-        process does it, another ~0.75 s for 38 MiB), taken instead of computing them here.
-
-        A version not newer than the active one is ignored (every rank may register). ``result``: the
-        synthesis result ``schedule`` comes from, when the caller has it (its warm state is then used
-        by the first re-synthesis, as for the manager's own). ``size_bytes``: the job's nccl-tests size
-        S of this collective, for the guard (else inferred from telemetry)."""
-        if result is not None and result.schedule is not schedule:
-            raise ControllerError("register: result= must be the synthesis result of the registered schedule")
-        if size_bytes is not None and not (size_bytes > 0 and math.isfinite(size_bytes)):
-            raise ControllerError(f"register: size_bytes must be a positive number of bytes, got {size_bytes}")
-        if prepared is None:
-            validate(schedule, self.topology)
-        else:
-            prepared.check(schedule, self.topology)
-        version = int(schedule.meta.version)
-        if self.config.guard:  # the NCCL-style baseline is built now, at start-up, not in the first decision
-            try:
-                self.guard.baseline(communicator, schedule.collective, schedule.ranks)
-            except MCCLError as error:
-                log.warning("mccl controller: no NCCL-style baseline for %s (%s)", communicator, error)
-        with self._lock:
-            comm = self._comms.get(communicator)
-            if comm is None:
-                comm = self._comms[communicator] = _Communicator(
-                    OverlayEWMA(schedule.n_ranks, self.config.alpha, warmup=self.config.warmup),
-                    clock=CollectiveClock(self.config.alpha_level or self.config.alpha, keep=self.config.warmup))
-                if self.config.alpha_level is not None:
-                    comm.level = OverlayEWMA(schedule.n_ranks, self.config.alpha_level, warmup=self.config.warmup)
-                comm.startup_through = comm.ignore_through = self.config.settle_collectives
-            elif comm.ewma.n_ranks != schedule.n_ranks:
-                raise ControllerError(f"communicator {communicator!r} has {comm.ewma.n_ranks} ranks, the schedule "
-                                      f"{schedule.n_ranks}")
-            current = comm.active.get(schedule.collective)
-            if size_bytes is not None:
-                comm.sizes[schedule.collective] = float(size_bytes)
-            if current is not None and current.version >= version:
-                return current.version
-            if current is not None:  # a newer version registered by a rank: its own references
-                self._relearn(comm, comm.base if comm.base is not None else self._nominal)
-            comm.active[schedule.collective] = self._activate(comm, schedule, result, version, self.topology, text,
-                                                             prepared)
-            self._event("registered", communicator, schedule.collective, version)
-            return version
-
-    def latest(self, communicator: str, collective: Collective | str) -> tuple[int, str] | None:
-        """(version, schedule file text) of the active schedule, or None. The text is encoded on the
-        first fetch of a version (:class:`~mccl.control.records._Active`), outside the manager's lock."""
-        with self._lock:
-            comm = self._comms.get(communicator)
-            active = comm.active.get(Collective(collective)) if comm else None
-        return (active.version, active.text) if active else None
-
-    def active_result(self, communicator: str, collective: Collective | str) -> SynthesisResult | None:
-        """The synthesis result behind the active schedule (with its warm state), or None when the
-        active schedule was registered by a rank rather than synthesized here."""
-        with self._lock:
-            comm = self._comms.get(communicator)
-            active = comm.active.get(Collective(collective)) if comm else None
-            return active.result if active else None
-
-    def versions(self, communicator: str) -> dict[str, int]:
-        with self._lock:
-            comm = self._comms.get(communicator)
-            return {kind.value: item.version for kind, item in comm.active.items()} if comm else {}
-
-    # ---- telemetry --------------------------------------------------------------------
-    def ingest(self, samples: Iterable[Sample]) -> int:
-        """Fold samples into the EWMAs of their communicators; returns how many were used.
-        Vectorized per communicator (:mod:`.intake`): the same state as folding them one by one."""
-        batch = samples if isinstance(samples, list) else list(samples)
-        if not batch:
-            return 0
-        first = batch[0].communicator
-        groups = {first: batch} if all(s.communicator == first for s in batch) else {}
-        if not groups:
-            for sample in batch:
-                groups.setdefault(sample.communicator, []).append(sample)
-        taken = ignored = 0
-        with self._lock:
-            for name, group in groups.items():
-                comm = self._comms.get(name)
-                if comm is None:
-                    ignored += len(group)
-                    continue
-                try:
-                    parts = [Batch.of(group)]
-                except (TypeError, ValueError, OverflowError):  # a malformed field: fold the good ones
-                    parts = []
-                    for sample in group:
-                        try:
-                            parts.append(Batch.of([sample]))
-                        except (TypeError, ValueError, OverflowError):
-                            ignored += 1
-                for part in parts:
-                    used, unused = fold(comm, part)
-                    taken += used
-                    ignored += unused
-                if parts:
-                    self._ingested_at[name] = time.time()
-            self.samples_taken += taken
-            self.samples_ignored += ignored
-        return taken
-
-    def _relearn(self, comm: _Communicator, base: np.ndarray) -> None:
-        """A new version takes over: forget the references, remember what fabric they will stand for."""
-        comm.base = np.array(base, dtype=float)
-        comm.ewma.reset()
-        comm.clock.forget_untagged()
-        if comm.level is not None:
-            comm.level.reset()
-        comm.ignore_through = max(comm.ignore_through, comm.last_seq + self.config.settle_collectives)
 
     # ---- decisions --------------------------------------------------------------------
     def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
@@ -310,10 +175,15 @@ class ScheduleManager:
         another collective in the same step held a push back 38 ms)."""
         first = self.events.total
         decisions = self.check()
+        waiting = []
         for decision in decisions:
-            if decision.result.flagged and self.reoptimize(decision) is not None and on_issue is not None:
+            opportunity = None if decision.result.flagged else self._opportunity(decision)
+            if (decision.result.flagged or opportunity is not None) and \
+                    self.reoptimize(decision, opportunity) is not None and on_issue is not None:
                 on_issue()
-        for decision in decisions:
+            if opportunity is None:
+                waiting.append(decision)
+        for decision in waiting:
             if (not decision.result.flagged and self.speculate is not None
                     and decision.result.max_deviation >= self.speculate * self.config.gamma):
                 self.speculate_for(decision)
@@ -361,8 +231,18 @@ class ScheduleManager:
             self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
-    def reoptimize(self, decision: Decision) -> Schedule | None:
-        """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None."""
+    def _opportunity(self, decision: Decision) -> Opportunity | None:
+        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None."""
+        with self._lock:
+            comm = self._comms[decision.communicator]
+            base = None if comm.base is None else comm.base.copy()
+        return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
+                                       decision.capacities_gbps, self._nominal)
+
+    def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
+        """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
+        ``opportunity``: not flagged, but the fabric recovered beyond what the version was made for
+        (:mod:`.opportunity`): the candidate is the healthy schedule where the topology is back to nominal."""
         name, kind = decision.communicator, decision.collective
         with self._lock:
             comm, active = self._workable(decision)
@@ -371,10 +251,13 @@ class ScheduleManager:
             active.busy = True
             reaction = Reaction(name, kind.value, active.version, self._ingested_at.get(name), time.time())
             self.reactions.append(reaction)
-            self._event("flagged", name, kind, active.version, decision.result.max_deviation,
-                        f"link {decision.result.worst_link}")
+            if opportunity is None:
+                self._event("flagged", name, kind, active.version, decision.result.max_deviation,
+                            f"link {decision.result.worst_link}")
+            else:
+                self._event("flagged", name, kind, active.version, opportunity.ratio, opportunity.text())
         try:
-            return self._reoptimize(name, comm, kind, active, decision, reaction)
+            return self._reoptimize(name, comm, kind, active, decision, reaction, opportunity)
         finally:
             with self._lock:
                 active.busy = False
@@ -397,7 +280,7 @@ class ScheduleManager:
                                 method=self.config.methods.get(kind), options=self.config.synth_options.get(kind))
 
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
-                    decision: Decision, reaction: Reaction) -> Schedule | None:
+                    decision: Decision, reaction: Reaction, opportunity: Opportunity | None = None) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
         measured = self._measured_topology(capacities)
         with self._lock:  # what the active one was observed to take when the fabric was measured, not after synthesis
@@ -407,10 +290,15 @@ class ScheduleManager:
             clock_current = comm.clock.counted_through(kind, active.version) >= comm.last_seq
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
-        held = self._speculations.take((name, kind), active.version, capacities)
+        healthy = self.opportunities.healthy_result(name, kind) if opportunity and opportunity.back_to_nominal else None
+        held = None if healthy is not None else self._speculations.take((name, kind), active.version, capacities)
         ahead = held is not None
         try:
-            result = held.result if ahead else self._resynthesize(active, kind, measured)
+            if healthy is not None:  # its cut on the fabric it is issued for, as the baseline's
+                result = replace(healthy, schedule=healthy.schedule.with_meta(
+                    bottleneck_cut=bottleneck_cut(healthy.schedule, measured)))
+            else:
+                result = held.result if ahead else self._resynthesize(active, kind, measured)
             prepared = held.prepared if ahead and held.prepared is not None else (
                 prepare_update(active.schedule, result, self.topology))  # validated where it changed
         except SynthesisUnavailable as error:
@@ -422,6 +310,8 @@ class ScheduleManager:
             reaction.outcome = "unavailable"
             return None
         except (SynthesisError, MCCLError) as error:
+            if opportunity is not None:  # not retried on every check for the same evidence
+                self.opportunities.judged(name, kind, active.version, opportunity)
             with self._lock:
                 self._event("failed", name, kind, active.version, text=str(error))
             reaction.outcome = "failed"
@@ -436,14 +326,26 @@ class ScheduleManager:
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
+        seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
+        if healthy is not None:
+            with self._lock:
+                seen = healthy_observed_faster(comm.clock, kind, healthy.schedule.meta.version, observed,
+                                               self.config.guard_tolerance)
+        if opportunity is not None and not (seen if seen is not None else
+                                            self._worth(comm, kind, active, result, measured, guarded)):
+            self.opportunities.judged(name, kind, active.version, opportunity)
+            reaction.outcome = "kept"
+            self._event("kept", name, kind, active.version, 0.0, f"{opportunity.text()}: "
+                        + ("the healthy schedule was not observed faster" if seen is not None else "no predicted gain"))
+            return None
         with self._lock:
             again = self._decide(name, comm, kind, active)
-            if not again.result.flagged:  # the degradation cleared during synthesis: keep the current one
+            if opportunity is None and not again.result.flagged:  # cleared during synthesis: keep the current one
                 reaction.outcome = "aborted"
                 self._event("aborted", name, kind, active.version, seconds, "degradation cleared during synthesis")
                 return None
             chosen = "candidate"
-            if guarded is not None:
+            if guarded is not None and not seen:
                 verdict, baseline = guarded
                 chosen = verdict.chosen
                 if chosen == ACTIVE:  # still predicted fastest, or the measured fabric does not explain what the
@@ -453,6 +355,8 @@ class ScheduleManager:
                     # fault was never flagged again)
                     if verdict.trusted or clock_current:
                         active.cut = self._cut_on(active.schedule, measured)
+                    if opportunity is not None:
+                        self.opportunities.judged(name, kind, active.version, opportunity)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
@@ -475,8 +379,28 @@ class ScheduleManager:
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
+                        + ("; the healthy schedule, observed faster" if seen else "")
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
+
+    def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
+               measured: Topology, guarded: tuple[GuardDecision, SynthesisResult | None] | None) -> bool:
+        """Does the schedule for a recovered fabric win over the active one (:mod:`.opportunity`)? The guard's
+        choice when it compared them (its own "kept" path records a kept one), and then by more than the guard's
+        tolerance on its (calibrated) times: the guard gives ties to the candidate, but a tie is no reason to
+        leave a schedule nothing flagged (measured, emulated fabric: a predicted 1.000x swap). Without the guard,
+        predicted here."""
+        if guarded is not None:
+            verdict = guarded[0]
+            return verdict.chosen == ACTIVE or verdict.calibrated_s(ACTIVE) > \
+                verdict.calibrated_s(verdict.chosen) * (1.0 + self.config.guard_tolerance)
+        with self._lock:
+            size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
+        try:
+            return self.guard.predict(active.schedule, measured, size) > \
+                self.guard.predict(result.schedule, measured, size) * (1.0 + self.config.guard_tolerance)
+        except MCCLError:
+            return False
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
         """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""

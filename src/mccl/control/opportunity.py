@@ -1,0 +1,153 @@
+"""Swap back when the fabric recovers (issue 15): an opportunity check beside the drift test.
+
+Algorithm 1 asks one question of the *active* schedule: did its bottleneck cut drift? After a repair
+that question misses the chance the repair opens. A version made for a degraded link loads it
+lightly and has its cut elsewhere, so when the link comes back, the active cut's slacks barely move
+(measured on the emulated fabric: the fault's version sped up 6–16 % after rank 0's NIC was
+restored, below Γ; restored ÷ healthy 0.86 AllGather, 0.93 AllToAll), and the fault's version runs
+on although the healthy schedule would be 7–16 % faster. The repair is in the evidence nevertheless:
+the measured topology (:func:`mccl.control.drift.measured_capacities`) takes a link believed
+degraded back to nominal when *any* path through it reads clearly faster than its reference
+(``recovered_factor`` 1 + Γ) — the lightly loaded paths through the repaired NIC run about 2×
+faster, whatever the rest of the schedule does.
+
+So, beside the drift test, per active schedule: **the measured topology moved** — some link the
+version's base believes degraded (below nominal by more than Γ) now reads more than 1 + Γ times its
+base, i.e. clearly faster than the fabric the version was made for, from any sample that crosses it
+(passive evidence only: no probe traffic). Then the manager compares the active schedule with the
+schedule for the measured topology as it is now — the healthy schedule it registered first when the
+topology is back to nominal within Γ on every link (the manager keeps it: no synthesis, and the
+same schedule as before the fault), else a re-synthesis on the measured topology — and issues it where
+the collective times the ranks report say so, when the candidate is the healthy schedule (its observed time on
+the nominal fabric against the active one's now, :func:`healthy_observed_faster`), else where the guard's
+comparison chooses it, as for a flag (calibrated where the guard calibrates, ties to the
+candidate within its tolerance; without the guard, a predicted gain above that tolerance). Why not a
+gain above Γ: the gains a repair leaves on the table are the 7–16 % above (the healthy schedule ÷ the
+fault's version on the repaired fabric), below the demo's Γ = 0.3 — a Γ rule would forbid exactly the
+swap the bar (restored within ±5 % of healthy) asks for. Noise is kept out by the evidence, not by the
+gain: see below. Each link's recovery is judged once per active version
+(:meth:`Opportunities.judged`), so a kept decision is not re-opened by the same evidence on every check.
+
+Why it is robust to noise: it needs a base below nominal (only a version issued for a degraded
+measured topology has one — a healthy fabric, a microburst, an off-cut or a uniform slowdown that
+never swapped cannot trigger it), a link whose best path moved by more than Γ against references
+the current version learned itself (a 5 % telemetry noise moves an EWMA of α ≤ 0.3 by a few per cent).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mccl.control.observed import CollectiveClock
+from mccl.errors import ControllerError
+from mccl.schedule import Collective, Schedule
+from mccl.synth import SynthesisResult
+
+__all__ = ["Opportunity", "Opportunities", "recovered_links", "healthy_observed_faster"]
+
+
+@dataclass(frozen=True)
+class Opportunity:
+    """A recovery the active version was not made for: ``links`` (ids) its base believes degraded that
+    the measured topology reads clearly faster; ``ratio``: the largest measured ÷ base among them;
+    ``back_to_nominal``: every link's measured capacity is within Γ of nominal (the healthy schedule is
+    the schedule for this topology)."""
+
+    links: tuple[int, ...]
+    ratio: float
+    back_to_nominal: bool
+
+    def text(self) -> str:
+        shown = ", ".join(str(link) for link in self.links[:6]) + (" ..." if len(self.links) > 6 else "")
+        return (f"opportunity: link{'s' if len(self.links) > 1 else ''} {shown} read up to {self.ratio:.2f}x "
+                f"the base they were believed degraded at"
+                + ("; the measured topology is back to nominal" if self.back_to_nominal else ""))
+
+
+def recovered_links(base_gbps: np.ndarray | None, measured_gbps: np.ndarray, nominal_gbps: np.ndarray,
+                    gamma: float) -> np.ndarray:
+    """Ids of the links ``base`` believes degraded beyond ``gamma`` (base · (1 + Γ) < nominal) that
+    ``measured`` reads more than 1 + Γ times their base; empty without a base (nominal)."""
+    if base_gbps is None:
+        return np.zeros(0, dtype=np.int64)
+    base = np.asarray(base_gbps, dtype=float)
+    measured = np.asarray(measured_gbps, dtype=float)
+    nominal = np.asarray(nominal_gbps, dtype=float)
+    if not base.shape == measured.shape == nominal.shape:
+        raise ControllerError(f"capacities of {base.shape}, {measured.shape} and {nominal.shape} links do not match")
+    return np.flatnonzero((base * (1.0 + gamma) < nominal) & (measured > base * (1.0 + gamma)))
+
+
+def healthy_observed_faster(clock: CollectiveClock, kind: Collective, healthy_version: int,
+                            active_observed: tuple[float, float] | None, tolerance: float) -> bool | None:
+    """Back to nominal, the one comparison the controller can make on observation rather than a model: the
+    healthy schedule's own collective time on the nominal fabric (the reference its clock series kept, the median
+    of its first collectives) against the active one's time now, on the repaired fabric. True / False: faster /
+    not by more than ``tolerance``; None where either time was not observed (no collective times reported).
+    Why it overrides the guard's prediction here: the predictor can rank the two the other way (measured on the
+    emulated fabric: α-β put the fault's AllToAll version 3 % ahead of the healthy one on the nominal fabric,
+    which ran 7 % faster there), and both times are observations of the same job on the same fabric."""
+    if active_observed is None:
+        return None
+    healthy = clock.observed(kind, healthy_version)
+    if healthy is None:
+        return None
+    return healthy[0] * (1.0 + tolerance) < active_observed[1]
+
+
+class Opportunities:
+    """The manager's side of the check (module docstring): the healthy schedule of each (communicator,
+    collective) — the first one registered — and which recovered links each active version has been
+    judged on. Thread-safe."""
+
+    def __init__(self, gamma: float) -> None:
+        if not gamma > 0:
+            raise ControllerError(f"the opportunity check needs a positive gamma, got {gamma}")
+        self.gamma = float(gamma)
+        self._lock = threading.Lock()
+        self._healthy: dict[tuple[str, Collective], tuple[Schedule, SynthesisResult | None]] = {}
+        self._judged: dict[tuple[str, Collective, int], set[int]] = {}
+
+    def remember(self, communicator: str, schedule: Schedule, result: SynthesisResult | None) -> None:
+        """Keep ``schedule`` as the healthy one of its collective, if none is kept yet (the first registered
+        runs on the nominal fabric: the manager registers versions only at start-up or from the ranks)."""
+        with self._lock:
+            self._healthy.setdefault((communicator, schedule.collective), (schedule, result))
+
+    def find(self, communicator: str, kind: Collective, version: int, base_gbps: np.ndarray | None,
+             measured_gbps: np.ndarray, nominal_gbps: np.ndarray) -> Opportunity | None:
+        """The recovery ``version`` was not made for, if the measured topology shows one it has not been
+        judged on yet (module docstring); None otherwise."""
+        links = recovered_links(base_gbps, measured_gbps, nominal_gbps, self.gamma)
+        if len(links) == 0:
+            return None
+        with self._lock:
+            judged = self._judged.get((communicator, kind, version), set())
+        if set(links.tolist()) <= judged:
+            return None
+        base = np.asarray(base_gbps, dtype=float)
+        measured = np.asarray(measured_gbps, dtype=float)
+        back = bool(np.all(measured * (1.0 + self.gamma) >= np.asarray(nominal_gbps, dtype=float)))
+        return Opportunity(tuple(int(link) for link in links), float(np.max(measured[links] / base[links])), back)
+
+    def judged(self, communicator: str, kind: Collective, version: int, opportunity: Opportunity) -> None:
+        """``version`` was judged on ``opportunity``'s links (kept, or the synthesis failed): not again."""
+        with self._lock:
+            self._judged.setdefault((communicator, kind, version), set()).update(opportunity.links)
+
+    def healthy_result(self, communicator: str, kind: Collective) -> SynthesisResult | None:
+        """The healthy schedule as a synthesis result to issue (its own result with the warm state when the
+        registration gave one, else a baseline-style result around the schedule), or None if none is kept.
+        Its ``origin`` is dropped: it says which transfers copy the schedule it was warm-started from, not
+        the active one's, so the manager validates it in full."""
+        with self._lock:
+            kept = self._healthy.get((communicator, kind))
+        if kept is None:
+            return None
+        schedule, result = kept
+        if result is None:
+            return SynthesisResult.of_baseline(schedule, schedule.meta.synthesizer or "registered", 0.0)
+        return replace(result, origin=None)
