@@ -436,10 +436,28 @@ def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def source_fingerprint() -> str:
+    """SHA-1 (12 hex digits) of the imported mccl's ``synth``, ``schedule`` and ``topology`` sources: what
+    a cold synthesis depends on. Why: a cached healthy result made by other code is not what this code
+    would register — a pickle made before the cold lowering grouped transfers by chunk gave the first
+    AllGather Fail2 step at 512 GPUs 73 % new transfers and 2.2 s instead of ~5 % (2026-12-01, sixth
+    session), silently. So the cache file names the code that made it."""
+    import mccl
+
+    root = Path(mccl.__file__).resolve().parent
+    digest = hashlib.sha1()
+    for package in ("synth", "schedule", "topology"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _healthy_result(topology: Topology, collective: str, gpus: int, cache: Path | None):
     """The cold healthy synthesis the chain starts from (not measured); with ``cache``, pickled there
-    once and read back by later runs (a cold 512-GPU tree packing is ~70 s CPU)."""
-    path = cache / f"healthy-{collective}-{gpus}.pkl" if cache is not None else None
+    once and read back by later runs of the same code (:func:`source_fingerprint` in the name; a cold
+    512-GPU tree packing is 13–70 s CPU)."""
+    path = cache / f"healthy-{collective}-{gpus}-{source_fingerprint()}.pkl" if cache is not None else None
     if path is not None and path.exists():
         with path.open("rb") as handle:
             return pickle.load(handle)
