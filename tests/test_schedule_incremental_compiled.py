@@ -111,3 +111,20 @@ def test_the_compiled_checks_accept_the_true_claims(warm):
     assert np.array_equal(whole, _copied_chunks(schedule, previous, claims)) and whole.any()
     fresh = validate_update(schedule, topology, previous, repaired.origin)
     assert fresh is not None and np.array_equal(fresh, source < 0)
+
+
+def test_remembered_link_sums_are_kept_only_where_link_sums_would_keep_them(warm):
+    """``Transfers.remember_link_sums``: a read-only weight (or None) is answered from memory, a writable
+    weight is not remembered (its values may change), a wrong length is refused."""
+    topology, _, repaired = warm
+    old = repaired.schedule.transfers
+    transfers = Transfers(old.chunk, old.sender, old.receiver, old.step, old.op, old.route_offsets, old.route_links)
+    n_links = len(topology.links)
+    marker = np.arange(n_links, dtype=float)  # not the true load: shows where the memory answers
+    transfers.remember_link_sums(repaired.schedule.chunks.fraction, n_links, marker)
+    assert np.array_equal(transfers.link_sums(repaired.schedule.chunks.fraction, n_links), marker)
+    writable = np.array(repaired.schedule.chunks.fraction)
+    transfers.remember_link_sums(writable, n_links, marker)
+    assert not np.array_equal(transfers.link_sums(writable, n_links), marker)
+    with pytest.raises(ValueError, match="links"):
+        transfers.remember_link_sums(None, n_links + 1, np.zeros(n_links))
