@@ -126,7 +126,6 @@ def _claims(items: np.ndarray, rows: np.ndarray, step: np.ndarray, n_rows: int, 
             used[rows[i]] = True
             first[i] = True
     source = np.full(len(items), -1, dtype=np.int64)
-    running = -1
     old_chunk = 0
     for p in range(len(items)):
         item = items[p]
@@ -137,10 +136,7 @@ def _claims(items: np.ndarray, rows: np.ndarray, step: np.ndarray, n_rows: int, 
             old_chunk = np.searchsorted(row_start, row, side="right") - 1
         if forest_depth[old_chunk, tail[row]] != step[p]:
             continue
-        previous = row_transfer[row] if mapped else row
-        if previous > running:  # only claims in the previous order (the validator's boolean gathers)
-            source[p] = previous
-        running = max(running, previous)
+        source[p] = row_transfer[row] if mapped else row  # in any order (:func:`.forest.lower_rows`)
     return source
 
 
