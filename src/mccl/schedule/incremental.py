@@ -11,7 +11,8 @@ schedule, the index of the previous transfer it copies (same sender, receiver, s
 operation and route; its chunk renumbered), or -1. What :func:`validate_update` checks:
 
 * that each claimed copy really is one — its fields and route equal the previous
-  transfer's, no previous transfer copied twice (vectorized compares, no sort);
+  transfer's, no previous transfer copied twice (one compiled pass, :mod:`.copykernel`,
+  claims in any order; the numpy compares stay as the reference);
 * every rule of :func:`~mccl.schedule.validate.validate` that spans chunks, on the whole
   schedule: ranks (rule 1), chunks and block fractions (2), chunk indices and compact steps
   (3); rule 3's per-transfer checks (sender, receiver, step, operation) on the transfers
