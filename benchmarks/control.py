@@ -618,7 +618,8 @@ def main() -> None:
     parser.add_argument("--json-rows", action="store_true", help="--controller-cpu: also print each row as "
                         "'ROW <json>' (benchmarks/controller_ab.py reads them)")
     parser.add_argument("--cache", type=Path, default=None, help="--controller-cpu: keep the cold healthy "
-                        "syntheses the chains start from in this folder (pickled; not part of the figures)")
+                        "syntheses the chains start from in this folder (pickled, named by the code that made "
+                        "them: source_fingerprint(); not part of the figures)")
     parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv (empty: none)")
     parser.add_argument("--serialize", action="store_true",
                         help="the schedule file the ranks fetch: JSON vs binary encode/decode CPU at --ingest-gpus "
