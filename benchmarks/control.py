@@ -50,6 +50,7 @@ from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
 from mccl.control import ControlConfig, ControllerClient, ControllerService, Sample, ScheduleManager
 from mccl.control.drift import drift_test, measured_capacities, overlay_map, profile
+from mccl.control.prepared import prepare_update
 from mccl.schedule import dumps_schedule, loads_schedule, schedule_binary_text
 from mccl.synth import optimize
 from mccl.synth.ring import nccl_ring
@@ -393,11 +394,13 @@ STEP_NAMES = ("v1 -> Fail2 v2", "v2 -> healthy v3", "v3 -> Fail2 v4")
 
 
 def _warm_up() -> None:
-    """First calls in a process pay for imports and compilation; keep them out of the timings."""
+    """First calls in a process pay for imports and compilation (numba's cache loads included); keep them
+    out of the timings: a long-lived controller has made and dispatched warm updates before."""
     topology = rail_optimized(1, 2, 8)
     for collective in ("alltoall", "allgather"):
         previous = optimize(topology, collective)
-        optimize(fail2(topology), collective, previous=previous)
+        update = optimize(fail2(topology), collective, previous=previous)
+        prepare_update(previous.schedule, update, topology)
 
 
 def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
@@ -436,10 +439,28 @@ def manager_warm(sizes: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def source_fingerprint() -> str:
+    """SHA-1 (12 hex digits) of the imported mccl's ``synth``, ``schedule`` and ``topology`` sources: what
+    a cold synthesis depends on. Why: a cached healthy result made by other code is not what this code
+    would register — a pickle made before the cold lowering grouped transfers by chunk gave the first
+    AllGather Fail2 step at 512 GPUs 73 % new transfers and 2.2 s instead of ~5 % (2026-12-01, sixth
+    session), silently. So the cache file names the code that made it."""
+    import mccl
+
+    root = Path(mccl.__file__).resolve().parent
+    digest = hashlib.sha1()
+    for package in ("synth", "schedule", "topology"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _healthy_result(topology: Topology, collective: str, gpus: int, cache: Path | None):
     """The cold healthy synthesis the chain starts from (not measured); with ``cache``, pickled there
-    once and read back by later runs (a cold 512-GPU tree packing is ~70 s CPU)."""
-    path = cache / f"healthy-{collective}-{gpus}.pkl" if cache is not None else None
+    once and read back by later runs of the same code (:func:`source_fingerprint` in the name; a cold
+    512-GPU tree packing is 13–70 s CPU)."""
+    path = cache / f"healthy-{collective}-{gpus}-{source_fingerprint()}.pkl" if cache is not None else None
     if path is not None and path.exists():
         with path.open("rb") as handle:
             return pickle.load(handle)
@@ -597,7 +618,8 @@ def main() -> None:
     parser.add_argument("--json-rows", action="store_true", help="--controller-cpu: also print each row as "
                         "'ROW <json>' (benchmarks/controller_ab.py reads them)")
     parser.add_argument("--cache", type=Path, default=None, help="--controller-cpu: keep the cold healthy "
-                        "syntheses the chains start from in this folder (pickled; not part of the figures)")
+                        "syntheses the chains start from in this folder (pickled, named by the code that made "
+                        "them: source_fingerprint(); not part of the figures)")
     parser.add_argument("--cpu-csv", default="cpu_per_flag", help="--controller-cpu: results/control_NAME.csv (empty: none)")
     parser.add_argument("--serialize", action="store_true",
                         help="the schedule file the ranks fetch: JSON vs binary encode/decode CPU at --ingest-gpus "

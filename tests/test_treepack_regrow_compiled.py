@@ -63,6 +63,13 @@ def both_engines() -> Iterator[dict[str, int]]:
             assert origin.previous is reference_origin.previous
             assert np.array_equal(origin.source, reference_origin.source)
         assert np.array_equal(load, link_load(reference, args[-1]))  # bit for bit: the same sums in the same order
+        # What the lowering told the transfers' link_sums (the load, the crossings) is what they would compute.
+        remembered = schedule.transfers.__dict__["_link_sums"]
+        assert [(weight is schedule.chunks.fraction, links) for weight, links, _ in remembered] == [
+            (True, args[-1]), (False, args[-1])]
+        assert np.array_equal(schedule.transfers.link_sums(schedule.chunks.fraction, args[-1]), load)
+        assert np.array_equal(schedule.transfers.link_sums(None, args[-1]),
+                              reference.transfers.link_sums(None, args[-1]))
         seen["lowerings"] += 1
         return schedule, origin, load
 

@@ -11,7 +11,8 @@ schedule, the index of the previous transfer it copies (same sender, receiver, s
 operation and route; its chunk renumbered), or -1. What :func:`validate_update` checks:
 
 * that each claimed copy really is one — its fields and route equal the previous
-  transfer's, no previous transfer copied twice (vectorized compares, no sort);
+  transfer's, no previous transfer copied twice (one compiled pass, :mod:`.copykernel`,
+  claims in any order; the numpy compares stay as the reference);
 * every rule of :func:`~mccl.schedule.validate.validate` that spans chunks, on the whole
   schedule: ranks (rule 1), chunks and block fractions (2), chunk indices and compact steps
   (3); rule 3's per-transfer checks (sender, receiver, step, operation) on the transfers
@@ -173,13 +174,45 @@ def _copied_chunks(schedule: Schedule, previous: Schedule, claims: _Claims) -> n
     return whole
 
 
+def _claims_compiled(schedule: Schedule, previous: Schedule, source: np.ndarray) -> _Claims | None:
+    """:func:`_copies_hold_up` in one compiled pass (:mod:`.copykernel`): (mask of the copies, None) or None."""
+    from mccl.schedule.copykernel import claims_hold  # lazily: numba (module docstring of copykernel)
+
+    new, old = schedule.transfers, previous.transfers
+    if not claims_hold(*map(_readonly, (source, new.sender, new.receiver, new.step, new.op, new.route_offsets,
+                                        new.route_links, old.sender, old.receiver, old.step, old.op,
+                                        old.route_offsets, old.route_links))):
+        return None
+    return source >= 0, np.zeros(0, dtype=bool)
+
+
+def _readonly(values: np.ndarray) -> np.ndarray:
+    """A read-only view (no copy). Why: numba types a read-only array apart from a writable one, so a
+    schedule made in-process (read-only columns) and one unpickled (writable) would each compile the
+    kernels — measured: 2.3 s in the first dispatch of an unpickled 512-GPU schedule."""
+    view = values.view()
+    view.setflags(write=False)
+    return view
+
+
+def _whole_compiled(schedule: Schedule, previous: Schedule, source: np.ndarray) -> np.ndarray:
+    """:func:`_copied_chunks` in one compiled pass, given claims that hold and chunk indices in range."""
+    from mccl.schedule.copykernel import copied_chunks
+
+    new, old = schedule.chunks, previous.chunks
+    return copied_chunks(*map(_readonly, (source, schedule.transfers.chunk, previous.transfers.chunk, new.source,
+                                          new.destination, old.source, old.destination)))
+
+
 def validate_update(schedule: Schedule, topology: Topology, previous: Schedule | None,
-                    origin: TransferOrigin | None) -> np.ndarray | None:
+                    origin: TransferOrigin | None, *, compiled: bool = True) -> np.ndarray | None:
     """:func:`~mccl.schedule.validate.validate` of ``schedule``, re-checking per-chunk rules only where it
     differs from ``previous`` (which must have passed ``validate`` on ``topology``; module docstring).
 
     Returns the mask of transfers whose routes the previous schedule does not have (for the overlay map),
-    or None when the schedule was validated in full (no usable origin: everything is new)."""
+    or None when the schedule was validated in full (no usable origin: everything is new). ``compiled``:
+    the copy checks in :mod:`.copykernel` (False: the numpy :func:`_copies_hold_up` and
+    :func:`_copied_chunks`, the reference; the same verdicts)."""
     usable = (origin is not None and previous is not None and origin.previous is previous.transfers
               and schedule.collective in (Collective.ALLGATHER, Collective.ALLTOALL)
               and previous.collective is schedule.collective and previous.ranks == schedule.ranks
@@ -192,12 +225,14 @@ def validate_update(schedule: Schedule, topology: Topology, previous: Schedule |
     assert origin is not None and previous is not None
     _check_ranks(schedule, topology)
     _check_chunks(schedule)
-    claims = _copies_hold_up(schedule.transfers, previous.transfers, np.asarray(origin.source, dtype=np.int64))
+    source = np.asarray(origin.source, dtype=np.int64)
+    claims = (_claims_compiled(schedule, previous, source) if compiled
+              else _copies_hold_up(schedule.transfers, previous.transfers, source))
     if claims is None:  # a claim that is not true: the origin tells nothing, check everything
         validate(schedule, topology)
         return None
-    _check_transfers(schedule, claims[0])
-    whole = _copied_chunks(schedule, previous, claims)
+    _check_transfers(schedule, claims[0])  # chunk indices in range from here on
+    whole = _whole_compiled(schedule, previous, source) if compiled else _copied_chunks(schedule, previous, claims)
     fresh_chunks = ~whole
     if fresh_chunks.any():
         part = restricted(schedule, fresh_chunks[schedule.transfers.chunk], fresh_chunks)

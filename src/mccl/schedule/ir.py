@@ -189,6 +189,18 @@ class Transfers:
             memo[:] = [*memo[-1:], (chunk_weight, n_links, sums.copy())]
         return sums
 
+    def remember_link_sums(self, chunk_weight: np.ndarray | None, n_links: int, sums: np.ndarray) -> None:
+        """Tell :meth:`link_sums` its answer, computed by whoever wrote the columns (a lowering that sums the
+        load while it writes the links, in the same order of additions, so the same floats): later calls
+        return it instead of a pass over every route link. Kept only where :meth:`link_sums` would keep it."""
+        if chunk_weight is not None and chunk_weight.flags.writeable:
+            return
+        if len(sums) != n_links:
+            raise ValueError(f"link sums for {len(sums)} links, asked to remember them for {n_links}")
+        memo: list = self.__dict__.setdefault("_link_sums", [])
+        memo[:] = [*memo[-1:], (chunk_weight, n_links, np.array(sums, dtype=np.int64 if chunk_weight is None
+                                                                   else np.float64))]
+
     def step_max_route_cost(self, link_cost: np.ndarray) -> np.ndarray:
         """Per step, the largest route cost (sum of ``link_cost`` over a route) among its transfers
         (0 for a step without transfers); ``n_steps`` values."""

@@ -27,7 +27,7 @@ per rank?
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,9 @@ from mccl.synth.maxflow import MaxFlow, ortools_max_flow
 from mccl.topology import FabricView
 
 __all__ = ["CutChecker", "MaxRate", "max_rate", "cut_ratio"]
+
+# (checker, arc capacities, source capacities, need, slack) -> the violated cut's sink side, or None
+FindViolated = Callable[["CutChecker", np.ndarray, np.ndarray, int, int], "np.ndarray | None"]
 
 
 @dataclass(frozen=True)
@@ -88,11 +91,14 @@ def cut_ratio(fabric: FabricView, side: np.ndarray, gbps: np.ndarray | None = No
 
 
 def max_rate(fabric: FabricView, *, hint_sides: Sequence[np.ndarray] = (), checker: CutChecker | None = None,
-             max_flow: MaxFlow = ortools_max_flow) -> MaxRate:
+             max_flow: MaxFlow = ortools_max_flow, find_violated: FindViolated | None = None) -> MaxRate:
     """The fractional optimum x* (Gbit/s per rank) and its saturated cut; see the module docstring.
 
     ``hint_sides``: node sets whose cuts are tried as upper bounds first (warm start).
     ``checker``: a network to reuse (its engine is then used); else one of ``max_flow`` is built.
+    ``find_violated``: ``(checker, arc capacities, source capacities, need, slack)`` → the sink side
+    :meth:`CutChecker.violated_cut` would return (the tree packing's, which proves most ranks without a
+    max-flow); None: that method.
     """
     n = fabric.n_ranks
     inflow = np.bincount(fabric.head, weights=fabric.gbps, minlength=fabric.n_nodes)[:n]
@@ -108,13 +114,16 @@ def max_rate(fabric: FabricView, *, hint_sides: Sequence[np.ndarray] = (), check
             rate, side = ratio, hint.copy()
     checker = checker or CutChecker(fabric, max_flow)
     scale = 2.0**checker.net.capacity_bits / (fabric.gbps.sum() + n * rate)
-    checker.set_arc_capacities(np.floor(fabric.gbps * scale).astype(np.int64))
+    arc_capacity = np.floor(fabric.gbps * scale).astype(np.int64)
+    checker.set_arc_capacities(arc_capacity)
     rounds = 0
     start = checker.net.solves
     for rounds in range(1, 200):  # noqa: B007 - Dinkelbach ends in a few rounds; 200 is a safety stop
         unit = int(np.floor(rate * scale))
         # Integer flooring loses at most one unit per arc of the cut: the slack below.
-        violated = checker.violated_cut(np.full(n, unit, dtype=np.int64), n * unit, slack=fabric.n_arcs + n)
+        source_capacity, slack = np.full(n, unit, dtype=np.int64), fabric.n_arcs + n
+        violated = (checker.violated_cut(source_capacity, n * unit, slack=slack) if find_violated is None
+                    else find_violated(checker, arc_capacity, source_capacity, n * unit, slack))
         if violated is None:
             break
         new_rate, _ = cut_ratio(fabric, violated)

@@ -25,10 +25,14 @@ __all__ = ["violated_cut"]
 
 
 def violated_cut(checker: CutChecker, arc_capacity: np.ndarray, source_capacity: np.ndarray,
-                 need: int) -> np.ndarray | None:
-    """``checker.violated_cut(source_capacity, need)`` after ``checker.set_arc_capacities(arc_capacity)``,
-    with max-flows only for the ranks the rank rule does not prove (module docstring). Also leaves
-    those capacities set on the checker, as the two calls would."""
+                 need: int, slack: int = 0) -> np.ndarray | None:
+    """``checker.violated_cut(source_capacity, need, slack=slack)`` after
+    ``checker.set_arc_capacities(arc_capacity)``, with max-flows only for the ranks the rank rule does not
+    prove (module docstring; with ``slack`` the rule proves ``maxflow >= need - slack``, all the check asks).
+    Also leaves those capacities set on the checker, as the two calls would. Phase 1's check
+    (:func:`~mccl.synth.cutbound.max_rate`, ``find_violated``) is this too: its last round proved all 512
+    ranks of a 512-GPU fabric with 512 max-flows."""
+    need = int(need) - int(slack)
     fabric = checker.fabric
     checker.set_arc_capacities(arc_capacity)
     checker.net.set_capacities(checker.source_arcs, source_capacity)

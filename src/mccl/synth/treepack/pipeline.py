@@ -40,6 +40,7 @@ from mccl.synth.options import TREEPACK_MAX_CHUNKS, TreePackOptions, resolve_opt
 from mccl.synth.result import SynthesisResult, TreePackStats, stats_from_pairs
 from mccl.synth.treepack.arborescence import pack_arborescences
 from mccl.synth.treepack.balance import split_switches
+from mccl.synth.treepack.cutproof import violated_cut
 from mccl.synth.treepack.fabric import fabric_of
 from mccl.synth.treepack.forest import Forest, forest_of
 from mccl.synth.treepack.lowerkernel import lower_warm
@@ -99,7 +100,8 @@ def _run(topology: Topology, ranks: tuple[str, ...], collective: Collective, pre
     if previous is not None:
         hints = warm_hints(previous, topology, ranks, collective, fabric)
     checker = CutChecker(fabric)
-    optimum = max_rate(fabric, hint_sides=hints.cut_sides if hints else (), checker=checker)
+    optimum = max_rate(fabric, hint_sides=hints.cut_sides if hints else (), checker=checker,
+                       find_violated=violated_cut)  # most ranks proven without a max-flow (cutproof.py)
     t_phase1 = time.perf_counter()
     # A recovery (the optimum rose above the previous schedule's bound): every integer capacity shrinks
     # at the higher rate, the repair gets stuck (512 GPUs, back from Fail2: 3.7 s, then cold) and the
