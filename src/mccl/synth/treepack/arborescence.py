@@ -134,9 +134,8 @@ class _Packer:
         self.n, self.keys, self.tails, self.heads = n, keys, tails, heads
         self.residual, self.wanted = residual, wanted
         self.latency_aware, self.prefer, self.dropped = latency_aware, prefer, False
-        self.out: list[list[int]] = [[] for _ in range(n)]
-        for index, u in enumerate(tails.tolist()):
-            self.out[u].append(index)
+        by_tail = np.argsort(tails, kind="stable")  # each rank's out-arcs, ascending ids (the exact rule's order)
+        self.out: list[np.ndarray] = np.split(by_tail, np.cumsum(np.bincount(tails, minlength=n))[:-1])
         self.index_of = {key: i for i, key in enumerate(keys)}
         self.grower = FastGrower(n, tails, heads, latency_aware, groups)
         self.order = _interleaved(n, groups)

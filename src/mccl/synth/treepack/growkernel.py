@@ -121,6 +121,9 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
     order_pos = np.zeros(n, dtype=np.int64)
     best = np.empty(n)
     best_arc = np.empty(n, dtype=np.int64)
+    # Units on arcs from the partial tree into each rank outside it: what ``cur_cout`` loses when the rank
+    # joins (kept as the tree grows, instead of a pass over the new rank's in-arcs: half the work per rank).
+    into = np.zeros(n, dtype=np.int64)
     # Tournament tree over ``best``: heap[1] is the first rank of the highest score (what a scan from
     # rank 0 keeping strictly better ones finds), O(log n) per change instead of O(n) per rank added.
     leaves = 1
@@ -147,6 +150,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
             cur_home = cur_home and host[heads[arc]] == home
         best[:] = -np.inf
         best_arc[:] = -1
+        into[:] = 0
         cur_cout = 0  # residual units leaving the partial tree
         # Frontier of the partial tree; among equal scores the highest arc id wins (the numpy
         # grower's stable sort, later entries overwriting).
@@ -159,6 +163,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                 if in_tree[v] or residual[arc] <= 0:
                     continue
                 cur_cout += residual[arc]
+                into[v] += residual[arc]
                 score = _score(arc, residual, depth, tails, preferred, n, top, latency_aware, jitter)
                 if score > best[v] or (score == best[v] and arc > best_arc[v]):
                     best[v] = score
@@ -217,13 +222,9 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                 size += 1
                 m = mu
             residual[arc] -= mu
-            cur_cout -= mu
+            cur_cout -= into[v]  # the arcs from the tree into v no longer leave it (mu of them now spent)
             log_arc[logged], log_amount[logged] = arc, mu
             logged += 1
-            for position in range(head_start[v], head_start[v + 1]):
-                other = by_head[position]
-                if in_tree[tails[other]]:
-                    cur_cout -= residual[other]  # no longer leaves the tree
             in_tree[v] = True
             depth[v] = depth[u] + 1
             order_pos[v] = edges + 1
@@ -239,6 +240,7 @@ def _grow_root(n: int, root: int, k: int, tails: np.ndarray, heads: np.ndarray, 
                 if in_tree[w] or residual[other] <= 0:
                     continue
                 cur_cout += residual[other]
+                into[w] += residual[other]
                 score = _score(other, residual, depth, tails, preferred, n, top, latency_aware, jitter)
                 if score > best[w]:
                     best[w] = score
