@@ -261,6 +261,24 @@ def _starts(ends: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.bincount(ends[order], minlength=n))]).astype(np.int64)
 
 
+@_jit
+def _live_listing(residual: np.ndarray, order: np.ndarray, all_start: np.ndarray, listed: np.ndarray,
+                  start: np.ndarray) -> int:
+    """The arcs of ``order`` (a CSR by rank, offsets ``all_start``) with units left, in the same relative
+    order, into ``listed`` with their offsets into ``start``; how many. One pass (numpy's gather, mask,
+    bincount and cumsum were five, ~⅙ of Phase 3 on Fail1's million logical arcs at 1024 GPUs)."""
+    count = 0
+    for rank in range(len(all_start) - 1):
+        start[rank] = count
+        for position in range(all_start[rank], all_start[rank + 1]):
+            arc = order[position]
+            if residual[arc] > 0:
+                listed[count] = arc
+                count += 1
+    start[len(all_start) - 1] = count
+    return count
+
+
 def host_index(n: int, groups: np.ndarray | None) -> np.ndarray:
     """Each rank's host as 0, 1, …; a rank without a host (or no ``groups``) is a host of its own."""
     raw = np.full(n, -1, dtype=np.int64) if groups is None else np.asarray(groups[:n], dtype=np.int64)
@@ -301,6 +319,7 @@ class FastGrower:
         self.all_by_head = np.argsort(self.heads, kind="stable").astype(np.int64)
         self.by_tail, self.start = self.all_by_tail, _starts(self.tails, self.all_by_tail, n)
         self.by_head, self.head_start = self.all_by_head, _starts(self.heads, self.all_by_head, n)
+        self.all_start, self.all_head_start = self.start, self.head_start
         self.grows_since_refresh = 0
         self.host = host_index(n, groups)
         self.n_hosts = int(self.host.max()) + 1 if n else 0
@@ -320,11 +339,13 @@ class FastGrower:
         Residuals only shrink between refreshes (a release calls :meth:`released`), so the list stays a
         superset of the live arcs, and a spent arc listed is skipped as before: the trees are identical.
         """
-        live = residual > 0
-        self.by_tail = self.all_by_tail[live[self.all_by_tail]]
-        self.by_head = self.all_by_head[live[self.all_by_head]]
-        self.start = _starts(self.tails, self.by_tail, self.n)
-        self.head_start = _starts(self.heads, self.by_head, self.n)
+        listed = np.empty(len(self.all_by_tail), dtype=np.int64)
+        self.start = np.empty(self.n + 1, dtype=np.int64)
+        self.by_tail = listed[:_live_listing(residual, self.all_by_tail, self.all_start, listed, self.start)]
+        listed = np.empty(len(self.all_by_head), dtype=np.int64)
+        self.head_start = np.empty(self.n + 1, dtype=np.int64)
+        self.by_head = listed[:_live_listing(residual, self.all_by_head, self.all_head_start, listed,
+                                             self.head_start)]
         self.grows_since_refresh = 0
 
     def reserve(self, untouched: np.ndarray) -> np.ndarray:
