@@ -58,10 +58,13 @@ def _capped_max_flow(tail: np.ndarray, head: np.ndarray, capacity: np.ndarray, s
     via = np.full(n_nodes, -1, dtype=np.int64)
     queue = np.empty(n_nodes, dtype=np.int64)
     used_list = []
+    for i in range(n_nodes):
+        via[i] = -1
     flow = 0
+    last = 0
     while flow < limit:
-        for i in range(n_nodes):
-            via[i] = -1
+        for i in range(last):  # only the nodes the previous search marked (all of them are in its queue)
+            via[queue[i]] = -1
         queue[0] = sink
         via[sink] = -2
         first, last = 0, 1
