@@ -45,6 +45,7 @@ import numpy as np
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.packcheck import packing_ok
+from mccl.synth.treepack.slackcap import least_units
 from mccl.synth.treepack.splitgraph import Path, SplitGraph
 from mccl.synth.treepack.straighten import straighten_routes
 
@@ -254,7 +255,10 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     units = _prune_far_switches(fabric, units, k, distance)
     order = _farthest_first(fabric, distance)
     careful = True
-    for trial in _capped_first(units, k, fabric.n_ranks):
+    trials = _capped_first(units, k, fabric.n_ranks)
+    if len(trials) > 1:  # links with slack: first as few units as the cut condition needs (:mod:`.slackcap`)
+        trials.insert(0, least_units(fabric, units, k))
+    for trial in trials:
         graph = SplitGraph(fabric, trial)  # the fast split is maximal: no drain, every out-unit gets used
         for w in order:
             _fast_split(graph, w, groups)
