@@ -11,10 +11,13 @@ The split only has to keep the cut condition of Phase 1 (``maxflow(s*, v) >= nee
 asked on the physical graph, switches included, by :func:`~.packcheck.packing_ok`), so here each link
 keeps about the share it would have on a fabric without slack:
 
-1. **floors per capacity class** — links with the same units (NVLinks, NIC cables, ToR uplinks, the
-   degraded cables: a handful of classes on a real fabric) are lowered together to the least value
-   that keeps the condition with every other link as given (binary search). A class the condition
-   needs in full (the slow rank's cables) keeps its units;
+1. **floors per capacity class** — links with about the same units (within 9 %: NVLinks, NIC cables,
+   ToR uplinks, the degraded cables — a handful of classes on a built fabric, a bounded number on a
+   measured one) are capped together at the least value that keeps the condition with every other
+   link as given (binary search). Where that least cap is set by one small cut (Fail1: the slowed
+   GPU needs its whole NIC cable, as every NIC cable has the same units), the links into that cut
+   (both directions) keep their units and the rest of the class is capped again, while that at
+   least halves the cap (a few rounds). A class the condition needs in full keeps its units;
 2. **one common scale** — every link gets ``max(floor, ⌈α · units⌉)`` (never above its units), for the
    least α in (0, 1] that keeps the condition (bisection): the classes shrink together, in proportion,
    as on a healthy fabric at this rate, rather than one class absorbing all the others' cuts.
@@ -36,7 +39,8 @@ from mccl.synth.treepack.rootcut import rooted_min_cut
 
 __all__ = ["least_units"]
 
-_MAX_CLASSES = 32  # classes beyond the largest 32 unit values keep their units (a bisection each)
+_BUCKETS_PER_OCTAVE = 8  # a class: the links whose units agree within 2**(1/8) (≈ 9 %)
+_MAX_CLASSES = 32  # classes below the largest 32 keep their units (a few bisections each)
 _PROTECT_ROUNDS = 4  # cuts whose links a class keeps whole before its floor is taken
 _SCALE_STEPS = 20  # bisection steps on α: a resolution of 1e-6 of the links' units
 
@@ -52,14 +56,16 @@ def least_units(fabric: Fabric, units: np.ndarray, k: int | np.ndarray) -> np.nd
     pair = fabric.tail.astype(np.int64) * fabric.n_nodes + fabric.head
     reverse = fabric.head.astype(np.int64) * fabric.n_nodes + fabric.tail
     floor = units.copy()
-    for value in sorted({int(v) for v in units[units > 0]}, reverse=True)[:_MAX_CLASSES]:
-        free = units == value
+    bucket = np.where(units > 0, np.floor(np.log2(np.maximum(units, 1)) * _BUCKETS_PER_OCTAVE), -1).astype(np.int64)
+    for label in np.unique(bucket[units > 0])[::-1][:_MAX_CLASSES].tolist():
+        free = bucket == label
+        value = int(units[free].max())
         least = _least_floor(fabric, units, demand, free, value)
         for _ in range(_PROTECT_ROUNDS):
             if least == 0:
                 break
             trial = units.copy()
-            trial[free] = least - 1
+            trial[free] = np.minimum(units[free], least - 1)
             side = _failing_side(fabric, trial, demand)
             entering = free & side[fabric.head] & ~side[fabric.tail]
             entering |= free & np.isin(reverse, pair[entering])  # both directions: a balanced switch stays balanced
@@ -70,7 +76,7 @@ def least_units(fabric: Fabric, units: np.ndarray, k: int | np.ndarray) -> np.nd
                 break  # keeping that cut's links whole does not halve the others' floor: not worth singling out
             free &= ~entering
             least = fewer
-        floor[free] = least
+        floor[free] = np.minimum(units[free], least)
 
     def scaled(alpha: float) -> np.ndarray:
         return np.minimum(units, np.maximum(floor, np.ceil(units * alpha).astype(np.int64)))
@@ -86,13 +92,13 @@ def least_units(fabric: Fabric, units: np.ndarray, k: int | np.ndarray) -> np.nd
 
 
 def _least_floor(fabric: Fabric, units: np.ndarray, demand: np.ndarray, members: np.ndarray, high: int) -> int:
-    """The least value for the ``members`` arcs (every other arc as in ``units``) that keeps the condition,
+    """The least cap on the ``members`` arcs (every other arc as in ``units``) that keeps the condition,
     knowing ``high`` keeps it (bisection)."""
     low = 0
     while low < high:
         middle = (low + high) // 2
         trial = units.copy()
-        trial[members] = middle
+        trial[members] = np.minimum(units[members], middle)
         if _failing_side(fabric, trial, demand) is None:
             high = middle
         else:
