@@ -10,6 +10,10 @@ Peak RSS (``ru_maxrss``) of the worker; the compiled rooted cut is loaded before
 
     python benchmarks/treepack_phase2.py --gpus 128,512 --cases healthy,fail1,fail2,fail3
     python benchmarks/treepack_phase2.py --gpus 2048 --cases healthy --flows-up-to 512
+    python benchmarks/treepack_phase2.py --gpus 512 --cases fail1,fail3 --flows-up-to 0 --before-src /work/main/src
+
+``--before-src``: each case also on that checkout's ``src`` (a fresh interpreter each), the rows side by side
+(``side`` column); the worker imports ``mccl`` from this checkout's ``src`` otherwise.
 """
 
 from __future__ import annotations
@@ -80,29 +84,38 @@ def main() -> None:
     parser.add_argument("--cases", default="healthy,fail1,fail2,fail3")
     parser.add_argument("--flows-up-to", type=int, default=512, help="largest size to also check by n max-flows")
     parser.add_argument("--out", default=str(HERE / "results" / "treepack_phase2.jsonl"))
+    parser.add_argument("--before-src", default=None, help="another checkout's src to run each case on too")
     args = parser.parse_args()
+    sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{'gpus':>5} {'case':<8} {'ph1':>6} {'round':>6} {'split':>7} {'straight':>8} {'cut ok':>7} {'flows ok':>8} "
-          f"{'ratio':>6} {'cut no':>7} {'arcs':>8} {'pieces':>8} {'rss_mb':>7}", flush=True)
+    print(f"{'gpus':>5} {'case':<8} {'side':<6} {'ph1':>6} {'round':>6} {'split':>7} {'straight':>8} {'cut ok':>7} "
+          f"{'flows ok':>8} {'ratio':>6} {'cut no':>7} {'arcs':>8} {'pieces':>8} {'rss_mb':>7}", flush=True)
     for gpus in [int(g) for g in args.gpus.split(",")]:
         for case in args.cases.split(","):
-            done = subprocess.run([sys.executable, "-c", WORKER, str(gpus), case, "1" if gpus <= args.flows_up_to else "0"],
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{gpus} {case} failed:\n{done.stderr[-2000:]}")
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            if row.get("flows_pass", row["rootcut_pass"]) != row["rootcut_pass"] or \
-                    row.get("flows_fail", row["rootcut_fail"]) != row["rootcut_fail"]:
-                raise RuntimeError(f"{gpus} {case}: the rooted cut and the max-flows disagree: {row}")
-            with out.open("a") as handle:
-                handle.write(json.dumps({"gpus": gpus, "case": case, **row}) + "\n")
-            flows = row.get("flows_pass_cpu_s")
-            ratio = f"{flows / row['rootcut_pass_cpu_s']:.1f}x" if flows else "-"
-            print(f"{gpus:>5} {case:<8} {row['phase1_cpu_s']:>6.2f} {row['rounding_cpu_s']:>6.2f} {row['split_cpu_s']:>7.2f} "
-                  f"{row['straighten_cpu_s']:>8.2f} {row['rootcut_pass_cpu_s']:>7.3f} "
-                  f"{flows if flows is not None else float('nan'):>8.3f} {ratio:>6} {row['rootcut_fail_cpu_s']:>7.3f} "
-                  f"{row['logical_arcs']:>8} {row['pieces']:>8} {row['rss_mb']:>7.0f}", flush=True)
+            for side, src in sides:
+                row = run_case(src, gpus, case, gpus <= args.flows_up_to)
+                with out.open("a") as handle:
+                    handle.write(json.dumps({"gpus": gpus, "case": case, "side": side, **row}) + "\n")
+                flows = row.get("flows_pass_cpu_s")
+                ratio = f"{flows / row['rootcut_pass_cpu_s']:.1f}x" if flows else "-"
+                print(f"{gpus:>5} {case:<8} {side:<6} {row['phase1_cpu_s']:>6.2f} {row['rounding_cpu_s']:>6.2f} "
+                      f"{row['split_cpu_s']:>7.2f} {row['straighten_cpu_s']:>8.2f} {row['rootcut_pass_cpu_s']:>7.3f} "
+                      f"{flows if flows is not None else float('nan'):>8.3f} {ratio:>6} {row['rootcut_fail_cpu_s']:>7.3f} "
+                      f"{row['logical_arcs']:>8} {row['pieces']:>8} {row['rss_mb']:>7.0f}", flush=True)
+
+
+def run_case(src: str, gpus: int, case: str, flows_too: bool) -> dict:
+    """One case in a fresh interpreter importing mccl from ``src``; its row (checked: both checks agree)."""
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {src!r})\n" + WORKER, str(gpus),
+                           case, "1" if flows_too else "0"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{gpus} {case} ({src}) failed:\n{done.stderr[-2000:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    if row.get("flows_pass", row["rootcut_pass"]) != row["rootcut_pass"] or \
+            row.get("flows_fail", row["rootcut_fail"]) != row["rootcut_fail"]:
+        raise RuntimeError(f"{gpus} {case}: the rooted cut and the max-flows disagree: {row}")
+    return row
 
 
 if __name__ == "__main__":

@@ -64,9 +64,12 @@ def test_hpn_routes_are_simple_and_shortest_with_the_same_logical_graph(fault):
             assert len(route) <= 4  # same host/rail: 2 links; across rails: GPU > ToR > agg > ToR > GPU
     for pieces in raw.routes.values():
         looping += sum(len(set(_nodes(route, fabric))) < len(route) + 1 for route, _ in pieces)
-    assert looping > 0 or fault == "fail1"  # the raw split does loop: the fix is exercised
+    # the raw split does loop: the fix is exercised (not under Fail1 / Fail3, whose slack the split drops first)
+    assert looping > 0 or fault in ("fail1", "fail3")
     assert np.all(_link_load(fabric, logical) <= integral.units)
-    assert _link_load(fabric, logical).sum() < _link_load(fabric, raw).sum()
+    if looping:  # a loop cut out or a route shortened: fewer link-units in all
+        assert _link_load(fabric, logical).sum() < _link_load(fabric, raw).sum()
+    assert _link_load(fabric, logical).sum() <= _link_load(fabric, raw).sum()
 
 
 @pytest.mark.parametrize("fault", [None, "fail2"])

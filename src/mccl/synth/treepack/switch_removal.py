@@ -25,6 +25,10 @@ pair by pair, each amount the largest that keeps the condition (binary search on
 max-flow checks); what still cannot be split is dropped and shows as loss
 (:mod:`.balance` then tries lower rates).
 
+Where links have more units than the trees can use (a slow rank sets the rate: Fail1, Fail3), the
+split first runs on the least units the cut condition needs (:mod:`.slackcap`), then on 10 % more,
+then on the units capped at Σ k, then as given — the first whose logical graph passes the check is kept.
+
 The arcs and their route pools while splitting are :class:`~.splitgraph.SplitGraph`; the
 routes are straightened at the end (:mod:`.straighten`). Units are integers: trees per time
 unit of :mod:`mccl.synth.treepack.rounding`. Complexity: fast path O(Σ_w deg(w)²) plus one
@@ -45,6 +49,7 @@ import numpy as np
 from mccl.synth.maxflow import BIG, FlowNet
 from mccl.synth.treepack.fabric import Fabric
 from mccl.synth.treepack.packcheck import packing_ok
+from mccl.synth.treepack.slackcap import least_units
 from mccl.synth.treepack.splitgraph import Path, SplitGraph
 from mccl.synth.treepack.straighten import straighten_routes
 
@@ -254,7 +259,13 @@ def remove_switches(fabric: Fabric, units: np.ndarray, k: int | np.ndarray,
     units = _prune_far_switches(fabric, units, k, distance)
     order = _farthest_first(fabric, distance)
     careful = True
-    for trial in _capped_first(units, k, fabric.n_ranks):
+    trials = _capped_first(units, k, fabric.n_ranks)
+    if len(trials) > 1:  # links with slack: first as few units as the cut condition needs (:mod:`.slackcap`)
+        least = least_units(fabric, units, k)
+        # then with 10 % to spare: the proportional split can lose a few units of a tight cut (1,024 and
+        # 2,048 GPUs under Fail1: the least units fail the logical check, 10 % more pass with 169 k / 640 k arcs)
+        trials[:0] = [least, np.minimum(units, -(-least * 11 // 10))]
+    for trial in trials:
         graph = SplitGraph(fabric, trial)  # the fast split is maximal: no drain, every out-unit gets used
         for w in order:
             _fast_split(graph, w, groups)
@@ -288,7 +299,8 @@ def _capped_first(units: np.ndarray, k: int | np.ndarray, n_ranks: int) -> list[
     Where one slow rank sets the rate (Fail3: 18.8 of 406 GB/s at 512 GPUs) every other link's
     integer capacity is ~20× what the trees can use, and the proportional split then links almost
     every rank pair: 262 k logical arcs at 512 GPUs against 46 k healthy, and the straightening and
-    Phase 3 pay for each. Capped, the split stays as sparse as a healthy one. The cap is kept only
+    Phase 3 pay for each. Capped, the split is sparser, but not enough (2,048 GPUs: still 4.06 M arcs,
+    so :mod:`.slackcap`'s least units are tried before this cap: 607 k). The cap is kept only
     if the split passes the packing check (so k and the rate, hence the optimum, are unchanged);
     healthy fabrics (no link above ``need``) split once, as before.
     """
