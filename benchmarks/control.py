@@ -207,6 +207,15 @@ def live(runs: int) -> list[dict]:
 
 
 # ---- the manager at scale: warm re-synthesis chains, CPU per flagged collective, ingest at 512 GPUs ----
+def fabric_size_error(gpus: int) -> str | None:
+    """Why ``fabric(gpus)`` has no shape for ``gpus`` (None when it has one): 8, or 8 per host on 2–32 hosts, or
+    whole segments of 32 hosts."""
+    hosts = gpus // 8
+    if gpus == 8 or (gpus % 8 == 0 and hosts >= 2 and (hosts <= 32 or hosts % 32 == 0)):
+        return None
+    return f"no fabric for {gpus} GPUs: 8, or a multiple of 8 on 2–32 hosts, or of 256 beyond"
+
+
 def fabric(gpus: int) -> Topology:
     """rail_optimized with 8 GPUs per host, one segment of up to 32 hosts (as benchmarks/synth_alltoall.py):
     8 GPUs = (1,2,4), 64 = (1,8,8), 128 = (1,16,8), 256 = (1,32,8), 512 = (2,32,8)."""
@@ -634,6 +643,9 @@ def main() -> None:
 
     if args.repeats < 1 or args.large_repeats < 1:
         parser.error(f"--repeats and --large-repeats must be at least 1, got {args.repeats} and {args.large_repeats}")
+    bad_sizes = [error for gpus in ints(args.cpu_sizes) if (error := fabric_size_error(gpus))]
+    if args.controller_cpu and bad_sizes:
+        parser.error(f"--cpu-sizes: {bad_sizes[0]}")
     scale = args.manager_warm or args.controller_cpu or args.ingest_scale or args.serialize
     if args.serialize:
         write("serialize", serialize_cost(args.ingest_gpus, args.collectives.split(","), args.repeats, args.cache))

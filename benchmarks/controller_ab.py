@@ -60,6 +60,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    from control import fabric_size_error  # noqa: E402  (benchmarks/ is on sys.path)
+
+    if (size_error := fabric_size_error(args.gpus)) is not None:
+        parser.error(f"--gpus: {size_error}")
     print(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), f"load {os.getloadavg()[0]:.1f}", flush=True)
     sides = {"before": args.before_src.resolve(), "after": args.after_src.resolve()}
     rows: list[dict] = []

@@ -86,6 +86,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "treepack_phase2.jsonl"))
     parser.add_argument("--before-src", default=None, help="another checkout's src to run each case on too")
     args = parser.parse_args()
+    if args.before_src is not None and not (Path(args.before_src) / "mccl").is_dir():
+        parser.error(f"--before-src: {args.before_src} is not a checkout's src (no mccl package in it)")
     sides = [("after", str(HERE.parent / "src"))] + ([("before", args.before_src)] if args.before_src else [])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
