@@ -213,13 +213,13 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
     times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors)
     print(f"1 host, tenant and service processes, every variant interleaved; {started}; {blocks} blocks; load "
           f"average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({notes['cpus']} cores); "
-          f"{time.perf_counter() - clock:.0f} s; calls that spun for their reply: {notes['spun']}; calls the "
+          f"{time.perf_counter() - clock:.0f} s; calls that spun / slept by choice / took the way not chosen: {notes['spun']}; calls the "
           f"service's thread followed: {notes['followed']}")
     print("added = provider - inproc: median over blocks of the per-block medians' difference [IQR over blocks]; "
           "ratio = the median per-block provider / inproc; cpu = the tenant process's CPU per call (inproc: gloo's "
           "thread included; provider: the service's CPU is in the stages below)")
     print(f"{'op':<11}{'size':>9}{'reps':>6}{'inproc':>8}{'in shm':>8}{'provider':>9}{'added [IQR]':>19}{'vs shm':>8}"
-          f"{'nospin':>8}{'nofollow':>9}{'plain':>7}{'ratio':>7}{'cpu in':>8}{'cpu prov':>9}   (µs)")
+          f"{'spin':>8}{'follow':>9}{'plain':>7}{'ratio':>7}{'cpu in':>8}{'cpu prov':>9}   (µs)")
     rows = []
     for op in OPS:
         for size in sizes:
@@ -243,7 +243,7 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
             spread = f"{bar:.0f} [{q1:.0f}, {q3:.0f}]"
             print(f"{op:<11}{size:>9}{row['reps']:>6}{med['inproc']:>8.0f}{med['inproc_shm']:>8.0f}"
                   f"{med['provider']:>9.0f}{spread:>19}{row['added_vs_inproc_shm_us']:>8.0f}"
-                  f"{row['provider_nospin_added_us']:>8.0f}{row['provider_nofollow_added_us']:>9.0f}"
+                  f"{row['provider_spin_added_us']:>8.0f}{row['provider_follow_added_us']:>9.0f}"
                   f"{row['provider_plain_added_us']:>7.0f}{row['ratio_provider_over_inproc']:>7.2f}"
                   f"{med['cpu:inproc']:>8.0f}{med['cpu:provider']:>9.0f}")
     if floors:

@@ -10,15 +10,17 @@ own mapping of them), so the buffers' part of the difference shows on its own.
 
 Variants, all in one tenant process, in a new random order every repetition (what ran just before decides
 whether a thread and its caches are warm, so no variant may always follow the same one): ``inproc``,
-``inproc_shm``, ``provider`` (the shim as shipped: the reply spin, ``client.SPIN_US``, and the service's thread
-following the tenant's CPU, ``client.FOLLOW``), ``provider_nospin``, ``provider_nofollow``, ``provider_plain``
-(neither: the fifth session's path), each on a session of its own, and the two traced copies of ``provider``
+``inproc_shm``, ``provider`` (the shim as shipped: each request spins for its reply or sleeps, whichever its own
+recent calls measured cheaper, :mod:`mccl.provider.replyspin`), ``provider_spin`` (every call spins while no task
+waits for a core: the fixed rule), ``provider_follow`` (as shipped, and the service's thread follows the tenant's
+CPU, ``client.FOLLOW``: the sixth session's default), ``provider_plain`` (every call sleeps: the fifth session's
+path), each on a session of its own, and the two traced copies of ``provider``
 (wall stamps; CPU stamps) that give the stages, on a session of their own too; with ``floors``, the agreement,
 the session socket and the two bare round trips. Each timed variant has threads of its own that nothing else
 uses (a session: its service thread and its job's gloo thread; ``inproc`` and ``inproc_shm``: a gloo group each):
 a thread used by two variants is warmer for both (measured: the fifth session's ``provider`` shared its session
-with the traced copies and came out 16–56 µs faster than its twin ``provider_nospin`` on the same path, the spin
-gated off, at load 30).
+with the traced copies and came out 16–56 µs faster than its twin (then ``provider_nospin``) on the same path, the
+spin gated off, at load 30).
 
 Enough repetitions to read 100 µs: ``blocks`` blocks, each ``calls(size)`` repetitions of every variant at
 every size (the sizes take turns block by block, so a burst of load lands in one block of each size, not in
@@ -35,9 +37,9 @@ import statistics
 from provider_ranks import KIB, MIB, OPS, _buffers, _calls, _echo, _interleave
 
 BASELINES = ("inproc", "inproc_shm")
-PROVIDERS = ("provider", "provider_nospin", "provider_nofollow", "provider_plain")
-SETTINGS = {"provider": {}, "provider_nospin": {"spin_us": 0.0}, "provider_nofollow": {"follow": False},
-            "provider_plain": {"spin_us": 0.0, "follow": False}}
+PROVIDERS = ("provider", "provider_spin", "provider_follow", "provider_plain")
+SETTINGS = {"provider": {}, "provider_spin": {"adaptive": False}, "provider_follow": {"follow": True},
+            "provider_plain": {"spin_us": 0.0}}
 
 
 def calls(size: int, scale: float = 1.0) -> int:
@@ -96,7 +98,8 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
             for key, values in block.items():
                 times.setdefault(key, []).extend(values)
                 per_block.setdefault(key, []).append(statistics.median(values))
-    notes = {"spun": {name: one._spin.spun for name, one in shims.items() if one._spin is not None},
+    notes = {"spun": {name: (one._spin.spun, one._spin.slept, one._spin.explored)
+                      for name, one in shims.items() if one._spin is not None},
              "followed": {name: one.followed for name, one in shims.items() if one._cpu is not None},
              "cpus": len(os.sched_getaffinity(0))}
     if close_floors is not None:

@@ -149,40 +149,52 @@ def test_a_spinning_shim_gets_the_same_results(service):
         x = spinning.empty(8)
         x.copy_(torch.arange(8.0))
         out = spinning.empty(8)
-        for _ in range(3):
+        for _ in range(4):
             comm.all_gather_into_tensor(out, x)
             comm.all_reduce(x, "max")
         assert torch.equal(out, torch.arange(8.0))
-        assert spinning._spin.spun >= 1 and len(spinning._spin._took) == 2  # one duration per request
+        # each request alternated between the two ways, one duration recorded per call
+        assert spinning._spin.spun == 4 and spinning._spin.slept == 4 and len(spinning._spin._ways) == 2
+        assert all(len(ways.spin) == 2 and len(ways.sleep) == 2 for ways in spinning._spin._ways.values())
     finally:
         spinning.close()
 
 
-def test_the_reply_spin_sleeps_when_cores_are_busy_and_naps_until_a_long_reply_is_due():
-    from mccl.provider.replyspin import ReplySpin
+def test_the_reply_wait_takes_the_way_measured_cheaper_and_sees_the_regime_change():
+    from mccl.provider.replyspin import _EXPLORE, _FIRST, MAX_SPIN_NS, ReplyWait
 
     read_end, write_end = os.pipe()
     try:
-        busy = ReplySpin(200_000, read_end, idle=lambda: False)
-        busy.record("k", 10**9)
-        started = time.perf_counter_ns()
-        busy.sample(started)  # (the gate is read before the send)
-        busy.wait("k", started)
-        assert busy.spun == 0 and time.perf_counter_ns() - started < 10**8  # no nap, no spin: poll's to sleep
+        busy = ReplyWait(200_000, read_end, idle=lambda: False)
+        assert busy.choose("k", time.perf_counter_ns()) is None and busy.spun == busy.slept == 0  # sleeps, unrecorded
 
-        idle = ReplySpin(200_000, read_end, idle=lambda: True)
-        started = time.perf_counter_ns()
-        idle.sample(started)
-        idle.wait("new", started)  # no history: polls from the send, at most the window
-        assert idle.spun == 1 and time.perf_counter_ns() - started < 10**8
+        wait = ReplyWait(200_000, read_end, idle=lambda: True)
+        cost = {True: 100_000, False: 300_000}  # spinning cheaper: the idle machine's case
 
-        idle.record("slow", 2 * 10**9)  # a 2 s call: it naps until ~2 s, unless the reply comes first
-        timer = threading.Timer(0.05, os.write, (write_end, b"r"))
-        started = time.perf_counter_ns()
-        timer.start()
-        idle.wait("slow", started)
-        assert time.perf_counter_ns() - started < 10**9 and os.read(read_end, 1) == b"r"
-        assert idle.spun == 1  # the reply ended the nap: no spin needed
+        def call() -> bool:
+            spin = wait.choose("k", time.perf_counter_ns())
+            wait.record("k", cost[spin], spin)
+            return spin
+
+        first = [call() for _ in range(2 * _FIRST)]
+        assert first == [True, False] * _FIRST  # alternates until each way has its first durations
+        chosen = [call() for _ in range(3 * _EXPLORE)]
+        assert chosen.count(False) == 3 and wait.explored == 3  # the other way once in _EXPLORE calls
+        cost = {True: 500_000, False: 100_000}  # a core got busy: sleeping is cheaper now
+        after = [call() for _ in range(2 * _EXPLORE)]
+        flipped = after.index(False)
+        assert flipped < _EXPLORE and after[flipped + 1:].count(True) <= 2  # seen at the next exploration
+
+        wait.record("k", MAX_SPIN_NS + 1, True)  # a call longer than MAX_SPIN_NS never spins
+        assert wait.choose("k", time.perf_counter_ns()) is False
+
+        started = time.perf_counter_ns()  # a spin polls until the reply ...
+        threading.Timer(0.02, os.write, (write_end, b"r")).start()
+        wait.spin("new", started)
+        assert os.read(read_end, 1) == b"r" and time.perf_counter_ns() - started < 10**9
+        started = time.perf_counter_ns()  # ... or until its window past the expected duration
+        wait.spin("new", started)
+        assert 200_000 <= time.perf_counter_ns() - started < 10**8
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -197,7 +209,7 @@ def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services
     allowed = os.sched_getaffinity(0)
     target = max(allowed)
     before = _fast_threads()
-    follows = _client(service, "alice", Shim, follow=True)
+    follows = _client(service, "alice", Shim, follow=True)  # (off by default: client.FOLLOW)
     follows._gate.idle = lambda: True  # (it follows only while no task waits for a core: tested as if so)
     followers = _fast_threads() - before
     stays = _client(service, "bob", Shim, follow=False)

@@ -30,23 +30,25 @@ from mccl.provider.errors import ERRORS, ProviderError
 from mccl.provider.keys import TenantCredential
 from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
-from mccl.provider.replyspin import IdleGate, ReplySpin
+from mccl.provider.replyspin import IdleGate, ReplyWait
 
 __all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW"]
 
 SPIN_US = 1000.0
-"""The most a fast-path call polls for its reply (yielding the CPU between polls) before it sleeps in ``poll``;
-0: it sleeps at once. A call expected within this window polls from its send, a longer one only around the
-reply's expected time, and only while no task waits for a core (:mod:`.replyspin` says why: the fourth
-session's spin, always on, cost more than it saved under load; the fifth's 200 µs ended before most replies).
-``benchmarks/provider.py --single-host`` measures it against 0 in the same run."""
+"""How far past its expected reply a spinning fast-path call polls (yielding the CPU between polls) before it sleeps
+in ``poll``; 0: every call sleeps at once. Whether a call spins at all is measured per request (:mod:`.replyspin`:
+spinning or sleeping, whichever its recent calls found cheaper), and only while no task waits for a core.
+``benchmarks/provider.py --single-host`` measures it against a fixed spin and against 0 in the same run."""
 
 
-FOLLOW = True
+FOLLOW = False
 """Whether a fast-path request carries the CPU of the calling thread, so that the service's thread runs the call
-there (:mod:`.fastpath` says why: the request's and the reply's wake-ups stay on one CPU) — only while no task
-waits for a core, as the spin (:class:`~.replyspin.IdleGate`); otherwise the service's thread goes where the
-scheduler puts it. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
+there (:mod:`.fastpath` says why it was tried: the request's and the reply's wake-ups on one CPU) — only while no
+task waits for a core. Off: in the coordinator's same-run measurements (sixth session, re-runs) following cost
+36–80 µs a call on the idle box (spin and follow 94–129 µs added against spin alone 16–58, every size up to 8 MiB
+AllReduce and 512 KiB AllGather) and gained nothing at load ~2.6 (26–76 against 21–87): the service's thread is
+moved (``sched_setaffinity``, a migration) each time the tenant's thread changes CPU, which a tenant whose thread
+sleeps between calls does often. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
 
 
 def _cpu_reader():
@@ -106,11 +108,12 @@ class ProviderClient:
     unauthenticated in-process service."""
 
     def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
-                 fast: bool = True, spin_us: float = SPIN_US, follow: bool = FOLLOW) -> None:
+                 fast: bool = True, spin_us: float = SPIN_US, follow: bool = FOLLOW, adaptive: bool = True) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
-        self.spin_ns = int(spin_us * 1e3)  # the most a fast-path call polls for its reply (.replyspin)
-        self._spin: ReplySpin | None = None
+        self.spin_ns = int(spin_us * 1e3)  # how far past its expected reply a spinning call polls (.replyspin)
+        self.adaptive = adaptive  # (False: spin every call the gate allows, the benchmark's fixed rule)
+        self._spin: ReplyWait | None = None
         self._cpu = _cpu_reader() if follow else None  # the calling thread's CPU, sent with each request
         self._gate = IdleGate()  # whether a core is free (the spin and the following ask it)
         self.followed = 0  # fast-path calls that asked the service's thread to follow (for the benchmark and tests)
@@ -183,7 +186,7 @@ class ProviderClient:
         self._reader = channel.FrameReader(reply_fd, max_frame=1 << 16)
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
-        self._spin = ReplySpin(self.spin_ns, reply_fd, gate=self._gate) if self.spin_ns else None
+        self._spin = ReplyWait(self.spin_ns, reply_fd, gate=self._gate, adaptive=self.adaptive) if self.spin_ns else None
 
     @property
     def fast(self) -> bool:
@@ -204,8 +207,7 @@ class ProviderClient:
         sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
         flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
         # whether a core is free, read before the send (the caller is then the one runnable task of its own counted)
-        idle = self._gate.sample(sent) if self._cpu is not None or self._spin is not None else False
-        follow = idle and self._cpu is not None
+        follow = self._cpu is not None and self._gate.sample(sent)
         if follow:
             flags |= channel.FOLLOW
             self.followed += 1
@@ -222,14 +224,15 @@ class ProviderClient:
             frame = head + tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
         else:
             frame = head + tail
+        spin = self._spin.choose(key, sent) if self._spin is not None else None  # spin, sleep, or sleep unrecorded
         try:
             os.write(self._channel[0], frame)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "
                                 "collectives use the session socket now") from None
-        if self._spin is not None:
-            self._spin.wait(key, sent)
+        if spin:
+            self._spin.spin(key, sent)
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -242,15 +245,15 @@ class ProviderClient:
             for frame in frames:
                 if len(frame) == channel.REPLY.size and frame[8] == 0 and not tracing:  # the usual reply: ok
                     if int.from_bytes(frame[:8], "little") == request_id:
-                        if self._spin is not None:
-                            self._spin.record(key, time.perf_counter_ns() - sent)
+                        if spin is not None:
+                            self._spin.record(key, time.perf_counter_ns() - sent, spin)
                         return
                     continue
                 reply_id, error, stamps = channel.decode_reply(frame)
                 if reply_id != request_id:
                     continue  # (a reply to an earlier, timed-out request)
-                if self._spin is not None:
-                    self._spin.record(key, time.perf_counter_ns() - sent)
+                if spin is not None:
+                    self._spin.record(key, time.perf_counter_ns() - sent, spin)
                 if tracing:
                     got = time.perf_counter_ns()
                     cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()

@@ -1,32 +1,33 @@
-"""When a fast-path call spins for its reply instead of sleeping (:class:`ReplySpin`, used by :mod:`.client`).
+"""How a fast-path call waits for its reply: it spins or it sleeps, whichever its own recent calls measured cheaper
+(:class:`ReplyWait`, used by :mod:`.client`).
 
-Why spin at all. This machine's idle vCPUs halt at once (``haltpoll.guest_halt_poll_ns`` is 0): a reply that
-finds its tenant's vCPU halted waits for the hypervisor to wake it, once per call on top of the service's own
-wake-up. A tenant that polls the reply pipe across the moment the reply comes sees it at once. Measured on a
-quiet machine by the coordinator (BENCHMARKS.md, fourth session, re-runs): a 200 µs spin from the send took
-the added time from 91–114 µs to 80–97 µs at ≤ 64 KiB AllGather and every AllReduce size — but not for the
-512 KiB / 8 MiB AllGather, whose replies come after the spin had ended.
+Why it matters. A call hands off twice (the request wakes the service's thread, the reply wakes the tenant's), and
+what a hand-off costs depends on the machine's idleness more than on the code: this VM's idle vCPUs halt at once
+(``haltpoll.guest_halt_poll_ns`` is 0), and waking a halted vCPU goes through the hypervisor — tens of µs, more
+after a long halt; under load a woken thread lands on a busy CPU and costs a context switch. A tenant that polls its
+reply pipe keeps its CPU awake and sees the reply at once; but a poller also takes a core that the service's thread
+or the job's gloo worker may need. The coordinator's same-run measurements (BENCHMARKS.md, sixth session, re-runs)
+show the two regimes pulling apart: on the idle box spinning took 47–205 µs off every call up to 512 KiB (`nofollow`
+16–58 µs added against `plain` 63–98), while at load ~2.6 the same two read 21–87 and 14–75 — the spin no better, at
+8 MiB AllGather worse (74 against 58). No fixed rule is right on both, so each call decides from measurement:
 
-Two rules make it cheap and harmless, where the fourth session's fixed spin was not:
+* **Per request, by measured duration.** For every distinct request (the same key as the encoded request's cache)
+  the last ``_WINDOW`` durations (send to reply) of each way are kept; the first calls alternate until each way has
+  ``_FIRST``; then the call takes the way whose median is lower, and every ``_EXPLORE``-th call takes the other, so a
+  change of regime (the machine goes idle, a core gets busy) is seen within ~``_EXPLORE × _WINDOW`` calls. The
+  exploring costs at most the difference of the two ways, one call in ``_EXPLORE``.
+* **Spinning is over the whole call**, from the send until the reply or ``spin_ns`` past the duration expected (the
+  request's last), so the tenant's vCPU never halts in between: the service's thread and the job's gloo worker then
+  find it awake. A call expected longer than ``MAX_SPIN_NS`` always sleeps (a wake-up is under 1 % of it).
+* **Never while a task waits for a core** (:class:`IdleGate`): the instantaneous count of runnable tasks in
+  ``/proc/loadavg`` (sampled at most every 50 ms, right *before* a request is sent: the caller is in it) must not
+  exceed the cores this process may use. Under load a spin cost more than it saved (fourth session: the service's
+  gloo thread waited for the spinner's core, 80–230 µs worse per call at load 20). Such calls sleep and are not
+  recorded (they say nothing of the idle machine's choice).
 
-* **Around the expected reply only.** The call's duration is remembered per request (the same key as the
-  encoded request's cache); a call expected to take longer than the spin window first sleeps (``select``, µs
-  resolution; ``poll`` rounds to ms) until half a window before it is due, then polls across it. A call with no
-  history, or a short one, polls from the send, as before. Either way at most ``spin_ns`` of polling per call.
-* **Only while no task waits for a core.** Under load the spin cost more than it saved (fourth session: the service's
-  gloo thread waited for the spinner's core, 80–230 µs worse per call at load 20). Spinning pays only when no
-  task waits for a core: the instantaneous count of runnable tasks in ``/proc/loadavg`` (sampled at most every
-  50 ms, right *before* a request is sent: the caller is in it) must not exceed the cores this process may use.
-  Otherwise the call sleeps in ``poll`` at once. (The fifth session sampled right after the send, when the
-  service's freshly woken thread was counted too: on the quiet machine the gate then refused 80–90 % of the
-  calls — 366–654 of 3300 spun in the coordinator's re-runs — so "spin" and "no spin" measured mostly the same
-  path.)
-
-Sixth session: the window is 1 ms (``client.SPIN_US``), so a call up to ~1 ms — every size here but the 8 MiB
-AllGather — polls from its send to its reply. The coordinator's quiet re-run showed why a shorter spin does not
-do: with the spin ending at 200 µs and replies at ~300 µs, the reply's trip to the tenant took 93–111 µs of the
-call (a halted vCPU woken), against 25–30 µs under load. A spinning tenant also keeps its CPU awake for the
-service's thread, which follows it there (:mod:`.fastpath`).
+The sixth session's rule (spin gated by load alone, a nap until half a window before a long call's reply) and its
+following of the tenant's CPU are what the measurements above compared; ``benchmarks/provider.py --single-host``
+keeps a fixed-spin and a following variant beside this one.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ import os
 import select
 import time
 
-__all__ = ["IdleGate", "ReplySpin"]
+__all__ = ["IdleGate", "ReplyWait", "MAX_SPIN_NS"]
 
 _SAMPLE_NS = 50_000_000  # how often the runnable count is read
-_NAP_MIN_NS = 50_000  # a shorter sleep than this is not worth a timer (and the kernel's timer slack is 50 µs)
+_WINDOW = 8  # durations kept per request and way
+_FIRST = 3  # durations of each way before the call chooses
+_EXPLORE = 16  # every 16th call of a request takes the way not chosen
+MAX_SPIN_NS = 10_000_000
+"""A call expected longer than this (10 ms) never spins: its wake-up (≤ ~0.1 ms measured here) is under 1 % of it,
+and a spin would burn a core for the whole call."""
 
 
 def _no_task_waits_for_a_core() -> bool:
@@ -68,53 +74,94 @@ class IdleGate:
         return self.now
 
 
-class ReplySpin:
-    """The reply wait's spin for one client (module docstring). ``spin_ns``: the most a call polls; ``fd``: the
-    reply pipe; ``idle``: whether spinning may take a core now, or ``gate``: an :class:`IdleGate` to share."""
+def _median(values: list[int]) -> int:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
-    def __init__(self, spin_ns: int, fd: int, idle=_no_task_waits_for_a_core, gate: IdleGate | None = None) -> None:
+
+class _Ways:
+    """One request's recent durations (ns) of each way, and the way they choose."""
+
+    __slots__ = ("spin", "sleep", "calls", "best", "last")
+
+    def __init__(self) -> None:
+        self.spin: list[int] = []
+        self.sleep: list[int] = []
+        self.calls = 0
+        self.best = True  # spin
+        self.last = 0  # the last duration, either way (what a spin expects)
+
+
+class ReplyWait:
+    """The reply wait of one client (module docstring). ``spin_ns``: how far past the expected reply a spin polls;
+    ``fd``: the reply pipe; ``gate``: the client's :class:`IdleGate` (or ``idle``, to make one); ``adaptive``: False
+    spins every call the gate and ``MAX_SPIN_NS`` allow (the fixed rule, for the benchmark's comparison)."""
+
+    def __init__(self, spin_ns: int, fd: int, idle=_no_task_waits_for_a_core, gate: IdleGate | None = None,
+                 adaptive: bool = True) -> None:
         self.spin_ns = spin_ns
         self.fd = fd
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        self._poll = poller.poll
+        self.adaptive = adaptive
         self.gate = gate if gate is not None else IdleGate(idle)
-        self._took: dict[tuple, int] = {}  # the last duration (ns) of each request
-        self.spun = 0  # calls that spun (for the benchmark and tests)
+        self._ways: dict[tuple, _Ways] = {}
+        # (counts for the benchmark and tests) calls that spun, that slept by choice, that took the way not chosen
+        self.spun = self.slept = self.explored = 0
 
-    def sample(self, now: int) -> bool:
-        """Right before a request is sent (``now``: ``perf_counter_ns``): re-read whether a core is free."""
-        return self.gate.sample(now)
-
-    def wait(self, key: tuple, sent: int) -> None:
-        """After the request ``key`` was sent at ``sent`` (``perf_counter_ns``; :meth:`sample` called before):
-        nap and spin as the module docstring says; returns when the reply is there or the window has passed (the
-        caller then polls)."""
-        if not self.gate.now:
-            return
-        now = time.perf_counter_ns()
-        took = self._took.get(key)
-        half = self.spin_ns // 2
-        if took is not None and took > self.spin_ns:
-            nap = sent + took - half - now
-            if nap > _NAP_MIN_NS and not self._nap(nap):
-                return  # (the reply came while it slept)
-            until = sent + took + half
+    def choose(self, key: tuple, now: int) -> bool | None:
+        """Right before request ``key`` is sent (``now``: ``perf_counter_ns``): True to spin, False to sleep, None
+        to sleep unrecorded (a task waits for a core)."""
+        if not self.gate.sample(now):
+            return None
+        ways = self._ways.get(key)
+        if ways is None:
+            if len(self._ways) >= 256:
+                self._ways.clear()
+            ways = self._ways[key] = _Ways()
+        ways.calls += 1
+        if ways.last > MAX_SPIN_NS:
+            spin = False
+        elif not self.adaptive:
+            spin = True
+        elif len(ways.spin) < _FIRST or len(ways.sleep) < _FIRST:
+            spin = len(ways.spin) <= len(ways.sleep)  # (alternate until each way has its first durations)
+        elif ways.calls % _EXPLORE:
+            spin = ways.best
         else:
-            until = now + self.spin_ns
-        self.spun += 1
-        poll = self._poll.poll
+            spin = not ways.best
+            self.explored += 1
+        if spin:
+            self.spun += 1
+        else:
+            self.slept += 1
+        return spin
+
+    def spin(self, key: tuple, sent: int) -> None:
+        """After the request ``key`` was sent at ``sent``: poll the reply pipe, yielding the CPU between polls, until
+        the reply is there or ``spin_ns`` past the duration expected; the caller then reads it (or sleeps in
+        ``poll`` for a later one)."""
+        ways = self._ways.get(key)
+        until = sent + (ways.last if ways is not None else 0) + self.spin_ns
+        poll = self._poll
         while not poll(0) and time.perf_counter_ns() < until:
             os.sched_yield()
 
-    def _nap(self, nap_ns: int) -> bool:
-        """Sleep ``nap_ns`` unless the reply comes first; whether the whole nap passed without it."""
-        if self.fd < 1024:  # (select's descriptor limit; poll's timeout is whole milliseconds)
-            readable, _, _ = select.select([self.fd], [], [], nap_ns / 1e9)
-            return not readable
-        return not self._poll.poll(nap_ns // 1_000_000)
+    def record(self, key: tuple, took_ns: int, spun: bool) -> None:
+        """The call ``key`` took ``took_ns`` from its send to its reply, spinning or not (as :meth:`choose` said)."""
+        ways = self._ways.get(key)
+        if ways is None:
+            return
+        ways.last = took_ns
+        durations = ways.spin if spun else ways.sleep
+        durations.append(took_ns)
+        if len(durations) > _WINDOW:
+            del durations[0]
+        if len(ways.spin) >= _FIRST and len(ways.sleep) >= _FIRST:
+            ways.best = _median(ways.spin) <= _median(ways.sleep)
 
-    def record(self, key: tuple, took_ns: int) -> None:
-        """The call ``key`` took ``took_ns`` from its send to its reply."""
-        if len(self._took) >= 256:
-            self._took.clear()
-        self._took[key] = took_ns
+    def choices(self, key: tuple) -> tuple[list[int], list[int], bool] | None:
+        """(recent spin durations, recent sleep durations, whether it spins) of request ``key`` (tests, benchmark)."""
+        ways = self._ways.get(key)
+        return None if ways is None else (list(ways.spin), list(ways.sleep), ways.best)
