@@ -96,7 +96,8 @@ def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
     return 0
 
 
-def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool) -> tuple:
+def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool, gate_open: bool = False,
+                 warm_ab: bool = False) -> tuple:
     from mccl.control.auth import new_secret
     from mccl.provider.launch import start_services
 
@@ -105,7 +106,7 @@ def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool) -> t
     with start_services(1, secret, ["bench"], store_port=free_port()) as services:
         results = context.Queue()
         tenant = context.Process(target=single_tenant, args=(services.endpoints[0], secret.hex, sizes, blocks, scale,
-                                                             floors, results))
+                                                             floors, results, gate_open, warm_ab))
         tenant.start()
         found = results.get(timeout=1800)
         tenant.join(timeout=30)
@@ -158,6 +159,14 @@ def main() -> int:
     parser.add_argument("--calls", type=float, default=None,
                         help="--single-host: repetitions per block as a multiple of the default (100 calls up to "
                              "64 KiB, 50 at 512 KiB, 10 at 8 MiB; --quick 0.5)")
+    parser.add_argument("--gate-open", action="store_true",
+                        help="--single-host: the reply wait's gate open whatever the load (every call may spin), as "
+                             "on an idle machine: how the spin/sleep choice fares where spinning costs")
+    parser.add_argument("--warm-ab", action="store_true",
+                        help="--single-host: every other block no session keeps the service's CPUs warm "
+                             "(mccl.provider.keepwarm); prints both sides (the bar's figures are the warm blocks')")
+    parser.add_argument("--sizes", default=None,
+                        help="--single-host: comma-separated sizes in bytes (default 4 KiB, 64 KiB, 512 KiB, 8 MiB)")
     parser.add_argument("--floors", action="store_true",
                         help="--single-host: also the agreement, the session socket and the bare round trips")
     args = parser.parse_args()
@@ -165,8 +174,16 @@ def main() -> int:
     scale = args.calls if args.calls is not None else (0.5 if args.quick else 1.0)
     if blocks < 1 or scale <= 0:
         parser.error("--blocks must be at least 1 and --calls above 0")
+    try:
+        sizes = SIZES if args.sizes is None else [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(size < 16 or size % 16 for size in sizes):
+        parser.error("--sizes takes byte counts, multiples of 16, comma-separated")
     if args.single_host:
-        return _print_single_host(SIZES, blocks, scale, args.floors)
+        if args.warm_ab and blocks < 2:
+            parser.error("--warm-ab needs at least 2 blocks")
+        return _print_single_host(sizes, blocks, scale, args.floors, args.gate_open, args.warm_ab)
     if args.interleaved:
         return _print_pair(args.hosts, SIZES, args.quick)
     sizes = SIZES
@@ -206,14 +223,15 @@ def main() -> int:
     return 0
 
 
-def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool) -> int:
+def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool, gate_open: bool = False,
+                       warm_ab: bool = False) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
     clock = time.perf_counter()
-    times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors)
+    times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors, gate_open, warm_ab)
     print(f"1 host, tenant and service processes, every variant interleaved; {started}; {blocks} blocks; load "
           f"average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({notes['cpus']} cores); "
-          f"{time.perf_counter() - clock:.0f} s; calls that spun / slept by choice / took the way not chosen: {notes['spun']}; calls the "
+          f"{time.perf_counter() - clock:.0f} s; {'the gate held open (every call may spin); ' if gate_open else ''}calls that spun / slept by choice / took the way not chosen: {notes['spun']}; calls the "
           f"service's thread followed: {notes['followed']}")
     print("added = provider - inproc: median over blocks of the per-block medians' difference [IQR over blocks]; "
           "ratio = the median per-block provider / inproc; cpu = the tenant process's CPU per call (inproc: gloo's "
@@ -246,6 +264,22 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
                   f"{row['provider_spin_added_us']:>8.0f}{row['provider_follow_added_us']:>9.0f}"
                   f"{row['provider_plain_added_us']:>7.0f}{row['ratio_provider_over_inproc']:>7.2f}"
                   f"{med['cpu:inproc']:>8.0f}{med['cpu:provider']:>9.0f}")
+    if warm_ab:
+        print("\nkeep-warm A/B (same run, alternate blocks; warm = as shipped): median per-block µs and added [IQR]")
+        print(f"{'op':<11}{'size':>9}{'inproc warm':>12}{'cold':>7}{'provider warm':>14}{'cold':>7}"
+              f"{'added warm':>17}{'added cold':>17}{'plain cold':>11}")
+        for row in rows:
+            op, size = row["op"], row["size_bytes"]
+            cold = {variant: statistics.median(per_block[(f"{variant}:cold", op, size)]) * 1e6
+                    for variant in ("inproc", "provider")}
+            bar, q1, q3 = added(per_block, "provider:cold", "inproc:cold", op, size)
+            row.update({"inproc_cold_us": cold["inproc"], "provider_cold_us": cold["provider"], "added_cold_us": bar,
+                        "added_cold_q1_us": q1, "added_cold_q3_us": q3,
+                        "plain_added_cold_us": added(per_block, "provider_plain:cold", "inproc:cold", op, size)[0]})
+            warm_spread = f"{row['added_us']:.0f} [{row['added_q1_us']:.0f}, {row['added_q3_us']:.0f}]"
+            print(f"{op:<11}{size:>9}{row['inproc_us']:>12.0f}{cold['inproc']:>7.0f}{row['provider_us']:>14.0f}"
+                  f"{cold['provider']:>7.0f}{warm_spread:>17}{f'{bar:.0f} [{q1:.0f}, {q3:.0f}]':>17}"
+                  f"{row['plain_added_cold_us']:>11.0f}")
     if floors:
         print(f"\n{'op':<11}{'size':>9}{'+check':>8}{'socket':>8}{'zmq rt':>8}{'pipe rt':>8}   (µs, medians)")
         for row in rows:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import statistics
+import time
 
 from provider_ranks import KIB, MIB, OPS, _buffers, _calls, _echo, _interleave
 
@@ -48,8 +49,10 @@ def calls(size: int, scale: float = 1.0) -> int:
 
 
 def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale: float, floors: bool,
-           results) -> None:
-    """The tenant process (module docstring); puts (times, block medians, stages, notes) on ``results``."""
+           results, gate_open: bool = False, warm_ab: bool = False) -> None:
+    """The tenant process (module docstring); puts (times, block medians, stages, notes) on ``results``. ``warm_ab``:
+    every other block no session keeps the service's CPUs warm (:mod:`mccl.provider.keepwarm`); those blocks' figures
+    go under ``<variant>:cold``, the others' under the variant's name."""
     from datetime import timedelta
 
     import torch
@@ -70,6 +73,9 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
     credential = tenant_credential(JobSecret.from_hex(secret_hex), "bench")
     shims = {name: Shim(endpoint, credential, **settings)
              for name, settings in {**SETTINGS, "provider_traced": SETTINGS["provider"]}.items()}
+    if gate_open:  # every call may spin (or follow) whatever the load: the idle machine's gate, emulated
+        for one in shims.values():
+            one._gate.idle = lambda: True
     comms = {name: shim.join(f"single-{name}", [0]) for name, shim in shims.items()}
     shim = shims["provider_traced"]
     extra, close_floors = _floors(endpoint, credential, secret_hex, local) if floors else ({}, None)
@@ -91,11 +97,18 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
     times: dict = {}
     per_block: dict = {}
     stages: dict = {}
-    for _ in range(blocks):
+    for index in range(blocks):
+        cold = warm_ab and index % 2 == 1
+        if warm_ab:
+            for one in shims.values():
+                one.keep_warm(not cold)
+            if cold:
+                time.sleep(0.2)  # (past keepwarm.ACTIVE_NS: the service's threads stop ticking)
         for (op, size), variants in variants_at.items():
             block: dict = {}
-            _interleave(variants, shim, op, size, calls(size, scale), block, stages)
-            for key, values in block.items():
+            _interleave(variants, shim, op, size, calls(size, scale), block, stages if not cold else {})
+            for (variant, *rest), values in block.items():
+                key = (f"{variant}:cold" if cold else variant, *rest)
                 times.setdefault(key, []).extend(values)
                 per_block.setdefault(key, []).append(statistics.median(values))
     notes = {"spun": {name: (one._spin.spun, one._spin.slept, one._spin.explored)

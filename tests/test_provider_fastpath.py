@@ -161,7 +161,7 @@ def test_a_spinning_shim_gets_the_same_results(service):
 
 
 def test_the_reply_wait_takes_the_way_measured_cheaper_and_sees_the_regime_change():
-    from mccl.provider.replyspin import _EXPLORE, _FIRST, MAX_SPIN_NS, ReplyWait
+    from mccl.provider.replyspin import _EXPLORE, _EXPLORE_NS, _FIRST, MAX_SPIN_NS, ReplyWait
 
     read_end, write_end = os.pipe()
     try:
@@ -178,12 +178,14 @@ def test_the_reply_wait_takes_the_way_measured_cheaper_and_sees_the_regime_chang
 
         first = [call() for _ in range(2 * _FIRST)]
         assert first == [True, False] * _FIRST  # alternates until each way has its first durations
-        chosen = [call() for _ in range(3 * _EXPLORE)]
-        assert chosen.count(False) == 3 and wait.explored == 3  # the other way once in _EXPLORE calls
+        every = wait._ways["k"].explore_every
+        assert every == max(_EXPLORE, 200_000 // _EXPLORE_NS)  # explorations cost ≤ _EXPLORE_NS a call on average
+        chosen = [call() for _ in range(3 * every)]
+        assert chosen.count(False) == 3 and wait.explored == 3  # the other way once in `every` calls
         cost = {True: 500_000, False: 100_000}  # a core got busy: sleeping is cheaper now
-        after = [call() for _ in range(2 * _EXPLORE)]
+        after = [call() for _ in range(2 * every)]
         flipped = after.index(False)
-        assert flipped < _EXPLORE and after[flipped + 1:].count(True) <= 2  # seen at the next exploration
+        assert flipped < every and after[flipped + 1:].count(True) <= 2  # seen at the next exploration
 
         wait.record("k", MAX_SPIN_NS + 1, True)  # a call longer than MAX_SPIN_NS never spins
         assert wait.choose("k", time.perf_counter_ns()) is False

@@ -32,7 +32,7 @@ from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
 from mccl.provider.replyspin import IdleGate, ReplyWait
 
-__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW"]
+__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW", "WARM"]
 
 SPIN_US = 1000.0
 """How far past its expected reply a spinning fast-path call polls (yielding the CPU between polls) before it sleeps
@@ -49,6 +49,11 @@ task waits for a core. Off: in the coordinator's same-run measurements (sixth se
 AllReduce and 512 KiB AllGather) and gained nothing at load ~2.6 (26–76 against 21–87): the service's thread is
 moved (``sched_setaffinity``, a migration) each time the tenant's thread changes CPU, which a tenant whose thread
 sleeps between calls does often. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
+
+
+WARM = True
+"""Whether this client's collectives keep the service's CPUs out of deep idle while it calls (:mod:`.keepwarm`);
+``benchmarks/provider.py --single-host --warm-ab`` measures it against False in the same run."""
 
 
 def _cpu_reader():
@@ -108,11 +113,13 @@ class ProviderClient:
     unauthenticated in-process service."""
 
     def __init__(self, endpoint: str, credential: TenantCredential | None, *, timeout_s: float = 300.0,
-                 fast: bool = True, spin_us: float = SPIN_US, follow: bool = FOLLOW, adaptive: bool = True) -> None:
+                 fast: bool = True, spin_us: float = SPIN_US, follow: bool = FOLLOW, adaptive: bool = True,
+                 warm: bool = WARM) -> None:
         self.credential = credential
         self.timeout_s = timeout_s
         self.spin_ns = int(spin_us * 1e3)  # how far past its expected reply a spinning call polls (.replyspin)
         self.adaptive = adaptive  # (False: spin every call the gate allows, the benchmark's fixed rule)
+        self.warm = warm
         self._spin: ReplyWait | None = None
         self._cpu = _cpu_reader() if follow else None  # the calling thread's CPU, sent with each request
         self._gate = IdleGate()  # whether a core is free (the spin and the following ask it)
@@ -178,7 +185,7 @@ class ProviderClient:
     # ---- the fast path -------------------------------------------------------------------------
     def open_channel(self) -> None:
         """Open the session's pipe pair (:mod:`.channel`): collectives go there from now on."""
-        reply = self.request({"op": "channel"})
+        reply = self.request({"op": "channel", "warm": self.warm})
         request_fd = os.open(reply["request"], os.O_WRONLY | os.O_CLOEXEC)
         reply_fd = os.open(reply["reply"], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         self.request({"op": "channel_attached"})
@@ -187,6 +194,11 @@ class ProviderClient:
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
         self._spin = ReplyWait(self.spin_ns, reply_fd, gate=self._gate, adaptive=self.adaptive) if self.spin_ns else None
+
+    def keep_warm(self, on: bool) -> None:
+        """Whether this session's collectives keep the service's CPUs out of deep idle from now on (:mod:`.keepwarm`)."""
+        self.request({"op": "warm", "on": on})
+        self.warm = on
 
     @property
     def fast(self) -> bool:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from mccl.provider import channel
 from mccl.provider.checks import VIEW_CACHE, CollectiveChecks, Prepared, stamp
 from mccl.provider.errors import BadRequest
+from mccl.provider.keepwarm import KeepWarm
 
 __all__ = ["FastPath"]
 
@@ -53,8 +54,11 @@ class FastPath:
     error reply (counted) for a failed request; ``count``: the service's counters."""
 
     def __init__(self, session_id: int, checks: CollectiveChecks, lock: threading.Lock,
-                 refusal: Callable[[int, Exception], dict], count: Callable[..., None]) -> None:
+                 refusal: Callable[[int, Exception], dict], count: Callable[..., None],
+                 warm: KeepWarm | None = None) -> None:
         self.checks, self.lock, self.refusal, self.count = checks, lock, refusal, count
+        self.warm = warm  # the service's KeepWarm: each request keeps its CPUs out of deep idle a while (.keepwarm)
+        self.keeps_warm = True  # (the tenant may say no: the session's "warm" request)
         self._request, request_write = os.pipe()
         reply_read, self._reply = os.pipe()
         self._stop_write = os.dup(request_write)  # the service's own writer: stop() wakes the thread through it
@@ -107,6 +111,8 @@ class FastPath:
                 woke = time.perf_counter_ns()
                 if self._stopping:
                     break
+                if self.warm is not None and self.keeps_warm:
+                    self.warm.touch(woke)
                 if frames is None:  # the tenant broke the framing: the fast path ends
                     if self._reader._buffer:
                         self.count("malformed")

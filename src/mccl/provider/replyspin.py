@@ -13,9 +13,10 @@ show the two regimes pulling apart: on the idle box spinning took 47–205 µs o
 
 * **Per request, by measured duration.** For every distinct request (the same key as the encoded request's cache)
   the last ``_WINDOW`` durations (send to reply) of each way are kept; the first calls alternate until each way has
-  ``_FIRST``; then the call takes the way whose median is lower, and every ``_EXPLORE``-th call takes the other, so a
-  change of regime (the machine goes idle, a core gets busy) is seen within ~``_EXPLORE × _WINDOW`` calls. The
-  exploring costs at most the difference of the two ways, one call in ``_EXPLORE``.
+  ``_FIRST``; then the call takes the way whose median is lower, and now and then one takes the other, so a change
+  of regime (the machine goes idle, a core gets busy) is seen. Such a call costs the difference of the two medians,
+  so it comes once in (that difference ÷ ``_EXPLORE_NS``) calls, between ``_EXPLORE`` and ``_EXPLORE_MAX``: ≤ 5 µs
+  a call on average where that allows (a spin that shares its core with an 8 MiB copy can cost milliseconds).
 * **Spinning is over the whole call**, from the send until the reply or ``spin_ns`` past the duration expected (the
   request's last), so the tenant's vCPU never halts in between: the service's thread and the job's gloo worker then
   find it awake. A call expected longer than ``MAX_SPIN_NS`` always sleeps (a wake-up is under 1 % of it).
@@ -41,7 +42,9 @@ __all__ = ["IdleGate", "ReplyWait", "MAX_SPIN_NS"]
 _SAMPLE_NS = 50_000_000  # how often the runnable count is read
 _WINDOW = 8  # durations kept per request and way
 _FIRST = 3  # durations of each way before the call chooses
-_EXPLORE = 16  # every 16th call of a request takes the way not chosen
+_EXPLORE = 16  # at most every 16th call of a request takes the way not chosen ...
+_EXPLORE_MAX = 256  # ... at least every 256th
+_EXPLORE_NS = 5_000  # ... and their cost averaged over the calls between is at most this where those bounds allow
 MAX_SPIN_NS = 10_000_000
 """A call expected longer than this (10 ms) never spins: its wake-up (≤ ~0.1 ms measured here) is under 1 % of it,
 and a spin would burn a core for the whole call."""
@@ -82,7 +85,7 @@ def _median(values: list[int]) -> int:
 class _Ways:
     """One request's recent durations (ns) of each way, and the way they choose."""
 
-    __slots__ = ("spin", "sleep", "calls", "best", "last")
+    __slots__ = ("spin", "sleep", "calls", "best", "last", "explore_every")
 
     def __init__(self) -> None:
         self.spin: list[int] = []
@@ -90,6 +93,7 @@ class _Ways:
         self.calls = 0
         self.best = True  # spin
         self.last = 0  # the last duration, either way (what a spin expects)
+        self.explore_every = _EXPLORE
 
 
 class ReplyWait:
@@ -127,7 +131,7 @@ class ReplyWait:
             spin = True
         elif len(ways.spin) < _FIRST or len(ways.sleep) < _FIRST:
             spin = len(ways.spin) <= len(ways.sleep)  # (alternate until each way has its first durations)
-        elif ways.calls % _EXPLORE:
+        elif ways.calls % ways.explore_every:
             spin = ways.best
         else:
             spin = not ways.best
@@ -159,7 +163,9 @@ class ReplyWait:
         if len(durations) > _WINDOW:
             del durations[0]
         if len(ways.spin) >= _FIRST and len(ways.sleep) >= _FIRST:
-            ways.best = _median(ways.spin) <= _median(ways.sleep)
+            spin, sleep = _median(ways.spin), _median(ways.sleep)
+            ways.best = spin <= sleep
+            ways.explore_every = min(_EXPLORE_MAX, max(_EXPLORE, abs(spin - sleep) // _EXPLORE_NS))
 
     def choices(self, key: tuple) -> tuple[list[int], list[int], bool] | None:
         """(recent spin durations, recent sleep durations, whether it spins) of request ``key`` (tests, benchmark)."""

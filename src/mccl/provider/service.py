@@ -38,6 +38,7 @@ import zmq
 from mccl.control.auth import CurveServer, JobSecret
 from mccl.provider.errors import BadRequest, ProviderError, QuotaExceeded
 from mccl.provider.jobs import JobSpec, StrategyFactory
+from mccl.provider.keepwarm import KeepWarm
 from mccl.provider.keys import tenant_credential
 from mccl.provider.memory import Registry
 from mccl.provider.protocol import MAX_MESSAGE_BYTES, decode, encode, error_reply
@@ -62,6 +63,7 @@ class ServiceConfig:
     declared broken. ``strategy``: the per-job policy factory
     (:class:`~.jobs.JobStrategy`), None for none. ``hot_swap``: give each job's communicator a
     control channel, so a strategy can stage schedule versions (costs one store poll every 20 ms per job).
+    ``keep_warm``: keep the service's CPUs out of deep idle while a tenant is active (:mod:`.keepwarm`).
     """
 
     max_sessions: int = 256
@@ -73,6 +75,7 @@ class ServiceConfig:
     job_timeout_s: float = 60.0
     strategy: StrategyFactory | None = None
     hot_swap: bool = False
+    keep_warm: bool = True
 
 
 class _TenantKeys:
@@ -103,6 +106,7 @@ class ProviderService:
              "collectives"), 0)
         self._stats_lock = threading.Lock()
         self.stopping = False
+        self.keep_warm = KeepWarm() if self.config.keep_warm else None  # (its threads start with serve_forever)
         self._sessions: dict[int, Session] = {}
         self._next_session = 1
         self._jobs: dict[str, int] = {}  # job key -> the session holding this host's rank of it
@@ -202,6 +206,8 @@ class ProviderService:
         poller.register(self.socket, zmq.POLLIN)
         if self._curve is not None:
             poller.register(self._curve.monitor, zmq.POLLIN)
+        if self.keep_warm is not None:
+            self.keep_warm.start()
         try:
             while not self.stopping:
                 ready = dict(poller.poll(100))
@@ -213,6 +219,8 @@ class ProviderService:
             self.stopping = True
             for session in list(self._sessions.values()):
                 session.thread.join(timeout=5)
+            if self.keep_warm is not None:
+                self.keep_warm.stop()
             self._close()
 
     def _close(self) -> None:

@@ -56,6 +56,8 @@ class SessionHost(Protocol):
     hosts: int
     store: Any
     stopping: bool
+    keep_warm: Any  # a KeepWarm, or None
+
 
     def job_store(self) -> Any: ...
 
@@ -99,7 +101,7 @@ class Session:
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "alloc": self._alloc, "attached": self._attached, "free": self._free, "join": self._join,
             "collective": self._collective, "bye": self._bye, "channel": self._open_channel,
-            "channel_attached": self._channel_attached}
+            "channel_attached": self._channel_attached, "warm": self._warm}
         self._ending = False
         self._lost = False  # ended by its connection's loss, not a bye: counted once its memory is freed
         self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
@@ -197,13 +199,26 @@ class Session:
     def _open_channel(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.fast is not None and not self.fast.closed:
             raise BadRequest("this session has its fast-path channel already")
-        self.fast = FastPath(self.session_id, self.checks, self.lock, self._refusal, self.service.count)
+        self.fast = FastPath(self.session_id, self.checks, self.lock, self._refusal, self.service.count,
+                             self.service.keep_warm)
+        if "warm" in message:
+            self._warm({"on": message["warm"]})
         return {"op": "channel", **self.fast.paths()}
 
     def _channel_attached(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.fast is None:
             raise BadRequest("this session has no fast-path channel to attach")
         self.fast.attached()
+        return {"op": "ok"}
+
+    def _warm(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Whether this session's fast-path requests keep the service's CPUs warm (:mod:`.keepwarm`; default yes)."""
+        on = message.get("on")
+        if type(on) is not bool:
+            raise BadRequest(f"warm: 'on' must be true or false, not {str(on)[:20]}")
+        if self.fast is None:
+            raise BadRequest("this session has no fast-path channel to keep warm")
+        self.fast.keeps_warm = on
         return {"op": "ok"}
 
     # ---- requests ----------------------------------------------------------------------------
