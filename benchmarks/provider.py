@@ -19,11 +19,14 @@ process per host):
 
 ``--single-host`` (the bar's command, issue 16: ≤ 100 µs added vs ``inproc``; ~40 s on a quiet machine): one
 tenant process alternates, in a new random order every repetition, its own world-1 communicator on private
-and on the shared-memory buffers, the same call through its service as shipped and with the reply spin / the
-service thread's following / both off, each on threads of its own, in blocks (``--blocks``, ``--calls``);
-the figures are the median over blocks of the per-block difference and its interquartile range, the tenant's
-CPU per call, and the stages of two traced copies (wall; per-thread CPU). ``provider_single.py`` says what
-each variant is and why; ``--floors`` adds the agreement, the session socket and the bare round trips.
+and on the shared-memory buffers, the same call through its service as shipped (each request spins for its reply
+or sleeps, whichever its recent calls measured cheaper), with a fixed spin, with the service thread following the
+tenant's CPU, and always sleeping, each on threads of its own, in blocks (``--blocks``, ``--calls``); the figures
+are the median over blocks of the per-block difference and its interquartile range, the tenant's CPU per call,
+and the stages of two traced copies (wall; per-thread CPU). ``provider_single.py`` says what each variant is and
+why; ``--warm-ab`` alternates blocks with and without the service keeping its CPUs warm
+(:mod:`mccl.provider.keepwarm`) and prints both; ``--gate-open`` lets every call spin whatever the load;
+``--floors`` adds the agreement, the session socket and the bare round trips.
 
 The default (several hosts) and ``--interleaved`` modes:
 Added = provider − inproc_check (the service's own cost: the round trip, the reference checks) and

@@ -21,7 +21,8 @@ calling thread runs on; the thread moves there (its affinity, one system call wh
 stays until the tenant runs elsewhere, or sends a request without it (then the thread may run on any of the
 service's CPUs again). The tenant asks only while no task waits for a core (:class:`~.replyspin.IdleGate`):
 under load a pinned thread cannot take a free CPU, and following cost 2–11 µs a call at load 25–30.
-A thread the fast-path thread starts (a strategy's, from its ``between``) inherits where it is pinned. Only this session's thread moves, only within the service's own
+Off by default (``client.FOLLOW``): on the idle machine the move itself cost more
+than it saved, 36–80 µs a call, measured. A thread the fast-path thread starts (a strategy's, from its ``between``) inherits where it is pinned. Only this session's thread moves, only within the service's own
 CPUs; the job's gloo threads are untouched (they are where the in-process baseline has them too).
 
 The tenant's ends are handed over as before (``/proc/<service pid>/fd/``, closed here once the tenant
