@@ -26,6 +26,7 @@ a quiet spell ends; the process exits when that pipe closes (the service ended, 
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import struct
@@ -33,6 +34,8 @@ import subprocess
 import sys
 
 __all__ = ["KeepWarm", "TICK_S", "ACTIVE_NS"]
+
+log = logging.getLogger("mccl.provider")
 
 TICK_S = 0.0005
 """How often each CPU's thread wakes while a tenant is active: below the host's idle time for a deep C-state."""
@@ -106,10 +109,15 @@ class KeepWarm:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> KeepWarm:
-        self.process = subprocess.Popen(
-            [sys.executable, "-S", "-c", _TICKER, str(self._shared_fd), str(self._wake_read), repr(self.tick_s),
-             str(self.active_ns), ",".join(map(str, self.cpus))],
-            pass_fds=(self._shared_fd, self._wake_read), stdin=subprocess.DEVNULL, close_fds=True)
+        """Start the ticking process; where none can start (no interpreter to run), the service runs without."""
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-S", "-c", _TICKER, str(self._shared_fd), str(self._wake_read), repr(self.tick_s),
+                 str(self.active_ns), ",".join(map(str, self.cpus))],
+                pass_fds=(self._shared_fd, self._wake_read), stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as error:
+            log.warning("mccl provider: the CPUs will not be kept warm (%s)", error)
+            return self
         os.close(self._wake_read)  # (the process holds it: it sees EOF once the service's end closes)
         return self
 
