@@ -29,6 +29,8 @@ def _until(condition, timeout_s: float = 5.0) -> bool:
     return True
 
 
+@pytest.mark.multiprocess  # (the ticking process)
+@pytest.mark.timeout(60)
 def test_the_threads_tick_on_their_cpus_only_while_a_tenant_is_active():
     cpu = min(os.sched_getaffinity(0))
     warm = KeepWarm({cpu}, tick_s=0.001, active_ns=150_000_000).start()
@@ -59,6 +61,7 @@ def service():
     assert service.keep_warm.process.poll() is not None
 
 
+@pytest.mark.timeout(60)
 def test_a_session_keeps_warm_unless_it_says_no(service):
     shim = Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20, spin_us=0.0)
     try:
