@@ -75,10 +75,15 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           "no-prestage": {"prestage": False}, "ready-poll": {"ready_poll_s": 0.002},
           "switch-5ms": {"switch_interval_s": None}, "controller-nice0": {"controller_nice": 0},
           # the fifth session's path: everything above but the sixth session's hold
-          "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None}}
+          "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None},
+          # the seventh session's path: everything above but the reaction threads' priority
+          "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
-NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10, "swap_hold_s": 0.1}
+# and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above
+# the ranks' main threads: at the controller's niceness (mccl.runtime.priority)
+NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10, "swap_hold_s": 0.1,
+       "swap_priority": 10}
 
 
 def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:

@@ -101,6 +101,9 @@ class DemoConfig:
     switch_interval_s: float | None = None
     # the ranks' hot-swap hold (Communicator.swap_hold_s, mccl.runtime.hotswap "The hold"; None: off)
     swap_hold_s: float | None = None
+    # the reaction path's threads above the collective's (mccl.runtime.priority; root only, refused → as before):
+    # each rank's swap thread and controller clients' ZeroMQ I/O threads this many steps of niceness higher
+    swap_priority: int | None = None
     # the controller process's niceness increment (os.nice; negative needs root, refused → it runs as it is). The
     # controller stands for a machine of its own (mccl-paper §3); here it shares 2 cores with the 8 busy ranks, and
     # under load its flag → push path (2 ms of CPU) took 30–100 ms of wall waiting for a core
@@ -151,11 +154,12 @@ def synth_options(chunks: int | None) -> dict:
 
 # ---- the controller process -------------------------------------------------------------------
 def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int | None, speculate: float | None,
-                     secret: str, check_interval_s: float, nice: int = 0) -> None:
+                     secret: str, check_interval_s: float, nice: int = 0, kinds: tuple[str, ...] = ()) -> None:
     import logging
     import os
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
+    from mccl.control.ahead import warm_synthesis
     from mccl.topology import parse_topology
 
     logging.basicConfig(level=logging.WARNING)
@@ -164,8 +168,10 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int |
             os.nice(nice)
         except OSError as error:  # not root: the controller runs at the ranks' priority
             logging.getLogger("mccl.demo").warning("controller niceness %+d refused (%s)", nice, error)
-    manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=synth_options(chunks)),
-                              speculate=speculate)
+    topology = parse_topology(topology_spec)
+    manager = ScheduleManager(topology, ControlConfig(**control, synth_options=synth_options(chunks)), speculate=speculate)
+    if kinds:  # the first synthesis loads the kernels: before telemetry, not on the first fault's check (ahead.py)
+        warm_synthesis(topology, list(kinds), synth_options(chunks))
     ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
@@ -254,7 +260,7 @@ def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Ca
     secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks,
                                                                 config.speculate, secret, config.check_interval_s,
-                                                                config.controller_nice),
+                                                                config.controller_nice, config.kinds),
                                  daemon=True)
     controller.start()
     live = context.Queue()

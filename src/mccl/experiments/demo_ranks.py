@@ -39,6 +39,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
 
     from mccl.control import ControllerClient
     from mccl.runtime import TelemetryConfig, init
+    from mccl.runtime.priority import raised
     from mccl.schedule import loads_schedule
     from mccl.topology import parse_topology
 
@@ -51,8 +52,10 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
     try:
         for kind, text in schedules.items():
             schedule = loads_schedule(text)
-            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret,
-                                             interval_s=config.client_interval_s, candidates=config.prestage)
+            with raised(config.swap_priority):  # its ZeroMQ I/O thread, started here, keeps the priority
+                clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule],
+                                                 secret=secret, interval_s=config.client_interval_s,
+                                                 candidates=config.prestage)
             if rank == 0:
                 clients[kind].register(schedule)
         dist.barrier()
@@ -64,6 +67,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
             if comms[kind].swap_control is not None:
                 comms[kind].swap_control.poll_s = config.ready_poll_s
             comms[kind].swap_hold_s = config.swap_hold_s
+            comms[kind].swap_priority = config.swap_priority
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
         fault = _NetemuFault(plan, rank, config) if plan is not None else _PacedFault(comms, topology, gpus, rank, config)
         out = _stream(rank, world, comms, config, progress, fault, torch, dist)

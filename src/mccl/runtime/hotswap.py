@@ -28,6 +28,12 @@ collectives launch, never which schedule runs one: K is still agreed from what w
 that did not hold (or a hold that timed out) only moves K later, exactly as without the hold; none is
 dropped or run twice. What it costs: at most ``swap_hold_s`` of one rank's launch per round.
 
+Priority (issue 15, seventh session; ``Communicator.swap_priority``, off by default). The round's own
+work is ~1 ms, but on cores the ranks' collectives keep busy every wake-up of this thread waits for a
+core behind the busy main threads (:mod:`mccl.runtime.priority`). With ``swap_priority`` = k the thread
+runs k steps of niceness above the rank's main thread (root only; refused, it runs as before). It
+changes when the round's steps run, never what they decide.
+
 Candidates (issue 15). A source may also hand over a schedule the controller *may* issue next
 (anything with ``prestage_only`` true and a ``schedule``: :class:`mccl.control.client.Candidate`). The
 thread only prepares it (parse, validate, plan; ``Communicator._prestage``) and runs no round; when
@@ -62,6 +68,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from mccl.errors import ControllerError, MCCLError, PeerLost
+from mccl.runtime.priority import raise_thread_priority
 from mccl.schedule.serialize import schedule_digest
 
 __all__ = ["ControlChannel", "StoreControl", "SwapRecord", "SwapConflict", "agree", "conflicts", "staged_payload"]
@@ -219,6 +226,7 @@ class SwapThread:
         self.round = 0
         self._stop = False
         self._controller_lost = False
+        self._priority_applied = 0
         self.thread = threading.Thread(target=self._run, name="mccl-hotswap", daemon=True)
         self.thread.start()
 
@@ -229,6 +237,7 @@ class SwapThread:
     def _run(self) -> None:
         comm = self.communicator
         while not self._stop:
+            self._apply_priority()
             try:
                 schedule = comm._take_request(self.poll_s)
             except ControllerError as error:
@@ -258,6 +267,18 @@ class SwapThread:
             except Exception as error:
                 log.exception("mccl: hot swap round %d failed", self.round)
                 comm._swap_failed(repr(error))
+
+    def _apply_priority(self) -> None:
+        """This thread ``swap_priority`` steps of niceness above the rank's main thread (module docstring,
+        "Priority"), once the communicator asks for it; a refusal (not root) is an event, not a failure."""
+        want = getattr(self.communicator, "swap_priority", None) or 0
+        if want <= self._priority_applied:
+            return
+        step, self._priority_applied = want - self._priority_applied, want
+        if not raise_thread_priority(step):
+            events = getattr(self.communicator, "events", None)
+            if events is not None:
+                events.append(f"swap thread priority +{step} refused (needs CAP_SYS_NICE); running as before")
 
     def _name_lost(self, error: PeerLost) -> PeerLost:
         """``error`` named after the rank the communicator's liveness watcher lost first, when it knows one."""
