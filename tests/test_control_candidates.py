@@ -89,6 +89,11 @@ def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_
         assert reaction["outcome"] == "issued"
         if reaction["ahead"]:  # the flag reused the speculation: the ranks had its content (the newest one) before
             assert {schedule_digest(latest[index].schedule) for index in range(3)} == {schedule_digest(issued[0])}
+            # ... so the three that asked for candidates got the issued version as a digest (activation by digest),
+            # the one that did not got it whole; every rank stages the same content
+            assert [client.activations for client in clients] == [1, 1, 1, 0]
+            assert service.stats["activations"] == 3
+            assert {schedule_digest(item) for item in issued} == {schedule_digest(latest[0].schedule)}
         status = sender.status()
         assert status["stats"]["candidates_pushed"] >= 3
         pushed = [row for row in status["candidates"] if row["version"] == 2]
