@@ -106,7 +106,7 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "outcomes": path["outcomes"], "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
            "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
-           "prestaged_ranks": path["prestaged"]}
+           "prestaged_ranks": path["prestaged"], "activated_ranks": path["activations"]}
     row.update({f"{term}_ms": None if path[term] is None else round(path[term], 2) for term in TERMS})
     print(row, flush=True)
     return row

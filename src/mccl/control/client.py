@@ -105,6 +105,9 @@ class ControllerClient:
         # dispatch term of the reaction time (Fig. 13b); the newest few only
         self.arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)
         self.candidate_arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)  # likewise, candidates
+        # (collective, version, CPU seconds this thread spent decoding the frame that brought it, whether it was an
+        # ``activate`` frame): the rank's part of dispatch in CPU
+        self.take_cpu: deque[tuple[str, int, float, bool]] = deque(maxlen=64)
         self._unsent_since: float | None = None  # since when a request could not go out (not connected)
         self._lost: str | None = None
         self._closed = False
@@ -199,7 +202,11 @@ class ControllerClient:
             if self._lost is not None:  # it answers again: recovered
                 self._lost = None
                 self.recoveries += 1
+            cpu, activations = time.thread_time(), self.activations
             found = self._take(decode(frame))
+            if found is not None and not isinstance(found, Candidate):
+                self.take_cpu.append((found.collective.value, int(found.meta.version), time.thread_time() - cpu,
+                                      self.activations > activations))
         now = time.monotonic()
         if self._lost is not None:
             if self._sent_at is not None and now - self._sent_at > self.timeout_s:

@@ -78,6 +78,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
         out["switches"] = {kind: [(seq, at, versions) for seq, at, versions in comm.switches]
                            for kind, comm in comms.items()}
         out["candidates"] = [item for client in clients.values() for item in client.candidate_arrivals]
+        out["take_cpu"] = [item for client in clients.values() for item in client.take_cpu]
         out["prestages"] = {kind: list(comm.prestages) for kind, comm in comms.items()}
         out["prestage_hits"] = {kind: comm.prestage_hits for kind, comm in comms.items()}
         out["holds"] = {kind: list(comm.holds) for kind, comm in comms.items()}
@@ -208,7 +209,7 @@ def _stream(rank: int, world: int, comms: dict, config: Any, progress: Any, faul
         elif phase == "restored" and (settled or index + 1 >= phase_end):
             break
     swaps = {kind: [(s.switch_after, dict(s.adopted).get(kind, 0), s.stage_s, s.ready_s, s.oob_s, s.total_s,
-                     s.started_at) for s in comm.swaps if s.adopted] for kind, comm in comms.items()}
+                     s.started_at, s.cpu_s) for s in comm.swaps if s.adopted] for kind, comm in comms.items()}
     return {"records": records, "marks": marks, "swaps": swaps,
             "dropped": sum(comm.telemetry_dropped for comm in comms.values())}
 

@@ -160,6 +160,7 @@ class SwapRecord:
     oob_s: float
     total_s: float
     started_at: float = 0.0  # wall clock when the round began (this rank had the schedule): the reaction path
+    cpu_s: float = 0.0  # the swap thread's CPU time in the round (stage, and the Python of the ready wait and exchange)
 
 
 class SwapConflict(MCCLError):
@@ -300,7 +301,7 @@ class SwapThread:
     def _run_round(self, schedule: object) -> None:
         comm = self.communicator
         self.round += 1
-        start, started_at = time.perf_counter(), time.time()
+        start, started_at, cpu = time.perf_counter(), time.time(), time.thread_time()
         rejected = comm._stage(schedule)
         staged_at = time.perf_counter()
         if not self.control.ready(self.round, lambda: self._stop):
@@ -317,7 +318,8 @@ class SwapThread:
         clash = conflicts(seen[0], adopted) if seen else []
         comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())),
                                 rejected or ("; ".join(clash) if clash else None),
-                                staged_at - start, ready_at - staged_at, oob_s, end - start, started_at))
+                                staged_at - start, ready_at - staged_at, oob_s, end - start, started_at,
+                                time.thread_time() - cpu))
         if clash:
             raise SwapConflict(f"hot swap round {self.round}: ranks staged different schedules under one version "
                                f"({'; '.join(clash)}); none of them adopted")
