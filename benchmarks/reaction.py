@@ -14,7 +14,8 @@ are short while the NIC still is their bottleneck (``benchmarks/collective_floor
 stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
 block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
-(α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the fault phase ends 3 collectives after the swap (at most 20).
+(Γ 0.3, synthesis ahead at ½ Γ; since the seventh session α 0.25 and a level EWMA of 1, see ``SETUPS``); the
+fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
 only — collectives of 150–450 ms: the wait for the one in flight dominates. ``short``: the fourth session's
 set-up (16 KiB at 40 Mbit/s: CPU-bound, the fault hardly shows).
@@ -24,7 +25,10 @@ The path measured ("now", :data:`NOW`): candidates pushed and prepared before th
 1 ms, the controller 10 below the ranks' niceness (it stands for a machine of its own), and (sixth session) the
 ranks' hold (``swap_hold_s`` 0.1: a launch during a swap round waits, once, for the round to end —
 :mod:`mccl.runtime.hotswap`, "The hold"); the controller reuses a speculation whose drift only went further
-(:mod:`mccl.control.ahead`). ``--ab``: every run
+(:mod:`mccl.control.ahead`); (seventh session) the swap thread, the clients' ZeroMQ I/O threads and the store's
+server 10 steps of niceness above the ranks' collectives (:mod:`mccl.runtime.priority`), versions whose content a rank
+held as a candidate sent as a digest (:mod:`mccl.control.candidates`), and the controller's synthesizers warmed before
+telemetry (:func:`mccl.control.ahead.warm_synthesis`). ``--ab``: every run
 is followed by one of ``--before`` (:data:`BEFORE`: "fourth", the fourth session's path; "poll", the path
 before issue 15's pushes; "fifth" = "no-hold", the fifth session's; or one change taken back), and the ratio of the medians is printed.
 
@@ -58,10 +62,15 @@ SETUPS = {
     # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
     # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
+    # (seventh session) the controller at α 0.25 with a level EWMA of 1 (the last window: what the re-synthesis and
+    # the guard's observed "now" are taken from): replayed on 26 dumped runs of this set-up (BENCHMARKS.md, seventh
+    # session), a flag issued within 10 collectives in 19 (α 0.15 as `mccl demo`: 12; α 0.3: flags before the fault)
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
-                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
+                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0,
+                     alpha=0.25, alpha_level=1.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
-                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
+                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0,
+                      alpha=0.25, alpha_level=1.0),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
@@ -77,7 +86,9 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           # the fifth session's path: everything above but the sixth session's hold
           "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None},
           # the seventh session's path: everything above but the reaction threads' priority
-          "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None}}
+          "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None},
+          # the sixth session's controller settings on this set-up (α 0.15, no level EWMA)
+          "alpha-0.15": {"alpha": 0.15, "alpha_level": None}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
 # and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above

@@ -225,7 +225,8 @@ def _run_netemu(config: DemoConfig, topology: Any, schedules: dict, say: Callabl
         endpoint = f"tcp://{plan.controller_ip}:{_free_port(plan.controller_ip)}"
         outputs, status = _with_controller(config, endpoint, schedules, say, on_collective,
                                            lambda *args: run_ranks_in_fabric(_rank_in_fabric, plan, *args,
-                                                                             timeout_s=config.timeout_s))
+                                                                             timeout_s=config.timeout_s,
+                                                                             store_priority=config.swap_priority))
         teardown_s = fabric.teardown()
     return outputs, status, {"nic_mbit": plan.ranks[config.fault_rank].nic_up_mbit, "goodput": GOODPUT,
                              "teardown_s": teardown_s, "prefix": plan.prefix}
