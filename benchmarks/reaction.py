@@ -14,7 +14,7 @@ are short while the NIC still is their bottleneck (``benchmarks/collective_floor
 stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
 block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
-(Γ 0.3, synthesis ahead at ½ Γ; since the seventh session α 0.25 and a level EWMA of 1, see ``SETUPS``); the
+(Γ 0.3, synthesis ahead at ½ Γ; since the seventh session α 0.25, see ``SETUPS``); the
 fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
 only — collectives of 150–450 ms: the wait for the one in flight dominates. ``short``: the fourth session's
@@ -62,15 +62,14 @@ SETUPS = {
     # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
     # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
-    # (seventh session) the controller at α 0.25 with a level EWMA of 1 (the last window: what the re-synthesis and
-    # the guard's observed "now" are taken from): replayed on 26 dumped runs of this set-up (BENCHMARKS.md, seventh
-    # session), a flag issued within 10 collectives in 19 (α 0.15 as `mccl demo`: 12; α 0.3: flags before the fault)
+    # (seventh session) the controller at α 0.25 (`mccl demo`: 0.15): replayed on 32 dumped runs of this set-up
+    # (benchmarks/reaction_replay.py), a version issued within 10 collectives of the fault in 19 (α 0.15: 13), no
+    # flag before it (α 0.3: 3). Not with a level EWMA of 1 (25 of 32 replayed; live, no flag reused a speculation:
+    # its capacities are one window's, never within the band of the last speculation's)
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
-                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0,
-                     alpha=0.25, alpha_level=1.0),
+                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0, alpha=0.25),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
-                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0,
-                      alpha=0.25, alpha_level=1.0),
+                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0, alpha=0.25),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
