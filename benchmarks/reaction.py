@@ -14,7 +14,7 @@ are short while the NIC still is their bottleneck (``benchmarks/collective_floor
 stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
 block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
-(Γ 0.3, synthesis ahead at ½ Γ; since the seventh session α 0.25, see ``SETUPS``); the
+(α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the
 fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
 only — collectives of 150–450 ms: the wait for the one in flight dominates. ``short``: the fourth session's
@@ -62,14 +62,14 @@ SETUPS = {
     # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
     # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
-    # (seventh session) the controller at α 0.25 (`mccl demo`: 0.15): replayed on 32 dumped runs of this set-up
-    # (benchmarks/reaction_replay.py), a version issued within 10 collectives of the fault in 19 (α 0.15: 13), no
-    # flag before it (α 0.3: 3). Not with a level EWMA of 1 (25 of 32 replayed; live, no flag reused a speculation:
-    # its capacities are one window's, never within the band of the last speculation's)
+    # (seventh session) α stays `mccl demo`'s 0.15: α 0.25 (`--ab --before alpha-0.25`) issued within 10 collectives
+    # in 19 of 32 dumped runs replayed (benchmarks/reaction_replay.py; α 0.15: 13, α 0.3 flagged before the fault),
+    # but live its flags came before a speculation they could reuse (0 of 3 issued ahead, synthesis on the path:
+    # the AllToAll's 79 ms); with a level EWMA of 1 as well, 0 of 3 (BENCHMARKS.md, seventh session)
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
-                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0, alpha=0.25),
+                     healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
-                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0, alpha=0.25),
+                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }
@@ -86,8 +86,8 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None},
           # the seventh session's path: everything above but the reaction threads' priority
           "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None},
-          # the sixth session's controller settings on this set-up (α 0.15, no level EWMA)
-          "alpha-0.15": {"alpha": 0.15, "alpha_level": None}}
+          # the controller's EWMA faster: detection sooner, flags more often before a speculation (SETUPS)
+          "alpha-0.25": {"alpha": 0.25}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
 # and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above
