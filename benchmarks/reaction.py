@@ -64,8 +64,8 @@ SETUPS = {
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
     # (seventh session) α stays `mccl demo`'s 0.15: α 0.25 (`--ab --before alpha-0.25`) issued within 10 collectives
     # in 19 of 32 dumped runs replayed (benchmarks/reaction_replay.py; α 0.15: 13, α 0.3 flagged before the fault),
-    # but live its flags came before a speculation they could reuse (0 of 3 issued ahead, synthesis on the path:
-    # the AllToAll's 79 ms); with a level EWMA of 1 as well, 0 of 3 (BENCHMARKS.md, seventh session)
+    # but live its flags came before a speculation they could reuse (0 of 4 issued ahead, synthesis on the path:
+    # the AllToAll's 79–82 ms); with a level EWMA of 1 as well, 0 of 4 (BENCHMARKS.md, seventh session)
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
