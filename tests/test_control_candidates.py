@@ -153,3 +153,13 @@ def test_an_activate_frame_hands_over_the_kept_candidate_and_a_missing_one_is_as
         client.close()
         router.close(linger=0)
         context.term()
+
+
+def test_warm_synthesis_runs_each_collective_once_cold_and_once_warm_and_names_an_unknown_one():
+    from mccl.control.ahead import warm_synthesis
+    from mccl.errors import ControllerError
+
+    seconds = warm_synthesis(TOPOLOGY, ["allgather", "alltoall"])
+    assert set(seconds) == {"allgather", "alltoall"} and all(value > 0 for value in seconds.values())
+    with pytest.raises(ControllerError, match="allgathr"):
+        warm_synthesis(TOPOLOGY, ["allgathr"])

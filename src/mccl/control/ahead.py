@@ -171,6 +171,10 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
     seconds: dict[str, float] = {}
     factors = np.where(np.arange(len(topology.capacities_gbps)) % 3 == 0, 0.6, 1.0)  # uneven, as measured ones are
     perturbed = topology.with_capacities(topology.capacities_gbps * factors)
+    known = {kind.value for kind in Collective}
+    unknown = [name for name in collectives if name not in known]
+    if unknown:
+        raise ControllerError(f"warm_synthesis: no collective named {unknown} (known: {sorted(known)})")
     for name in collectives:
         kind = Collective(name)
         start = time.perf_counter()
