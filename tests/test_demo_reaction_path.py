@@ -82,3 +82,10 @@ def test_the_ranks_cpu_in_the_path_and_who_got_the_version_by_digest():
     assert path["activations"] == 1  # rank 0 by an ``activate`` frame, rank 1 the whole schedule
     old = reaction_path(_report(_trace()), "allgather")  # a trace without them (earlier runs' dumps)
     assert old["swap_cpu"] is None and old["receive_cpu"] is None and old["activations"] is None
+
+
+def test_a_swap_priority_that_is_no_number_of_steps_is_refused_by_name():
+    for bad in (-1, 40, 2.5):
+        with pytest.raises(MCCLError, match="swap_priority"):
+            DemoConfig(swap_priority=bad).check()
+    DemoConfig(swap_priority=10).check()

@@ -140,6 +140,9 @@ class DemoConfig:
             raise MCCLError(f"fault_factor is the NIC's remaining fraction, in (0, 1], not {self.fault_factor}")
         if not self.kinds or set(self.kinds) - set(COMMUNICATORS):
             raise MCCLError(f"the demo's streams are some of {tuple(COMMUNICATORS)}, not {self.kinds}")
+        if self.swap_priority is not None and not (isinstance(self.swap_priority, int) and 0 <= self.swap_priority <= 39):
+            raise MCCLError(f"swap_priority is steps of niceness above the collectives, 0–39 or None, not "
+                            f"{self.swap_priority!r}")
 
 
 def synth_options(chunks: int | None) -> dict:
