@@ -14,7 +14,8 @@ are short while the NIC still is their bottleneck (``benchmarks/collective_floor
 stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
 block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
-(α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the fault phase ends 3 collectives after the swap (at most 20).
+(α 0.15, Γ 0.3, synthesis ahead at ½ Γ); the
+fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
 only — collectives of 150–450 ms: the wait for the one in flight dominates. ``short``: the fourth session's
 set-up (16 KiB at 40 Mbit/s: CPU-bound, the fault hardly shows).
@@ -24,7 +25,10 @@ The path measured ("now", :data:`NOW`): candidates pushed and prepared before th
 1 ms, the controller 10 below the ranks' niceness (it stands for a machine of its own), and (sixth session) the
 ranks' hold (``swap_hold_s`` 0.1: a launch during a swap round waits, once, for the round to end —
 :mod:`mccl.runtime.hotswap`, "The hold"); the controller reuses a speculation whose drift only went further
-(:mod:`mccl.control.ahead`). ``--ab``: every run
+(:mod:`mccl.control.ahead`); (seventh session) the swap thread, the clients' ZeroMQ I/O threads and the store's
+server 10 steps of niceness above the ranks' collectives (:mod:`mccl.runtime.priority`), versions whose content a rank
+held as a candidate sent as a digest (:mod:`mccl.control.candidates`), and the controller's synthesizers warmed before
+telemetry (:func:`mccl.control.ahead.warm_synthesis`). ``--ab``: every run
 is followed by one of ``--before`` (:data:`BEFORE`: "fourth", the fourth session's path; "poll", the path
 before issue 15's pushes; "fifth" = "no-hold", the fifth session's; or one change taken back), and the ratio of the medians is printed.
 
@@ -58,6 +62,10 @@ SETUPS = {
     # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
     # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
+    # (seventh session) α stays `mccl demo`'s 0.15: α 0.25 (`--ab --before alpha-0.25`) issued within 10 collectives
+    # in 19 of 32 dumped runs replayed (benchmarks/reaction_replay.py; α 0.15: 13, α 0.3 flagged before the fault),
+    # but live its flags came before a speculation they could reuse (0 of 4 issued ahead, synthesis on the path:
+    # the AllToAll's 79–82 ms); with a level EWMA of 1 as well, 0 of 4 (BENCHMARKS.md, seventh session)
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0,
                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
@@ -75,10 +83,17 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           "no-prestage": {"prestage": False}, "ready-poll": {"ready_poll_s": 0.002},
           "switch-5ms": {"switch_interval_s": None}, "controller-nice0": {"controller_nice": 0},
           # the fifth session's path: everything above but the sixth session's hold
-          "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None}}
+          "fifth": {"swap_hold_s": None}, "no-hold": {"swap_hold_s": None},
+          # the seventh session's path: everything above but the reaction threads' priority
+          "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None},
+          # the controller's EWMA faster: detection sooner, flags more often before a speculation (SETUPS)
+          "alpha-0.25": {"alpha": 0.25}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
-NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10, "swap_hold_s": 0.1}
+# and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above
+# the ranks' main threads: at the controller's niceness (mccl.runtime.priority)
+NOW = {"prestage": True, "ready_poll_s": None, "switch_interval_s": 0.001, "controller_nice": -10, "swap_hold_s": 0.1,
+       "swap_priority": 10}
 
 
 def one_run(index: int, config: DemoConfig, label: str, dump: str | None = None) -> list[dict]:
@@ -101,7 +116,7 @@ def _row(index: int, report: object, kind: str, label: str, started: str) -> dic
            "outcomes": path["outcomes"], "version": path["version"], "ahead": path["ahead"],
            "speculations": report.controller_stats.get("speculations"),
            "synthesis_cpu_ms": None if path["synthesis_cpu"] is None else round(path["synthesis_cpu"], 2),
-           "prestaged_ranks": path["prestaged"]}
+           "prestaged_ranks": path["prestaged"], "activated_ranks": path["activations"]}
     row.update({f"{term}_ms": None if path[term] is None else round(path[term], 2) for term in TERMS})
     print(row, flush=True)
     return row

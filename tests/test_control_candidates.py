@@ -89,6 +89,11 @@ def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_
         assert reaction["outcome"] == "issued"
         if reaction["ahead"]:  # the flag reused the speculation: the ranks had its content (the newest one) before
             assert {schedule_digest(latest[index].schedule) for index in range(3)} == {schedule_digest(issued[0])}
+            # ... so the three that asked for candidates got the issued version as a digest (activation by digest),
+            # the one that did not got it whole; every rank stages the same content
+            assert [client.activations for client in clients] == [1, 1, 1, 0]
+            assert service.stats["activations"] == 3
+            assert {schedule_digest(item) for item in issued} == {schedule_digest(latest[0].schedule)}
         status = sender.status()
         assert status["stats"]["candidates_pushed"] >= 3
         pushed = [row for row in status["candidates"] if row["version"] == 2]
@@ -97,3 +102,64 @@ def test_a_speculation_is_pushed_as_a_candidate_before_the_flag_and_only_to_who_
         for client in clients:
             client.close()
         service.stop()
+
+
+def test_an_activate_frame_hands_over_the_kept_candidate_and_a_missing_one_is_asked_for_whole():
+    """The client's side of "Activation by digest" against a bare ROUTER socket (no service): a kept candidate
+    becomes the new version from a 3-field frame; one that is not kept makes the client poll at once, and the
+    whole schedule that answers it is taken. Fails when ``activate`` is ignored or a miss waits for the next
+    liveness poll (every 30 s here)."""
+    import zmq
+
+    from mccl.control.protocol import decode, encode
+    from mccl.schedule import dumps_schedule
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    schedule = optimize(TOPOLOGY, "allgather").schedule.with_meta(version=1)
+    client = ControllerClient(f"tcp://127.0.0.1:{port}", "job", 0, installed=[schedule], interval_s=30.0,
+                              timeout_s=60.0, candidates=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not router.poll(0):  # its first poll goes out once connected (IMMEDIATE: not queued before)
+            assert client.wait(0.05) is None and time.monotonic() < deadline
+        identity, frame = router.recv_multipart()
+        assert decode(frame)["op"] == "poll"
+        candidate = schedule.with_meta(version=2)
+        digest = schedule_digest(candidate)
+        router.send_multipart([identity, encode("candidate", communicator="job", collective="allgather", version=2,
+                                                schedule=dumps_schedule(candidate), digest=digest)])
+        got = client.wait(5.0)
+        assert isinstance(got, Candidate) and got.version == 2
+        router.send_multipart([identity, encode("activate", collective="allgather", version=2, digest=digest)])
+        issued = client.wait(5.0)
+        assert not isinstance(issued, Candidate) and issued.meta.version == 2 and schedule_digest(issued) == digest
+        assert client.activations == 1 and client.have == {"allgather": 2}
+        # version 3, announced by the digest of a candidate this client never got: it asks at once
+        router.send_multipart([identity, encode("activate", collective="allgather", version=3, digest="0" * 32)])
+        started = time.monotonic()
+        assert client.wait(0.5) is None
+        assert router.poll(5000)
+        identity, frame = router.recv_multipart()
+        asked = decode(frame)
+        assert asked["op"] == "poll" and asked["have"] == {"allgather": 2} and time.monotonic() - started < 5
+        router.send_multipart([identity, encode("schedule", collective="allgather", version=3,
+                                                schedule=dumps_schedule(schedule.with_meta(version=3)))])
+        whole = client.wait(5.0)
+        assert whole is not None and whole.meta.version == 3 and client.activations == 1
+    finally:
+        client.close()
+        router.close(linger=0)
+        context.term()
+
+
+def test_warm_synthesis_runs_each_collective_once_cold_and_once_warm_and_names_an_unknown_one():
+    from mccl.control.ahead import warm_synthesis
+    from mccl.errors import ControllerError
+
+    seconds = warm_synthesis(TOPOLOGY, ["allgather", "alltoall"])
+    assert set(seconds) == {"allgather", "alltoall"} and all(value > 0 for value in seconds.values())
+    with pytest.raises(ControllerError, match="allgathr"):
+        warm_synthesis(TOPOLOGY, ["allgathr"])

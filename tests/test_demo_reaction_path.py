@@ -69,3 +69,23 @@ def test_one_config_for_both_fabrics_refuses_what_cannot_run():
                        ({"kinds": ("allreduce",)}, "streams"), ({"hosts": 1}, "hosts")):
         with pytest.raises(MCCLError, match=match):
             DemoConfig(**bad).check()
+
+
+def test_the_ranks_cpu_in_the_path_and_who_got_the_version_by_digest():
+    trace = _trace()
+    trace["swaps"] = [{"allgather": [(3, 2, 0.001, 0.005, 0.003, 0.010, 102.007, 0.0012)]},
+                      {"allgather": [(3, 2, 0.001, 0.004, 0.004, 0.012, 102.008, 0.0021)]}]
+    trace["take_cpu"] = [[("allgather", 2, 0.00005, True), ("allgather", 1, 0.9, False)],
+                         [("allgather", 2, 0.0004, False)]]
+    path = reaction_path(_report(trace), "allgather")
+    assert path["swap_cpu"] == pytest.approx(2.1) and path["receive_cpu"] == pytest.approx(0.4)
+    assert path["activations"] == 1  # rank 0 by an ``activate`` frame, rank 1 the whole schedule
+    old = reaction_path(_report(_trace()), "allgather")  # a trace without them (earlier runs' dumps)
+    assert old["swap_cpu"] is None and old["receive_cpu"] is None and old["activations"] is None
+
+
+def test_a_swap_priority_that_is_no_number_of_steps_is_refused_by_name():
+    for bad in (-1, 40, 2.5):
+        with pytest.raises(MCCLError, match="swap_priority"):
+            DemoConfig(swap_priority=bad).check()
+    DemoConfig(swap_priority=10).check()

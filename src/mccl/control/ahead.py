@@ -28,6 +28,16 @@ after the speculation, is a different fabric: the flag synthesizes. Measured aga
 active version's base: a drift after a swap (a repair) follows only the band rule; tolerance 0 (no
 band to tell a drift from noise) follows only equality.
 
+Warm synthesizers (issue 15, seventh session; :func:`warm_synthesis`). The first synthesis in a process
+loads the synthesizers' compiled kernels (numba's cache; compiled when the cache is cold): 0.4–0.7 s of
+CPU for the 8-rank AllGather here, seconds under load. In a controller started for a job, that first
+synthesis is the speculation of the first fault — and it runs on the check thread, so no drift test ran
+while it did: in the reaction benchmark's 64 KiB AllGather (collectives of ~70–100 ms) the checks stopped
+120 ms after the fault and the fault phase ended before the next one (measured: 0 flags, 0 speculations
+in 3 of 3 runs; replayed offline on the same telemetry, the drift test flags 4 collectives after the
+fault). A controller therefore synthesizes once for each collective it serves before it takes telemetry,
+on the nominal fabric and warm on a perturbed one (the path a re-synthesis takes).
+
 Instrumentation. Besides the events, every flag leaves one :class:`Reaction` in
 ``ScheduleManager.reactions`` (bounded; wall-clock times): when the telemetry batch folded last before
 the flag arrived, the flag, synthesis start and end (whether it was made ahead, its CPU time), the
@@ -46,9 +56,10 @@ from typing import Any
 import numpy as np
 
 from mccl.errors import ControllerError
-from mccl.synth import SynthesisResult
+from mccl.synth import SynthesisResult, optimize
+from mccl.topology import Topology
 
-__all__ = ["Reaction", "Speculation", "Speculations"]
+__all__ = ["Reaction", "Speculation", "Speculations", "warm_synthesis"]
 
 
 @dataclass
@@ -149,3 +160,26 @@ class Speculations:
             self.continued += 1
             return held
         return None
+
+
+def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None) -> dict[str, float]:
+    """Synthesize each of ``collectives`` on ``topology`` and again, warm, on a perturbed copy (module docstring,
+    "Warm synthesizers"), so that a controller's first speculation or flag does not load the kernels; the
+    wall seconds each took. ``options``: the synthesizers' options by collective, as the manager uses them."""
+    from mccl.schedule import Collective
+
+    seconds: dict[str, float] = {}
+    factors = np.where(np.arange(len(topology.capacities_gbps)) % 3 == 0, 0.6, 1.0)  # uneven, as measured ones are
+    perturbed = topology.with_capacities(topology.capacities_gbps * factors)
+    known = {kind.value for kind in Collective}
+    unknown = [name for name in collectives if name not in known]
+    if unknown:
+        raise ControllerError(f"warm_synthesis: no collective named {unknown} (known: {sorted(known)})")
+    for name in collectives:
+        kind = Collective(name)
+        start = time.perf_counter()
+        chosen = (options or {}).get(kind)
+        result = optimize(topology, kind, options=chosen)
+        optimize(perturbed, kind, previous=result, options=chosen)
+        seconds[kind.value] = time.perf_counter() - start
+    return seconds

@@ -9,9 +9,17 @@ adopt a candidate — it only *prepares* it (parse, validate, pre-build its plan
 :meth:`mccl.runtime.communicator.Communicator._prestage`), so that when the issued version arrives
 with the same content (the schedule digest, which leaves out metadata such as the version) its
 staging is a lookup: the work of decoding, validating and planning leaves the path from the flag to
-the swap, and it was done while the ranks were otherwise waiting on their links. The issued version
-itself is still pushed whole, as before: a rank that missed the candidate, or a guard that chose
-another schedule, changes nothing but the time.
+the swap, and it was done while the ranks were otherwise waiting on their links.
+
+Activation by digest (seventh session). A candidate frame carries its schedule digest, and the service
+remembers which digest each socket was sent last. When the version issued has the digest a socket was
+sent as a candidate, that socket is pushed a short ``activate`` frame — collective, version, digest —
+instead of the schedule (:meth:`mccl.control.messages.Requests.pushes`); the client hands over the
+candidate it kept under that digest, with the issued version, so no schedule is encoded, sent or
+parsed on the path (on a busy rank each of those waits for a core and the GIL). A client that no longer
+has it asks at once, and the poll's answer is the whole schedule, as before; a socket that was never
+sent the candidate, or a guard that chose another schedule, gets the whole schedule pushed. What ranks
+stage and agree on is unchanged: (version, digest) pairs, the digest computed by each rank.
 
 Bounds: one candidate per (communicator, collective), dropped once the active version moved past
 the one it was made for; sockets remembered as in :class:`~mccl.control.messages.Requests`
@@ -27,6 +35,7 @@ from collections.abc import Callable
 
 from mccl.control.protocol import encode
 from mccl.schedule import Collective, dumps_schedule
+from mccl.schedule.serialize import schedule_digest
 
 __all__ = ["CandidatePushes"]
 
@@ -36,8 +45,10 @@ class CandidatePushes:
 
     def __init__(self, max_subscribers: int) -> None:
         self.max_subscribers = max_subscribers
-        # (communicator, collective) -> (serial, base version, frame); replaced whole by the refreshing thread
-        self._frames: dict[tuple[str, Collective], tuple[int, int, bytes]] = {}
+        # (communicator, collective) -> (serial, base version, frame, digest); replaced whole by the refreshing thread
+        self._frames: dict[tuple[str, Collective], tuple[int, int, bytes, str]] = {}
+        # (communicator, collective) -> {socket: digest of the last candidate it was sent} (socket thread only)
+        self._holding: dict[tuple[str, Collective], dict[bytes, str]] = {}
         self._fresh: queue.SimpleQueue[bool] = queue.SimpleQueue()  # something to push (socket thread reads it)
         self._wanted: dict[str, set[bytes]] = {}  # communicator -> sockets that asked for candidates
         self._count = 0
@@ -50,7 +61,7 @@ class CandidatePushes:
     def refresh(self, held: dict, active: Callable[[str, Collective], int | None]) -> bool:
         """Encode a candidate for every held speculation still made for its schedule's active version
         (``active(communicator, collective)``); drop the others. True when there is a new one to push."""
-        frames: dict[tuple[str, Collective], tuple[int, int, bytes]] = {}
+        frames: dict[tuple[str, Collective], tuple[int, int, bytes, str]] = {}
         new = False
         for key, speculation in held.items():
             name, kind = key
@@ -61,9 +72,11 @@ class CandidatePushes:
                 frames[key] = kept
                 continue
             version = speculation.version + 1
-            text = dumps_schedule(speculation.result.schedule.with_meta(version=version))
+            schedule = speculation.result.schedule.with_meta(version=version)
+            digest = schedule_digest(schedule)
             frames[key] = (speculation.serial, speculation.version,
-                           encode("candidate", communicator=name, collective=kind.value, version=version, schedule=text))
+                           encode("candidate", communicator=name, collective=kind.value, version=version,
+                                  schedule=dumps_schedule(schedule), digest=digest), digest)
             self.encoded += 1
             new = True
         self._frames = frames
@@ -79,6 +92,15 @@ class CandidatePushes:
             self._count += 1
             self._fresh.put(True)
 
+    def holders(self, communicator: str, kind: Collective) -> bool:
+        """Whether some socket was sent a candidate of (communicator, kind) (any thread: a read)."""
+        return bool(self._holding.get((communicator, kind)))
+
+    def sent_digest(self, communicator: str, kind: Collective, identity: bytes) -> str | None:
+        """The digest of the last candidate of (communicator, kind) sent to ``identity`` (socket thread), None if
+        none was: when the issued version has it, an ``activate`` frame suffices (module docstring)."""
+        return self._holding.get((communicator, kind), {}).get(identity)
+
     def pushes(self) -> list[tuple[bytes, bytes]]:
         """(identity, candidate frame) for every socket that wants candidates and was not sent the current one
         of its communicator (socket thread)."""
@@ -92,7 +114,7 @@ class CandidatePushes:
             return []
         out: list[tuple[bytes, bytes]] = []
         frames = self._frames  # replaced whole by the refreshing thread, never mutated
-        for key, (serial, base, frame) in frames.items():
+        for key, (serial, base, frame, digest) in frames.items():
             name, kind = key
             serial_sent, sent = self._sent.get(key, (None, set()))
             if serial_sent != serial:
@@ -101,6 +123,7 @@ class CandidatePushes:
                 if identity not in sent:
                     out.append((identity, frame))
                     sent.add(identity)
+                    self._holding.setdefault(key, {})[identity] = digest
                     self.pushed_at.setdefault((name, kind.value, base + 1), time.time())
             self._sent[key] = (serial, sent)
         for key in [key for key in self._sent if key not in frames]:

@@ -27,7 +27,11 @@ imports neither torch nor the runtime. One client per rank and communicator.
   flag, pushed before the flag (:mod:`.candidates`). ``poll()``/``wait()`` return one as a
   :class:`Candidate` (not a Schedule): the runtime prepares it and adopts nothing; the version
   issued later arrives as before. Off by default, so a caller that takes every non-None answer
-  for a new version sees none.
+  for a new version sees none. When the version issued has a candidate's content, the service pushes
+  only ``activate`` (collective, version, digest): the client returns the candidate it kept under that
+  digest, as the new version, without a schedule on the wire or a parse (``activations``); one it no
+  longer has is asked for at once, and the poll's answer carries the whole schedule (:mod:`.candidates`,
+  "Activation by digest").
 * A controller declared lost is asked again every ``timeout_s`` by later polls (which
   keep raising until it answers); once it answers, the client recovers: ``poll()``
   returns normally again (``recoveries`` counts it).
@@ -87,6 +91,9 @@ class ControllerClient:
         self.sent_call_reports = 0
         self.received = 0
         self.recoveries = 0
+        self.activations = 0  # new versions taken from a kept candidate by an ``activate`` frame
+        self._kept: dict[tuple[str, str], Schedule] = {}  # (collective, digest) -> candidate, the newest few
+        self._ask_now = False  # an ``activate`` for a candidate not kept: poll at once for the whole schedule
         self._context = zmq.Context()
         self._requests = self._socket(send_hwm)
         self._telemetry = self._socket(send_hwm)
@@ -98,6 +105,9 @@ class ControllerClient:
         # dispatch term of the reaction time (Fig. 13b); the newest few only
         self.arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)
         self.candidate_arrivals: deque[tuple[str, int, float]] = deque(maxlen=64)  # likewise, candidates
+        # (collective, version, CPU seconds this thread spent decoding the frame that brought it, whether it was an
+        # ``activate`` frame): the rank's part of dispatch in CPU
+        self.take_cpu: deque[tuple[str, int, float, bool]] = deque(maxlen=64)
         self._unsent_since: float | None = None  # since when a request could not go out (not connected)
         self._lost: str | None = None
         self._closed = False
@@ -192,7 +202,11 @@ class ControllerClient:
             if self._lost is not None:  # it answers again: recovered
                 self._lost = None
                 self.recoveries += 1
+            cpu, activations = time.thread_time(), self.activations
             found = self._take(decode(frame))
+            if found is not None and not isinstance(found, Candidate):
+                self.take_cpu.append((found.collective.value, int(found.meta.version), time.thread_time() - cpu,
+                                      self.activations > activations))
         now = time.monotonic()
         if self._lost is not None:
             if self._sent_at is not None and now - self._sent_at > self.timeout_s:
@@ -204,6 +218,9 @@ class ControllerClient:
             self._lost = f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s{self._hint()}"
             raise ControllerError(self._lost)
         due = self._asked_at is None or now - self._asked_at >= ask_every_s
+        if self._ask_now and found is None:  # answered whatever is outstanding: the version, whole
+            self._ask_now = not self._send_poll(now)
+            due = False
         unsent = self._sent_at is None and found is None and due and not self._send_poll(now)
         if unsent and now - self._unsent_since > self.timeout_s:
             self._lost = (f"the controller at {self.endpoint} did not answer for {self.timeout_s:g} s "
@@ -230,21 +247,44 @@ class ControllerClient:
     def _take(self, reply: dict[str, Any]) -> Schedule | Candidate | None:
         if reply["op"] == "error":
             raise ControllerError(f"the controller refused a poll: {reply.get('message')}")
-        if reply["op"] not in ("schedule", "candidate"):
+        if reply["op"] not in ("schedule", "candidate", "activate"):
             return None
         version = int(reply["version"])
         if version <= self.have.get(str(reply["collective"]), 0):
             return None
+        if reply["op"] == "activate":
+            return self._activate(str(reply["collective"]), version, str(reply.get("digest")))
         try:
             schedule = loads_schedule(str(reply["schedule"]))
         except MCCLError as error:
             raise ControllerError(f"the controller sent an unreadable schedule: {error}") from None
         if reply["op"] == "candidate":  # prepared by the runtime, not adopted: ``have`` stays
             self.candidate_arrivals.append((str(reply["collective"]), version, time.time()))
-            return Candidate(schedule, version) if self.candidates else None
+            if not self.candidates:
+                return None
+            if isinstance(reply.get("digest"), str):
+                self._kept[(str(reply["collective"]), reply["digest"])] = schedule
+                while len(self._kept) > 4:
+                    self._kept.pop(next(iter(self._kept)))
+            return Candidate(schedule, version)
         self.have[str(reply["collective"])] = version
         self.received += 1
         self.arrivals.append((str(reply["collective"]), version, time.time()))
+        return schedule
+
+    def _activate(self, collective: str, version: int, digest: str) -> Schedule | None:
+        """The kept candidate with ``digest`` as ``version`` of ``collective``; None (and a poll at once, answered
+        with the whole schedule) when it is not kept here (module docstring)."""
+        schedule = self._kept.get((collective, digest))
+        if schedule is None:
+            self._ask_now = True
+            return None
+        if int(schedule.meta.version) != version:
+            schedule = schedule.with_meta(version=version)
+        self.have[collective] = version
+        self.received += 1
+        self.activations += 1
+        self.arrivals.append((collective, version, time.time()))
         return schedule
 
     # ---- set-up and operators -------------------------------------------------------------------

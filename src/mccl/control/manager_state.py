@@ -125,6 +125,14 @@ class _ManagerState:
             active = comm.active.get(Collective(collective)) if comm else None
         return (active.version, active.text) if active else None
 
+    def latest_schedule(self, communicator: str, collective: Collective | str) -> tuple[int, Schedule] | None:
+        """(version, schedule) of the active schedule, or None: what a pushed version's digest is taken of
+        (:mod:`.candidates`, "Activation by digest")."""
+        with self._lock:
+            comm = self._comms.get(communicator)
+            active = comm.active.get(Collective(collective)) if comm else None
+        return (active.version, active.schedule) if active else None
+
     def active_result(self, communicator: str, collective: Collective | str) -> SynthesisResult | None:
         """The synthesis result behind the active schedule (with its warm state), or None when the
         active schedule was registered by a rank rather than synthesized here."""

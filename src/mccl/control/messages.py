@@ -21,7 +21,9 @@ Pushes. A poll also subscribes the socket that sent it (its ZeroMQ identity, wit
 said it has; at most ``max_subscribers`` in all, beyond that a socket is only answered): when a
 refresh puts a newer version of a communicator in the snapshot, :meth:`Requests.pushes` gives the
 socket thread that version's encoded reply for every subscriber that lacks it — the version reaches
-the ranks one message after it is issued, not on their next poll.
+the ranks one message after it is issued, not on their next poll. A subscriber that was sent a candidate
+with the issued version's content is pushed a short ``activate`` frame instead (:mod:`.candidates`,
+"Activation by digest").
 
 Polls are answered from a snapshot of the active versions (:meth:`Requests.refresh`,
 called off the socket thread after every change), so the socket thread never waits for
@@ -58,6 +60,7 @@ from mccl.control.protocol import (
 from mccl.control.tenancy.live import windows_reply
 from mccl.errors import ControllerError
 from mccl.schedule import Collective, loads_schedule
+from mccl.schedule.serialize import schedule_digest
 
 __all__ = ["Limits", "Requests", "looks_heavy"]
 
@@ -116,6 +119,9 @@ class Requests:
         self.deliveries: dict[tuple[str, str, int], dict[str, float | int | None]] = {}
         self._deliveries_lock = threading.Lock()  # written by the refreshing thread and the socket thread
         self.candidates = CandidatePushes(limits.max_subscribers)  # syntheses ahead, pushed before the flag
+        # (communicator, kind) -> (version, digest) of an issued version whose content some socket was sent as a
+        # candidate (refreshing thread writes, socket thread reads): those sockets get an ``activate`` frame
+        self._issued_digests: dict[tuple[str, Collective], tuple[int, str]] = {}
 
     def close(self) -> None:
         self._parser.close()
@@ -141,6 +147,7 @@ class Requests:
                     version = latest[0]
                     self._keep_reply(name, kind, version, encode("schedule", collective=kind.value, version=version,
                                                                  schedule=latest[1]))
+                    self._note_digest(name, kind, version)
                     with self._deliveries_lock:
                         self._delivery(name, kind, version)["encoded_at"] = time.time()
                 entry[kind] = version
@@ -159,6 +166,26 @@ class Requests:
             changed = True
         return changed
 
+    def _note_digest(self, name: str, kind: Collective, version: int) -> None:
+        """The issued version's digest, when some socket holds a candidate of (name, kind): hashing a schedule is
+        ~1 GB/s, so only then (refreshing thread)."""
+        latest_schedule = getattr(self.manager, "latest_schedule", None)  # a manager of another kind has none
+        if latest_schedule is None or not self.candidates.holders(name, kind):
+            return
+        latest = latest_schedule(name, kind)
+        if latest is not None and latest[0] == version:
+            self._issued_digests = {**self._issued_digests, (name, kind): (version, schedule_digest(latest[1]))}
+
+    def _frame_for(self, name: str, kind: Collective, version: int, identity: bytes) -> bytes | None:
+        """What to push ``identity`` for a new ``version``: an ``activate`` frame when it was sent a candidate
+        with that content, else the encoded schedule reply (None: not encoded yet)."""
+        issued = self._issued_digests.get((name, kind))
+        if issued is not None and issued[0] == version and \
+                self.candidates.sent_digest(name, kind, identity) == issued[1]:
+            self.stats["activations"] = self.stats.get("activations", 0) + 1
+            return encode("activate", collective=kind.value, version=version, digest=issued[1])
+        return next((kept for number, kept in self._replies.get((name, kind), ()) if number == version), None)
+
     def pushes(self) -> list[tuple[bytes, bytes]]:
         """(identity, encoded schedule reply) for every subscriber of a communicator whose snapshot changed
         since the last call and that lacks its newest version (socket thread only; module docstring)."""
@@ -174,8 +201,7 @@ class Requests:
             for identity, have in self._subscribers.get(name, {}).items():
                 for kind, version in active.items():
                     if version > have.get(kind.value, 0):
-                        frame = next((kept for number, kept in self._replies.get((name, kind), ()) if number == version),
-                                     None)
+                        frame = self._frame_for(name, kind, version, identity)
                         if frame is not None:
                             out.append((identity, frame))
                             have[kind.value] = version

@@ -16,6 +16,10 @@ sockets to it, one for telemetry (send only) and one for requests (see
   ``schedule`` (``collective``, ``version``, ``schedule``: a schedule file's JSON
   text, :func:`mccl.schedule.dumps_schedule`) when a newer version is active, else
   ``idle`` (``versions``).
+* pushed to a polling socket (no request): ``schedule`` as above when a version is issued; ``candidate``
+  (``collective``, ``version``, ``schedule``, ``digest``), a schedule the controller may issue next
+  (:mod:`.candidates`); ``activate`` (``collective``, ``version``, ``digest``), the version issued has the
+  content of the candidate with that digest sent to this socket (:mod:`.candidates`, "Activation by digest").
 * ``register`` — ``communicator``, ``schedule`` (file text); reply ``ok`` (``version``).
 * ``windows`` — ``communicator``; reply ``windows`` (``version``, ``windows``): a time-shared tenant's
   send windows (:mod:`mccl.control.tenancy.live`, issue 16).

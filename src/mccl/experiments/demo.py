@@ -101,6 +101,9 @@ class DemoConfig:
     switch_interval_s: float | None = None
     # the ranks' hot-swap hold (Communicator.swap_hold_s, mccl.runtime.hotswap "The hold"; None: off)
     swap_hold_s: float | None = None
+    # the reaction path's threads above the collective's (mccl.runtime.priority; root only, refused → as before):
+    # each rank's swap thread and controller clients' ZeroMQ I/O threads this many steps of niceness higher
+    swap_priority: int | None = None
     # the controller process's niceness increment (os.nice; negative needs root, refused → it runs as it is). The
     # controller stands for a machine of its own (mccl-paper §3); here it shares 2 cores with the 8 busy ranks, and
     # under load its flag → push path (2 ms of CPU) took 30–100 ms of wall waiting for a core
@@ -137,6 +140,9 @@ class DemoConfig:
             raise MCCLError(f"fault_factor is the NIC's remaining fraction, in (0, 1], not {self.fault_factor}")
         if not self.kinds or set(self.kinds) - set(COMMUNICATORS):
             raise MCCLError(f"the demo's streams are some of {tuple(COMMUNICATORS)}, not {self.kinds}")
+        if self.swap_priority is not None and not (isinstance(self.swap_priority, int) and 0 <= self.swap_priority <= 39):
+            raise MCCLError(f"swap_priority is steps of niceness above the collectives, 0–39 or None, not "
+                            f"{self.swap_priority!r}")
 
 
 def synth_options(chunks: int | None) -> dict:
@@ -151,11 +157,12 @@ def synth_options(chunks: int | None) -> dict:
 
 # ---- the controller process -------------------------------------------------------------------
 def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int | None, speculate: float | None,
-                     secret: str, check_interval_s: float, nice: int = 0) -> None:
+                     secret: str, check_interval_s: float, nice: int = 0, kinds: tuple[str, ...] = ()) -> None:
     import logging
     import os
 
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
+    from mccl.control.ahead import warm_synthesis
     from mccl.topology import parse_topology
 
     logging.basicConfig(level=logging.WARNING)
@@ -164,8 +171,10 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int |
             os.nice(nice)
         except OSError as error:  # not root: the controller runs at the ranks' priority
             logging.getLogger("mccl.demo").warning("controller niceness %+d refused (%s)", nice, error)
-    manager = ScheduleManager(parse_topology(topology_spec), ControlConfig(**control, synth_options=synth_options(chunks)),
-                              speculate=speculate)
+    topology = parse_topology(topology_spec)
+    manager = ScheduleManager(topology, ControlConfig(**control, synth_options=synth_options(chunks)), speculate=speculate)
+    if kinds:  # the first synthesis loads the kernels: before telemetry, not on the first fault's check (ahead.py)
+        warm_synthesis(topology, list(kinds), synth_options(chunks))
     ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
@@ -219,7 +228,8 @@ def _run_netemu(config: DemoConfig, topology: Any, schedules: dict, say: Callabl
         endpoint = f"tcp://{plan.controller_ip}:{_free_port(plan.controller_ip)}"
         outputs, status = _with_controller(config, endpoint, schedules, say, on_collective,
                                            lambda *args: run_ranks_in_fabric(_rank_in_fabric, plan, *args,
-                                                                             timeout_s=config.timeout_s))
+                                                                             timeout_s=config.timeout_s,
+                                                                             store_priority=config.swap_priority))
         teardown_s = fabric.teardown()
     return outputs, status, {"nic_mbit": plan.ranks[config.fault_rank].nic_up_mbit, "goodput": GOODPUT,
                              "teardown_s": teardown_s, "prefix": plan.prefix}
@@ -254,7 +264,7 @@ def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Ca
     secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks,
                                                                 config.speculate, secret, config.check_interval_s,
-                                                                config.controller_nice),
+                                                                config.controller_nice, config.kinds),
                                  daemon=True)
     controller.start()
     live = context.Queue()
@@ -328,6 +338,7 @@ def _report(config: DemoConfig, fabric: dict, outputs: list[dict], status: dict,
              "swaps": [output["swaps"] for output in outputs],
              "switches": [output.get("switches", {}) for output in outputs],
              "candidates": [output.get("candidates", []) for output in outputs],
+             "take_cpu": [output.get("take_cpu", []) for output in outputs],
              "prestage_hits": [output.get("prestage_hits", {}) for output in outputs],
              "holds": [output.get("holds", {}) for output in outputs],
              "candidates_pushed": status.get("candidates", []),

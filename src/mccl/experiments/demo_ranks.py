@@ -39,6 +39,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
 
     from mccl.control import ControllerClient
     from mccl.runtime import TelemetryConfig, init
+    from mccl.runtime.priority import raised
     from mccl.schedule import loads_schedule
     from mccl.topology import parse_topology
 
@@ -51,8 +52,10 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
     try:
         for kind, text in schedules.items():
             schedule = loads_schedule(text)
-            clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule], secret=secret,
-                                             interval_s=config.client_interval_s, candidates=config.prestage)
+            with raised(config.swap_priority):  # its ZeroMQ I/O thread, started here, keeps the priority
+                clients[kind] = ControllerClient(endpoint, COMMUNICATORS[kind], rank, installed=[schedule],
+                                                 secret=secret, interval_s=config.client_interval_s,
+                                                 candidates=config.prestage)
             if rank == 0:
                 clients[kind].register(schedule)
         dist.barrier()
@@ -64,6 +67,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
             if comms[kind].swap_control is not None:
                 comms[kind].swap_control.poll_s = config.ready_poll_s
             comms[kind].swap_hold_s = config.swap_hold_s
+            comms[kind].swap_priority = config.swap_priority
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
         fault = _NetemuFault(plan, rank, config) if plan is not None else _PacedFault(comms, topology, gpus, rank, config)
         out = _stream(rank, world, comms, config, progress, fault, torch, dist)
@@ -74,6 +78,7 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
         out["switches"] = {kind: [(seq, at, versions) for seq, at, versions in comm.switches]
                            for kind, comm in comms.items()}
         out["candidates"] = [item for client in clients.values() for item in client.candidate_arrivals]
+        out["take_cpu"] = [item for client in clients.values() for item in client.take_cpu]
         out["prestages"] = {kind: list(comm.prestages) for kind, comm in comms.items()}
         out["prestage_hits"] = {kind: comm.prestage_hits for kind, comm in comms.items()}
         out["holds"] = {kind: list(comm.holds) for kind, comm in comms.items()}
@@ -204,7 +209,7 @@ def _stream(rank: int, world: int, comms: dict, config: Any, progress: Any, faul
         elif phase == "restored" and (settled or index + 1 >= phase_end):
             break
     swaps = {kind: [(s.switch_after, dict(s.adopted).get(kind, 0), s.stage_s, s.ready_s, s.oob_s, s.total_s,
-                     s.started_at) for s in comm.swaps if s.adopted] for kind, comm in comms.items()}
+                     s.started_at, s.cpu_s) for s in comm.swaps if s.adopted] for kind, comm in comms.items()}
     return {"records": records, "marks": marks, "swaps": swaps,
             "dropped": sum(comm.telemetry_dropped for comm in comms.values())}
 

@@ -29,6 +29,10 @@ For the first flag after a fabric change, the terms (ms), in order:
                   had, :mod:`mccl.control.candidates`)
 ``ready``         the wait for every rank to have staged (the slowest rank's)
 ``oob``           the OOB exchange alone (the slowest rank's)
+``receive_cpu``   CPU of the slowest rank's client decoding the frame that brought the version (a whole
+                  schedule, or a short ``activate`` frame when it held the candidate: :mod:`mccl.control.candidates`)
+``swap_cpu``      the swap thread's CPU over the round, the slowest rank's (stage, and the Python of the waits)
+``activations``   how many ranks got the version as an ``activate`` frame (not a term: a count)
 ``hold``          the longest a rank held its next launch for this round (``Communicator.swap_hold_s``,
                   :mod:`mccl.runtime.hotswap` "The hold"; None: no rank held)
 ``activation``    flag → the last rank agreed: from here the next launch runs the new version
@@ -44,7 +48,7 @@ from typing import Any
 __all__ = ["reaction_path", "TERMS"]
 
 TERMS = ("detection", "decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "stage", "ready",
-         "oob", "hold", "activation", "in_flight", "detect_to_first", "first_done")
+         "oob", "hold", "activation", "in_flight", "detect_to_first", "first_done", "receive_cpu", "swap_cpu")
 
 
 def _ms(later: float | None, earlier: float | None) -> float | None:
@@ -56,7 +60,8 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     opened ``phase`` (the fault, or "restored": the repair) that issued a version, with ``version`` (the issued
     one), ``ahead`` and ``outcomes`` (every flag's outcome in the phase, "/"-joined: a guard that kept the
     active schedule leaves no path, and says so here)."""
-    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged", "outcomes"))
+    out: dict[str, Any] = dict.fromkeys((*TERMS, "version", "ahead", "synthesis_cpu", "prestaged", "activations",
+                                         "outcomes"))
     changed = report.degraded_at if phase == "degraded" else report.restored_at
     if changed is None:
         return out
@@ -89,6 +94,11 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     out["stage"] = max((item[2] * 1e3 for item in rounds), default=None)
     out["ready"] = max((item[3] * 1e3 for item in rounds), default=None)
     out["oob"] = max((item[4] * 1e3 for item in rounds), default=None)
+    out["swap_cpu"] = max((item[7] * 1e3 for item in rounds if len(item) > 7), default=None)
+    taken = [(cpu, by_digest) for rank in trace.get("take_cpu", []) for k, v, cpu, by_digest in rank
+             if k == kind and v == version]
+    out["receive_cpu"] = max(cpu for cpu, _ in taken) * 1e3 if taken else None
+    out["activations"] = sum(1 for _, by_digest in taken if by_digest) if taken else None
     hits = [rank.get(kind, 0) for rank in trace.get("prestage_hits", [])]
     out["prestaged"] = sum(1 for hit in hits if hit) if hits else None
     out["activation"] = _ms(agreed, flagged)

@@ -124,6 +124,8 @@ class Communicator(Collectives):
         # the hold (mccl.runtime.hotswap, "The hold"): a launch during a swap round waits, once per round, at most
         # this long for the round to end (None: never); ``holds``: (seq about to launch, wall clock, seconds held)
         self.swap_hold_s: float | None = None
+        # the swap thread's niceness steps above this rank's main thread (mccl.runtime.hotswap "Priority"; None: off)
+        self.swap_priority: int | None = None
         self.holds: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=256)
         self._round_idle = threading.Event()
         self._round_idle.set()

@@ -28,6 +28,12 @@ collectives launch, never which schedule runs one: K is still agreed from what w
 that did not hold (or a hold that timed out) only moves K later, exactly as without the hold; none is
 dropped or run twice. What it costs: at most ``swap_hold_s`` of one rank's launch per round.
 
+Priority (issue 15, seventh session; ``Communicator.swap_priority``, off by default). The round's own
+work is ~1 ms, but on cores the ranks' collectives keep busy every wake-up of this thread waits for a
+core behind the busy main threads (:mod:`mccl.runtime.priority`). With ``swap_priority`` = k the thread
+runs k steps of niceness above the rank's main thread (root only; refused, it runs as before). It
+changes when the round's steps run, never what they decide.
+
 Candidates (issue 15). A source may also hand over a schedule the controller *may* issue next
 (anything with ``prestage_only`` true and a ``schedule``: :class:`mccl.control.client.Candidate`). The
 thread only prepares it (parse, validate, plan; ``Communicator._prestage``) and runs no round; when
@@ -62,6 +68,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from mccl.errors import ControllerError, MCCLError, PeerLost
+from mccl.runtime.priority import raise_thread_priority
 from mccl.schedule.serialize import schedule_digest
 
 __all__ = ["ControlChannel", "StoreControl", "SwapRecord", "SwapConflict", "agree", "conflicts", "staged_payload"]
@@ -153,6 +160,7 @@ class SwapRecord:
     oob_s: float
     total_s: float
     started_at: float = 0.0  # wall clock when the round began (this rank had the schedule): the reaction path
+    cpu_s: float = 0.0  # the swap thread's CPU time in the round (stage, and the Python of the ready wait and exchange)
 
 
 class SwapConflict(MCCLError):
@@ -219,6 +227,7 @@ class SwapThread:
         self.round = 0
         self._stop = False
         self._controller_lost = False
+        self._priority_applied = 0
         self.thread = threading.Thread(target=self._run, name="mccl-hotswap", daemon=True)
         self.thread.start()
 
@@ -229,6 +238,7 @@ class SwapThread:
     def _run(self) -> None:
         comm = self.communicator
         while not self._stop:
+            self._apply_priority()
             try:
                 schedule = comm._take_request(self.poll_s)
             except ControllerError as error:
@@ -259,6 +269,18 @@ class SwapThread:
                 log.exception("mccl: hot swap round %d failed", self.round)
                 comm._swap_failed(repr(error))
 
+    def _apply_priority(self) -> None:
+        """This thread ``swap_priority`` steps of niceness above the rank's main thread (module docstring,
+        "Priority"), once the communicator asks for it; a refusal (not root) is an event, not a failure."""
+        want = getattr(self.communicator, "swap_priority", None) or 0
+        if want <= self._priority_applied:
+            return
+        step, self._priority_applied = want - self._priority_applied, want
+        if not raise_thread_priority(step):
+            events = getattr(self.communicator, "events", None)
+            if events is not None:
+                events.append(f"swap thread priority +{step} refused (needs CAP_SYS_NICE); running as before")
+
     def _name_lost(self, error: PeerLost) -> PeerLost:
         """``error`` named after the rank the communicator's liveness watcher lost first, when it knows one."""
         transport = getattr(self.communicator, "transport", None)
@@ -279,7 +301,7 @@ class SwapThread:
     def _run_round(self, schedule: object) -> None:
         comm = self.communicator
         self.round += 1
-        start, started_at = time.perf_counter(), time.time()
+        start, started_at, cpu = time.perf_counter(), time.time(), time.thread_time()
         rejected = comm._stage(schedule)
         staged_at = time.perf_counter()
         if not self.control.ready(self.round, lambda: self._stop):
@@ -296,7 +318,8 @@ class SwapThread:
         clash = conflicts(seen[0], adopted) if seen else []
         comm._record(SwapRecord(self.round, switch_after, tuple(sorted(adopted.items())),
                                 rejected or ("; ".join(clash) if clash else None),
-                                staged_at - start, ready_at - staged_at, oob_s, end - start, started_at))
+                                staged_at - start, ready_at - staged_at, oob_s, end - start, started_at,
+                                time.thread_time() - cpu))
         if clash:
             raise SwapConflict(f"hot swap round {self.round}: ranks staged different schedules under one version "
                                f"({'; '.join(clash)}); none of them adopted")

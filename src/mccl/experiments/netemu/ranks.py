@@ -11,7 +11,10 @@ remounted this way; gloo finds ``eth0`` through netlink (``getifaddrs``), which 
 Environment of a rank: ``GLOO_SOCKET_IFNAME=eth0`` (its NIC; without it gloo advertises
 127.0.0.1 from ``/etc/hosts`` and the mesh fails) and ``OMP_NUM_THREADS=1``. The
 TCPStore (rendezvous, and the hot swap's out-of-band agreement) is rank 0's management
-address, so it does not cross the shaped NICs.
+address, so it does not cross the shaped NICs. ``store_priority``: the store's server thread (in rank
+0) that many steps of niceness above the ranks' collectives (:mod:`mccl.runtime.priority`; root):
+every hot-swap round's ready wait and exchange is a few requests to it, answered only when it gets
+a core among 8 busy ranks.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def enter_netns(namespace: str) -> None:
         os.close(fd)
 
 
-def _entry(fn: Callable[..., Any], plan: FabricPlan, rank: int, args: tuple, results: Any, timeout_s: float) -> None:
+def _entry(fn: Callable[..., Any], plan: FabricPlan, rank: int, args: tuple, results: Any, timeout_s: float,
+           store_priority: int | None = None) -> None:
     try:
         enter_netns(plan.ranks[rank].namespace)  # before torch starts a thread
         os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
@@ -58,9 +62,14 @@ def _entry(fn: Callable[..., Any], plan: FabricPlan, rank: int, args: tuple, res
         import torch
         import torch.distributed as dist
 
+        from mccl.runtime.priority import raised
+
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://{plan.ranks[0].mgmt_ip}:{STORE_PORT}", rank=rank,
-                                world_size=len(plan.ranks), timeout=timedelta(seconds=timeout_s))
+        with raised(store_priority if rank == 0 else None):  # the store's server thread starts here (module doc)
+            store = dist.TCPStore(plan.ranks[0].mgmt_ip, STORE_PORT, len(plan.ranks), rank == 0,
+                                  timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=len(plan.ranks),
+                                timeout=timedelta(seconds=timeout_s))
         try:
             results.put((rank, True, fn(rank, len(plan.ranks), plan, *args)))
         finally:
@@ -70,15 +79,16 @@ def _entry(fn: Callable[..., Any], plan: FabricPlan, rank: int, args: tuple, res
 
 
 def run_ranks_in_fabric(fn: Callable[..., Any], plan: FabricPlan, *args: Any, timeout_s: float = 120.0,
-                        on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+                        on_result: Callable[[int, Any], None] | None = None,
+                        store_priority: int | None = None) -> list[Any]:
     """``fn(rank, world_size, plan, *args)`` on one spawned process per GPU of ``plan``, inside its
     namespace; the return values by rank. A failed rank or a timeout terminates them all and raises
     :class:`FabricError` with the first traceback. The fabric must be built (and stays up)."""
     context = mp.get_context("spawn")
     results = context.Queue()
     world = len(plan.ranks)
-    processes = [context.Process(target=_entry, args=(fn, plan, rank, args, results, timeout_s), daemon=True)
-                 for rank in range(world)]
+    processes = [context.Process(target=_entry, args=(fn, plan, rank, args, results, timeout_s, store_priority),
+                                 daemon=True) for rank in range(world)]
     values: dict[int, Any] = {}
     try:
         for process in processes:
