@@ -81,7 +81,7 @@ def test_hand_written_file_with_duplex_links():
         (("mccl-topology/1", "mccl-topology/9"), r"t\.yaml:1: format: expected format"),
         (("gbps: 100, latency_us: 0.5, duplex: true}\n  - {src: b, dst: s, gbps: 100, latency_us: 0.5, duplex: true}",
           "gbps: 100, latency_us: 0.5, duplex: true}\n  - {src: b, dst: s, gbps: 100, latency_us: 0.5}"),
-         r"nodes\[1\]: GPU 'b' cannot reach GPU 'a'|nodes\[0\]: GPU 'a' cannot reach GPU 'b'"),
+         r"t\.yaml:\d+: nodes\[1\]: GPU 'b' has no incoming links: GPU 'a' cannot reach it"),
         (("latency_us: 0.5, duplex: true}\n  - {src: b", "latency_us: x, duplex: true}\n  - {src: b"), r"links\[0\]\.latency_us: must be a finite number"),
         (("nodes:\n", "nodes: {\n"), r"t\.yaml:\d+: not valid YAML/JSON"),
     ],
@@ -104,8 +104,25 @@ def test_missing_file_and_empty_file(tmp_path):
 def test_disconnected_gpu_in_code_is_rejected():
     fabric = single_switch(3, 100)
     links = [link for link in fabric.links if link.src != "gpu2"]
-    with pytest.raises(TopologyError, match="'gpu2' cannot reach"):
+    with pytest.raises(TopologyError, match="GPU 'gpu2' has no outgoing links: it cannot reach GPU 'gpu0'"):
         Topology.from_edges("cut", fabric.nodes, [(k.src, k.dst, k.gbps, k.latency_us) for k in links])
+
+
+def test_a_gpu_without_links_is_named_not_the_first_gpu():
+    """The GPU left without links is the one reported (it was reported as ``nodes[0]``, the first GPU, which
+    merely cannot reach it), in code and at its own entry in a file."""
+    fabric = single_switch(4, 100)
+    links = [(k.src, k.dst, k.gbps, k.latency_us) for k in fabric.links if "gpu2" not in (k.src, k.dst)]
+    with pytest.raises(TopologyError, match=r"^GPU 'gpu2' has no links: it cannot reach any other GPU"):
+        Topology.from_edges("cut", fabric.nodes, links)
+    text = GOOD.replace("  - {id: s, kind: switch}", "  - {id: c, kind: gpu, host: h2}\n  - {id: s, kind: switch}")
+    with pytest.raises(TopologyFileError, match=r"t\.yaml:6: nodes\[2\]: GPU 'c' has no links"):
+        loads_topology(text, source="t.yaml")
+    islands = GOOD.replace("  - {id: s, kind: switch}", "  - {id: c, kind: gpu, host: h2}\n  - {id: s, kind: switch}"
+                           "\n  - {id: s2, kind: switch}").replace(
+        "links:\n", "links:\n  - {src: c, dst: s2, gbps: 100, latency_us: 0.5, duplex: true}\n")
+    with pytest.raises(TopologyFileError, match=r"nodes\[2\]: GPU 'c' cannot reach GPU 'a': the fabric is disconnected"):
+        loads_topology(islands, source="t.yaml")
 
 
 def test_degrade_returns_a_new_value(hpn):

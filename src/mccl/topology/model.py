@@ -24,7 +24,7 @@ from scipy.sparse.csgraph import connected_components
 
 from mccl.errors import TopologyError
 
-__all__ = ["NodeKind", "Node", "Link", "Topology", "SWITCH_KINDS", "unreachable_gpu_pair"]
+__all__ = ["NodeKind", "Node", "Link", "Topology", "SWITCH_KINDS", "disconnected_gpu"]
 
 
 class NodeKind(StrEnum):
@@ -196,11 +196,13 @@ class Topology:
         return counts
 
 
-def unreachable_gpu_pair(nodes: Sequence[Node], links: Sequence[Link]) -> tuple[str, str] | None:
-    """A pair of GPUs ``(a, b)`` such that ``a`` cannot reach ``b``, or None.
+def disconnected_gpu(nodes: Sequence[Node], links: Sequence[Link]) -> tuple[str, str] | None:
+    """A GPU that cannot reach, or be reached by, the others, and a sentence saying so; or None.
 
-    Every GPU must reach every other over directed links (a collective needs it);
-    that holds exactly when all GPUs lie in one strongly connected component.
+    Every GPU must reach every other over directed links (a collective needs it); that holds
+    exactly when all GPUs lie in one strongly connected component. The GPU named is the first
+    (in node order) outside the component holding the most GPUs — the one a user has to fix,
+    e.g. a GPU whose links were left out, not the fabric's first GPU that merely fails to reach it.
     """
     index = {node.id: i for i, node in enumerate(nodes)}
     gpu_positions = [i for i, node in enumerate(nodes) if node.is_gpu]
@@ -210,14 +212,25 @@ def unreachable_gpu_pair(nodes: Sequence[Node], links: Sequence[Link]) -> tuple[
     cols = [index[link.dst] for link in links]
     graph = csr_matrix((np.ones(len(links)), (rows, cols)), shape=(len(nodes), len(nodes)))
     _, labels = connected_components(graph, directed=True, connection="strong")
-    first = gpu_positions[0]
-    for position in gpu_positions[1:]:
-        if labels[position] != labels[first]:
-            a, b = nodes[first].id, nodes[position].id
-            # Name the direction that fails: a directed BFS from a tells which.
-            reach = _reachable(graph, first)
-            return (a, b) if not reach[position] else (b, a)
-    return None
+    gpu_labels = labels[gpu_positions]
+    sizes = np.bincount(gpu_labels)
+    if sizes.max() == len(gpu_positions):
+        return None
+    main = int(gpu_labels[int(np.flatnonzero(sizes[gpu_labels] == sizes.max())[0])])  # ties: the first GPU's
+    culprit = next(p for p in gpu_positions if labels[p] != main)
+    anchor = next(p for p in gpu_positions if labels[p] == main)
+    name, other = nodes[culprit].id, nodes[anchor].id
+    outgoing, incoming = rows.count(culprit), cols.count(culprit)
+    if not outgoing and not incoming:
+        return name, f"GPU {name!r} has no links: it cannot reach any other GPU (the fabric is disconnected)"
+    if not outgoing:
+        return name, f"GPU {name!r} has no outgoing links: it cannot reach GPU {other!r} (the fabric is disconnected)"
+    if not incoming:
+        return name, (f"GPU {name!r} has no incoming links: GPU {other!r} cannot reach it "
+                      "(the fabric is disconnected)")
+    if not _reachable(graph, culprit)[anchor]:
+        return name, f"GPU {name!r} cannot reach GPU {other!r}: the fabric is disconnected"
+    return name, f"GPU {other!r} cannot reach GPU {name!r}: the fabric is disconnected"
 
 
 def _reachable(graph: csr_matrix, start: int) -> np.ndarray:
@@ -266,6 +279,6 @@ def _check(nodes: Sequence[Node], links: Sequence[Link]) -> None:
                 f"{MIN_CAPACITY_RATIO:g} of the fastest link's {fastest.gbps:g}: too slow to schedule around "
                 "(a dead link is one to leave out)"
             )
-    pair = unreachable_gpu_pair(nodes, links)
-    if pair is not None:
-        raise TopologyError(f"GPU {pair[0]!r} cannot reach GPU {pair[1]!r}: the fabric is disconnected")
+    cut = disconnected_gpu(nodes, links)
+    if cut is not None:
+        raise TopologyError(cut[1])
