@@ -84,3 +84,10 @@ def test_group_help_lines_are_whole_sentences(capsys):
     assert main(["topo", "--help"]) == 0
     out = capsys.readouterr().out
     assert "build  Write a fabric (a builder call, faults applied) to a file." in out, out
+
+
+def test_provider_store_that_is_not_host_port_is_a_usage_error(capsys, tmp_path):
+    code, err = run(capsys, "provider", "serve", "--secret-file", str(tmp_path / "s.key"), "--tenant", "a",
+                    "--store", "nonsense")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--store nonsense: expected HOST:PORT" in err and not (tmp_path / "s.key").exists(), err
