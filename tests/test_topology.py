@@ -1,9 +1,11 @@
+import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from conftest import BUILDER_CASES, small_topologies
 from mccl.errors import TopologyError, TopologyFileError
 from mccl.topology import (
+    Link,
     NodeKind,
     Router,
     Topology,
@@ -171,3 +173,34 @@ def test_builder_specs_and_bad_specs():
         parse_topology("single_switch(0,100)")
     with pytest.raises(TopologyError, match="no such topology file"):
         parse_topology("missing.yaml")
+
+
+def test_with_capacities_equals_a_topology_built_afresh():
+    """with_capacities checks only the capacity rules and hands on the structural lookups: the result must
+    equal the topology built from scratch with those links (every lookup too), and refuse what it refuses."""
+    fabric = rail_optimized(1, 2, 4)
+    _ = fabric.node_index, fabric.gpus, fabric.out_links, fabric.link_endpoints, fabric.latencies_us  # cached
+    _ = fabric.capacities_gbps
+    values = fabric.capacities_gbps * np.linspace(0.25, 1.0, len(fabric.links))
+    values[3] = fabric.links[3].gbps  # an unchanged link
+    got = fabric.with_capacities(values, name="reweighted")
+    fresh = Topology("reweighted", fabric.nodes, tuple(Link(k.id, k.src, k.dst, float(v), k.latency_us)
+                                                          for k, v in zip(fabric.links, values, strict=True)))
+    assert got == fresh and got.links == fresh.links
+    assert np.array_equal(got.capacities_gbps, values) and not np.array_equal(got.capacities_gbps,
+                                                                              fabric.capacities_gbps)
+    for lookup in ("node_index", "gpus", "out_links", "latencies_us"):
+        assert getattr(got, lookup) == getattr(fresh, lookup) if lookup != "latencies_us" else np.array_equal(
+            got.latencies_us, fresh.latencies_us)
+    assert all(np.array_equal(a, b) for a, b in zip(got.link_endpoints, fresh.link_endpoints, strict=True))
+    assert got.links_between("gpu0", "nvs0") == fresh.links_between("gpu0", "nvs0")
+    assert fabric.with_capacities(fabric.capacities_gbps).links == fabric.links  # name kept, nothing changed
+    for bad, message in ((0.0, "has capacity 0.0 Gbit/s; it must be positive"), (np.nan, "it must be positive"),
+                         (1e-12, "too slow to schedule around")):
+        changed = fabric.capacities_gbps.copy()
+        changed[5] = bad
+        with pytest.raises(TopologyError, match=message):
+            fabric.with_capacities(changed)
+        with pytest.raises(TopologyError, match=message):
+            Topology("x", fabric.nodes, tuple(Link(k.id, k.src, k.dst, float(v), k.latency_us)
+                                              for k, v in zip(fabric.links, changed, strict=True)))
