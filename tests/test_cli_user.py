@@ -9,6 +9,7 @@ import pytest
 from mccl.cli.main import main
 from mccl.errors import TopologyError
 from mccl.topology import degrade, single_switch
+from test_topology import GOOD
 
 
 def run(capsys, *args: str) -> tuple[int, str]:
@@ -38,17 +39,8 @@ def test_controller_refuses_a_port_libzmq_would_replace(capsys, bind):
     assert code == 2 and err.count("\n") == 1 and "port of 1-65535" in err, err
 
 
-ISOLATED = """format: mccl-topology/1
-name: isolated
-nodes:
-  - {id: a, kind: gpu, host: h0}
-  - {id: b, kind: gpu, host: h1}
-  - {id: c, kind: gpu, host: h2}
-  - {id: s, kind: switch}
-links:
-  - {src: a, dst: s, gbps: 100, latency_us: 0.5, duplex: true}
-  - {src: c, dst: s, gbps: 100, latency_us: 0.5, duplex: true}
-"""
+# test_topology's two-GPU file with a third GPU that has no links (it was reported as nodes[0], the first GPU)
+ISOLATED = GOOD.replace("  - {id: s, kind: switch}", "  - {id: c, kind: gpu, host: h2}\n  - {id: s, kind: switch}")
 
 
 @pytest.mark.parametrize(
@@ -77,7 +69,7 @@ def test_a_gpu_without_links_is_named_by_topo_check(capsys, tmp_path):
     path.write_text(ISOLATED)
     code, err = run(capsys, "topo", "check", str(path))
     assert code == 2 and err.count("\n") == 1, err
-    assert "isolated.yaml:5: nodes[1]: GPU 'b' has no links" in err, err
+    assert "isolated.yaml:6: nodes[2]: GPU 'c' has no links" in err, err
 
 
 def test_group_help_lines_are_whole_sentences(capsys):
