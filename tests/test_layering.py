@@ -40,7 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     "experiments": CORE,  # everything but the cli
     "cli": CORE | {"experiments", "provider", ROOT},  # everything
 }
-LEAF_MODULES = {"mccl.errors", "mccl.telemetry"}  # import nothing of mccl; anyone may use them
+LEAF_MODULES = {"mccl.errors", "mccl.telemetry", "mccl.jitcache"}  # import nothing of mccl; anyone may use them
 FORBIDDEN_THIRD_PARTY = {"torch", "zmq"}
 ALSO_ALLOWED = {"control": {"zmq"}, "runtime": {"torch"}, "provider": {"torch", "zmq"}, "experiments": {"torch", "zmq"},
                 "cli": {"torch", "zmq"}}

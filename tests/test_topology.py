@@ -1,9 +1,11 @@
+import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from conftest import BUILDER_CASES, small_topologies
 from mccl.errors import TopologyError, TopologyFileError
 from mccl.topology import (
+    Link,
     NodeKind,
     Router,
     Topology,
@@ -81,7 +83,7 @@ def test_hand_written_file_with_duplex_links():
         (("mccl-topology/1", "mccl-topology/9"), r"t\.yaml:1: format: expected format"),
         (("gbps: 100, latency_us: 0.5, duplex: true}\n  - {src: b, dst: s, gbps: 100, latency_us: 0.5, duplex: true}",
           "gbps: 100, latency_us: 0.5, duplex: true}\n  - {src: b, dst: s, gbps: 100, latency_us: 0.5}"),
-         r"nodes\[1\]: GPU 'b' cannot reach GPU 'a'|nodes\[0\]: GPU 'a' cannot reach GPU 'b'"),
+         r"t\.yaml:\d+: nodes\[1\]: GPU 'b' has no incoming links: GPU 'a' cannot reach it"),
         (("latency_us: 0.5, duplex: true}\n  - {src: b", "latency_us: x, duplex: true}\n  - {src: b"), r"links\[0\]\.latency_us: must be a finite number"),
         (("nodes:\n", "nodes: {\n"), r"t\.yaml:\d+: not valid YAML/JSON"),
     ],
@@ -104,8 +106,25 @@ def test_missing_file_and_empty_file(tmp_path):
 def test_disconnected_gpu_in_code_is_rejected():
     fabric = single_switch(3, 100)
     links = [link for link in fabric.links if link.src != "gpu2"]
-    with pytest.raises(TopologyError, match="'gpu2' cannot reach"):
+    with pytest.raises(TopologyError, match="GPU 'gpu2' has no outgoing links: it cannot reach GPU 'gpu0'"):
         Topology.from_edges("cut", fabric.nodes, [(k.src, k.dst, k.gbps, k.latency_us) for k in links])
+
+
+def test_a_gpu_without_links_is_named_not_the_first_gpu():
+    """The GPU left without links is the one reported (it was reported as ``nodes[0]``, the first GPU, which
+    merely cannot reach it), in code and at its own entry in a file."""
+    fabric = single_switch(4, 100)
+    links = [(k.src, k.dst, k.gbps, k.latency_us) for k in fabric.links if "gpu2" not in (k.src, k.dst)]
+    with pytest.raises(TopologyError, match=r"^GPU 'gpu2' has no links: it cannot reach any other GPU"):
+        Topology.from_edges("cut", fabric.nodes, links)
+    text = GOOD.replace("  - {id: s, kind: switch}", "  - {id: c, kind: gpu, host: h2}\n  - {id: s, kind: switch}")
+    with pytest.raises(TopologyFileError, match=r"t\.yaml:6: nodes\[2\]: GPU 'c' has no links"):
+        loads_topology(text, source="t.yaml")
+    islands = GOOD.replace("  - {id: s, kind: switch}", "  - {id: c, kind: gpu, host: h2}\n  - {id: s, kind: switch}"
+                           "\n  - {id: s2, kind: switch}").replace(
+        "links:\n", "links:\n  - {src: c, dst: s2, gbps: 100, latency_us: 0.5, duplex: true}\n")
+    with pytest.raises(TopologyFileError, match=r"nodes\[2\]: GPU 'c' cannot reach GPU 'a': the fabric is disconnected"):
+        loads_topology(islands, source="t.yaml")
 
 
 def test_degrade_returns_a_new_value(hpn):
@@ -154,3 +173,34 @@ def test_builder_specs_and_bad_specs():
         parse_topology("single_switch(0,100)")
     with pytest.raises(TopologyError, match="no such topology file"):
         parse_topology("missing.yaml")
+
+
+def test_with_capacities_equals_a_topology_built_afresh():
+    """with_capacities checks only the capacity rules and hands on the structural lookups: the result must
+    equal the topology built from scratch with those links (every lookup too), and refuse what it refuses."""
+    fabric = rail_optimized(1, 2, 4)
+    _ = fabric.node_index, fabric.gpus, fabric.out_links, fabric.link_endpoints, fabric.latencies_us  # cached
+    _ = fabric.capacities_gbps
+    values = fabric.capacities_gbps * np.linspace(0.25, 1.0, len(fabric.links))
+    values[3] = fabric.links[3].gbps  # an unchanged link
+    got = fabric.with_capacities(values, name="reweighted")
+    fresh = Topology("reweighted", fabric.nodes, tuple(Link(k.id, k.src, k.dst, float(v), k.latency_us)
+                                                          for k, v in zip(fabric.links, values, strict=True)))
+    assert got == fresh and got.links == fresh.links
+    assert np.array_equal(got.capacities_gbps, values) and not np.array_equal(got.capacities_gbps,
+                                                                              fabric.capacities_gbps)
+    for lookup in ("node_index", "gpus", "out_links", "latencies_us"):
+        assert getattr(got, lookup) == getattr(fresh, lookup) if lookup != "latencies_us" else np.array_equal(
+            got.latencies_us, fresh.latencies_us)
+    assert all(np.array_equal(a, b) for a, b in zip(got.link_endpoints, fresh.link_endpoints, strict=True))
+    assert got.links_between("gpu0", "nvs0") == fresh.links_between("gpu0", "nvs0")
+    assert fabric.with_capacities(fabric.capacities_gbps).links == fabric.links  # name kept, nothing changed
+    for bad, message in ((0.0, "has capacity 0.0 Gbit/s; it must be positive"), (np.nan, "it must be positive"),
+                         (1e-12, "too slow to schedule around")):
+        changed = fabric.capacities_gbps.copy()
+        changed[5] = bad
+        with pytest.raises(TopologyError, match=message):
+            fabric.with_capacities(changed)
+        with pytest.raises(TopologyError, match=message):
+            Topology("x", fabric.nodes, tuple(Link(k.id, k.src, k.dst, float(v), k.latency_us)
+                                              for k, v in zip(fabric.links, changed, strict=True)))

@@ -38,6 +38,8 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE
 def parse_size(text: str) -> int:
     """``128MB`` → bytes. K/M/G are binary (as in nccl-tests' ``-b 128M``); ``MiB`` works too."""
     match = _SIZE.match(text)
+    if not match and text.strip().startswith("-"):
+        raise MCCLError(f"size must be positive, got {text[:40]!r}")
     if not match:
         raise MCCLError(f"cannot read size {text!r}; use bytes or a K/M/G suffix, e.g. 128MB")
     value = float(match[1]) * _UNITS[match[2].lower()]
@@ -94,7 +96,10 @@ def write_outputs(files: dict[Path, str | bytes]) -> None:
         for path, data in files.items():
             payload = data.encode() if isinstance(data, str) else data
             directory = path.parent if str(path.parent) else Path(".")
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+            try:
+                descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+            except OSError as error:  # name the file asked for, not the temporary one beside it
+                raise OSError(error.errno, f"cannot write {path}: {error.strerror}") from None
             staged.append((temporary, path))
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(payload)

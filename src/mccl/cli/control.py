@@ -86,7 +86,8 @@ def _check_tcp_port(endpoint: str) -> None:
 @click.option("--endpoint", default="tcp://127.0.0.1:5555", show_default=True, help="the controller's endpoint")
 @click.option("--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="MCCL_CONTROL_SECRET_FILE", default=None, help="the job's control-plane secret")
-@click.option("--timeout", "timeout_s", default=5.0, show_default=True, type=FiniteFloat(), help="seconds to wait")
+@click.option("--timeout", "timeout_s", default=5.0, show_default=True, type=FiniteFloat(1e-3, 86400.0),
+              help="seconds to wait (a negative or zero wait is refused: it waited forever)")
 def controller_status_command(endpoint: str, secret_file: Path | None, timeout_s: float) -> None:
     """Ask a running controller for its status: its counters, and which path ran each rank's calls
     (an mccl schedule and its version, or delegated to the wrapped transport)."""
@@ -136,9 +137,13 @@ def print_calls(calls: dict) -> None:
 @click.option("--out", default="plots", show_default=True, help="directory of the timeline PNG")
 def demo_command(ranks: str, quick: bool, alpha: float | None, gamma: float | None, fabric: str, out: str) -> None:
     """The closed loop live: gloo ranks run collectives, a NIC degrades, the controller re-synthesizes."""
+    from mccl.control import ControlConfig
     from mccl.experiments.demo import DemoConfig, run_demo
     from mccl.experiments.netemu.present import live_row, plot_timeline, print_summary
 
+    # Checked here, before a fabric or a process starts: a bad α or Γ otherwise surfaced as the controller
+    # subprocess's traceback (after the emulated fabric was built) and a "controller exited" line.
+    ControlConfig(**{key: value for key, value in (("alpha", alpha), ("gamma", gamma)) if value is not None})
     if fabric == "netemu":
         from mccl.experiments.netemu.present import run_and_print
 

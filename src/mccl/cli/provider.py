@@ -57,6 +57,9 @@ def serve_command(secret_file: Path, tenants: tuple[str, ...], credentials_dir: 
         raise click.UsageError(f"--host {host} is not below --hosts {hosts}")
     if job_timeout_s <= 0:
         raise click.UsageError("--job-timeout must be positive")
+    store_host, _, store_port = store.rpartition(":")
+    if not store_host or not store_port.isdigit() or not 1 <= int(store_port) <= 65535:
+        raise click.UsageError(f"--store {store}: expected HOST:PORT with a port of 1-65535, e.g. 127.0.0.1:29400")
     secret = _provider_secret(secret_file, create=True)
     credentials = {tenant: tenant_credential(secret, tenant) for tenant in tenants}  # refuses bad names first
     if credentials_dir is not None:

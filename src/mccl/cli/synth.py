@@ -32,7 +32,15 @@ def _report(schedule: Schedule, out: Path, also: dict[Path, str] | None = None) 
 
 
 def _ranks_option(text: str | None) -> list[str] | None:
-    return None if text is None else [gpu.strip() for gpu in text.split(",") if gpu.strip()]
+    """``--ranks gpu0,gpu1,...`` as a list; a GPU named twice is a usage error naming it."""
+    if text is None:
+        return None
+    gpus = [gpu.strip() for gpu in text.split(",") if gpu.strip()]
+    twice = next((gpu for position, gpu in enumerate(gpus) if gpu in gpus[:position]), None)
+    if twice is not None:
+        raise click.BadParameter(f"GPU {twice!r} is given twice; each rank needs a GPU of its own",
+                                 param_hint="'--ranks'")
+    return gpus
 
 
 _topology_option = click.option("--topology", "topology", required=True, help="File or builder call, e.g. 'rail_optimized(1,2,8)'.")

@@ -24,9 +24,9 @@ def _steps(text: str | None) -> int | str | None:
     try:
         value = int(text) if len(text) <= 6 else -1
     except ValueError:
-        raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}") from None
+        raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}", param_hint="'--max-steps'") from None
     if value < 1:
-        raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}")
+        raise click.BadParameter(f"expected a positive integer or 'auto', got {text!r}", param_hint="'--max-steps'")
     return value
 
 

@@ -22,7 +22,7 @@ def topo_group() -> None:
     """Build, show and check fabrics."""
 
 
-@topo_group.command("build")
+@topo_group.command("build", short_help="Write a fabric (a builder call, faults applied) to a file.")
 @click.argument("spec")
 @click.option("--fault", "faults", multiple=True, help="Fail1|Fail2|Fail3, SRC->DST=GBPS, SRC<->DST*FACTOR (repeatable).")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,

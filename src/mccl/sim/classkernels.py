@@ -30,7 +30,7 @@ to a compiled function costs an atomic reference count up and down for every arr
 on the loaded box (the 128-GPU ring at 1 GiB: 10.8 → 6.4 s CPU at load ~25; 5.6–6.3 → 4.7–5.3 s at
 load ~5, where atomics are cheaper; BENCHMARKS.md, 2026-12-01 fourth session). The helpers live in :mod:`mccl.sim.classheaps`,
 :mod:`mccl.sim.classsolve` and :mod:`mccl.sim.indexheap`, but numba's file cache keys
-:func:`run_grouped` on THIS file only, so this file compiles with :func:`mccl.sim.jitcache.cached_njit`
+:func:`run_grouped` on THIS file only, so this file compiles with :func:`mccl.jitcache.cached_njit`
 naming them: editing a helper drops the loop's cache and it compiles afresh once.
 """
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.jitcache import cached_njit
 from mccl.sim import classheaps, classsolve, indexheap
 from mccl.sim.classheaps import arr_pop as _arr_pop
 from mccl.sim.classheaps import arr_push as _arr_push
@@ -48,11 +49,10 @@ from mccl.sim.classsolve import activate as _activate
 from mccl.sim.classsolve import deactivate as _deactivate
 from mccl.sim.classsolve import recompute as _recompute
 from mccl.sim.indexheap import heap_set as _heap_set
-from mccl.sim.jitcache import cached_njit
 
 __all__ = ["run_grouped"]
 
-_HELPERS = (classheaps, classsolve, indexheap)  # a change there recompiles run_grouped (mccl.sim.jitcache)
+_HELPERS = (classheaps, classsolve, indexheap)  # a change there recompiles run_grouped (mccl.jitcache)
 _jit = cached_njit(_HELPERS, nogil=True)
 _inline = cached_njit(_HELPERS, nogil=True, inline="always")  # module docstring: inlined helpers
 _LAUNCH, _CHUNK, _QUEUE = 0, 1, 2  # mccl.sim.results.Cause

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.jitcache import cached_njit
 from mccl.sim import classheaps, indexheap
 from mccl.sim.classheaps import mark as _mark
 from mccl.sim.indexheap import heap_pop as _heap_pop
 from mccl.sim.indexheap import heap_set as _heap_set
-from mccl.sim.jitcache import cached_njit
 
 __all__ = ["activate", "deactivate", "recompute"]
 
-_jit = cached_njit((classheaps, indexheap), nogil=True)  # helpers in other files: mccl.sim.jitcache
+_jit = cached_njit((classheaps, indexheap), nogil=True)  # helpers in other files: mccl.jitcache
 _inline = cached_njit((classheaps, indexheap), nogil=True, inline="always")  # see mccl.sim.classkernels: why inlined
 _WHOLE = 0.25  # once S holds this share of the live classes, S becomes all of them
 _SCAN_LINKS = 48  # up to this many links, find the lowest share by a scan instead of a heap

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.jitcache import cached_njit
 from mccl.sim import flowstate
 from mccl.sim.flowstate import FinishHeap, FlowState
-from mccl.sim.jitcache import cached_njit
 
 __all__ = ["due", "finish_push", "next_finish", "rebuild_finish_heap"]
 

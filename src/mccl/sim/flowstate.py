@@ -20,7 +20,7 @@ use: reading arrays from the groups inside the loops (or passing whole groups to
 helpers) made the kernels 20-80% slower — numba's reference counting of tuples.
 
 A kernel compiled against these classes is cached by numba in its own file's cache; every kernel
-module names this one as a dependency (:func:`mccl.sim.jitcache.cached_njit`), so a change here
+module names this one as a dependency (:func:`mccl.jitcache.cached_njit`), so a change here
 recompiles them all.
 """
 

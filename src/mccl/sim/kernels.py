@@ -12,7 +12,7 @@ compiled loops over per-link lists of flows.
 Several files, one cache rule. numba's file cache (``cache=True``) checks only the source file
 of the function it compiled: not callees, globals or ``NamedTuple`` fields defined in another file.
 These kernels were one 721-line file for that reason; now each kernel module compiles with
-:func:`mccl.sim.jitcache.cached_njit`, naming the files it depends on, and a change to one of them
+:func:`mccl.jitcache.cached_njit`, naming the files it depends on, and a change to one of them
 drops the dependent kernels' cache index, so they compile afresh once.
 
 Membership. Flows live in slots; slot s has up to R route links in ``route[s]``;
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.jitcache import cached_njit
 from mccl.sim import flowstate
 from mccl.sim.finishheap import due, next_finish, rebuild_finish_heap
 from mccl.sim.flowstate import FinishHeap, FlowState, HopState, LinkState, Rows, Scratch, SlotBook, WorkList
-from mccl.sim.jitcache import cached_njit
 from mccl.sim.maxmin import recompute
 
 __all__ = ["FinishHeap", "FlowState", "HopState", "LinkState", "Rows", "Scratch", "SlotBook", "WorkList", "add_flows",

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from mccl.jitcache import cached_njit
 from mccl.sim import finishheap, flowstate, indexheap
 from mccl.sim.finishheap import finish_push
 from mccl.sim.flowstate import FinishHeap, FlowState, HopState, LinkState, Scratch, WorkList
 from mccl.sim.indexheap import heap_pop as _heap_pop
 from mccl.sim.indexheap import heap_set as _heap_set
-from mccl.sim.jitcache import cached_njit
 
 __all__ = ["recompute"]
 

@@ -163,7 +163,8 @@ def fabric_view(topology: Topology, ranks: Sequence[str] | None = None) -> Fabri
     is_rank = np.zeros(len(topology.nodes), dtype=bool)
     is_rank[rank_pos] = True
     if int(is_rank.sum()) != len(chosen):
-        raise TopologyError(f"ranks must be distinct GPUs of topology {topology.name!r}")
+        twice = next(gpu for position, gpu in enumerate(chosen) if gpu in chosen[:position])
+        raise TopologyError(f"ranks must be distinct GPUs of topology {topology.name!r}: {twice!r} holds two ranks")
     switches = np.flatnonzero(~is_gpu)
     foreign = np.flatnonzero(is_gpu & ~is_rank)
     order = np.concatenate([rank_pos, switches, foreign])

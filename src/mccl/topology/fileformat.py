@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from mccl.errors import TopologyError, TopologyFileError
-from mccl.topology.model import Link, Node, NodeKind, Topology, unreachable_gpu_pair
+from mccl.topology.model import Link, Node, NodeKind, Topology, disconnected_gpu
 
 __all__ = ["FORMAT", "load_topology", "loads_topology", "dump_topology", "dumps_topology", "topology_to_dict",
            "write_atomic", "new_file_mode"]
@@ -260,10 +260,9 @@ def _build(data: Any, reader: _Reader) -> Topology:
             raise reader.fail(key, f"'{key}' must be a list")
     nodes = _read_nodes(reader, data["nodes"])
     links = _read_links(reader, data["links"], {node.id for node in nodes})
-    pair = unreachable_gpu_pair(nodes, links)
-    if pair is not None:
-        where = next(f"nodes[{i}]" for i, node in enumerate(nodes) if node.id == pair[0])
-        raise reader.fail(where, f"GPU {pair[0]!r} cannot reach GPU {pair[1]!r}: the fabric is disconnected")
+    cut = disconnected_gpu(nodes, links)
+    if cut is not None:  # reported at the GPU to fix (the one outside the largest connected part)
+        raise reader.fail(next(f"nodes[{i}]" for i, node in enumerate(nodes) if node.id == cut[0]), cut[1])
     name = str(data.get("name", Path(reader.source).stem))
     try:
         return Topology(name, tuple(nodes), tuple(links))

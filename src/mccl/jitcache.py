@@ -9,6 +9,9 @@ flow table's kernels therefore lived in one 721-line file. :func:`cached_njit` l
 them live in several: it compiles as ``numba.njit(cache=True)`` and, at import, drops
 the function's cache index when one of the files it names is newer than the index, so
 numba compiles it afresh (once; the new index is newer than them all).
+
+A leaf module (it imports nothing of mccl): the simulator's kernels (:mod:`mccl.sim.kernels` & co.)
+and the treepack repair kernel (:mod:`mccl.synth.treepack.regrowkernel`) both compile with it.
 """
 
 from __future__ import annotations

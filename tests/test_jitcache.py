@@ -1,4 +1,4 @@
-"""mccl.sim.jitcache: a kernel's numba file cache is dropped when a file it depends on changed
+"""mccl.jitcache: a kernel's numba file cache is dropped when a file it depends on changed
 (numba itself checks only the kernel's own file), and kept otherwise."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 DEPENDENCY = "SCALE = 2\n"
 KERNEL = '''
-from mccl.sim.jitcache import cached_njit
+from mccl.jitcache import cached_njit
 import jitdep
 
 @cached_njit((jitdep,))
