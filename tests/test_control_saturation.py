@@ -69,3 +69,14 @@ def test_traffic_needs_positive_inputs() -> None:
     assert traffic_gbps(np.array([1.0]), 2e9, 2, 8.0)[0] == pytest.approx(1.0)
     with pytest.raises(ControllerError, match="positive"):
         traffic_gbps(np.array([1.0]), 2e9, 2, 0.0)
+
+
+def test_a_culprit_that_does_not_pace_the_collective_keeps_its_scale_free_reading() -> None:
+    """Its paths slowed far more than the collective (Fail3's NIC ingress beside the NVLink that sets the time):
+    its traffic over the collective's time is no estimate of its capacity."""
+    inter = np.array([[np.nan, 0.1], [1.0, np.nan]])
+    intra = np.full(2, np.nan)
+    measured = measured_capacities(_map(), inter, intra, NOMINAL)
+    reading = saturated_reading(_map(), inter, intra, measured, NOMINAL, LOAD, SIZE, (REFERENCE_S, NOW_S), 0.2)
+    assert reading.culprits.size == 0 and "slowed as much" in reading.reason
+    assert reading.capacities_gbps.tolist() == measured.tolist()

@@ -20,10 +20,14 @@ The reading (:func:`saturated_reading`). When the collective itself slowed beyon
 (its observed time now over its reference > 1 + Γ: a capacity was lost on its critical links, not only
 shuffled between paths), each clearly slowed path (factor < 1/(1 + Γ)) names one culprit: among the links
 of its routes that the scale-free reading already believes degraded (below base/(1 + Γ)), the one with
-the highest absolute utilisation at the reference. A culprit is read at the traffic it carries now, never above the scale-free reading: the larger of
-``traffic_a`` over the observed time now and its reference traffic times its scale-free factor (each is
-low where the link is not all that slows its paths; measured: Fail3's GPU 0 NIC ingress, true 100, not
-the bottleneck, carries 7 over the collective's time, 64 by its paths).
+the highest absolute utilisation at the reference. A culprit whose paths slowed as much as the
+collective did (its scale-free factor times the collective's slowdown within Γ of 1: it paces the
+collective) is read at the traffic it carries now, never above the scale-free reading: the larger of
+``traffic_a`` over the observed time now and its reference traffic times its scale-free factor (they agree
+for such a link). A culprit whose paths slowed far more or less than the collective keeps the scale-free
+reading: it does not set the collective's time, so its traffic says little of its capacity (measured,
+Fail3: GPU 0's NIC ingress, true 100, carries 7 over the collective's time; a version made for a reading of
+it this low finds its paths faster than its base and is flagged again within the same fault — a third swap).
 Measured at Fail1's first flag: GPU 0's NVLink egress 1631 → 807 (true 800), its ingress 926 → 807 (800).
 Why only then: after a repair the fault's version speeds up as a whole while some of its paths slow by
 contention (gpu7's NIC read at 101–125 of 400 by the reverted rule, which broke the swap back); the gate
@@ -115,11 +119,16 @@ def saturated_reading(mapping: OverlayMap, inter_factor: np.ndarray, intra_facto
     best = np.full(len(counts), -np.inf)
     np.maximum.at(best, owner[entry], utilisation[entry])
     culprits = np.unique(links[entry & (utilisation >= best[owner])])
-    # the traffic it carries now, read two ways: over the collective's observed time, and by its own paths (its
-    # traffic at the reference times the scale-free factor); each is low where the link is not all that slows them
-    by_paths = traffic_ref * np.divide(measured, base, out=np.ones_like(measured), where=base > 0)
+    # it paces the collective: its paths slowed as much as the collective did (within Γ), so its traffic now is
+    # what it can carry; read two ways (over the collective's time, and by its paths), the larger
+    factor = measured[culprits] / base[culprits]
+    pace = factor * (now_s / reference_s)
+    culprits = culprits[(pace >= 1.0 / (1.0 + gamma)) & (pace <= 1.0 + gamma)]
+    if culprits.size == 0:
+        return SaturatedReading(measured, none, "no culprit's paths slowed as much as the collective")
+    by_paths = traffic_ref[culprits] * measured[culprits] / base[culprits]
     result = measured.copy()
-    result[culprits] = np.minimum(measured[culprits], np.maximum(traffic_now[culprits], by_paths[culprits]))
+    result[culprits] = np.minimum(measured[culprits], np.maximum(traffic_now[culprits], by_paths))
     return SaturatedReading(result, culprits)
 
 
@@ -148,13 +157,17 @@ def saturated_for(manager: ScheduleManager, comm: _Communicator, ewma: OverlayEW
 def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale_free_gbps: np.ndarray,
             reading: SaturatedReading) -> tuple[np.ndarray, str]:
     """The capacities a re-synthesis is made for, and why: the reading where it explains the active collective's
-    observed time within Γ and better than the scale-free one (the guard's r, :meth:`~mccl.control.guard.Guard.
-    explains`: one prediction on each fabric), else the scale-free one. Called outside the manager's lock.
+    observed time within Γ and better than the scale-free one by more than the guard's tolerance (the guard's
+    r, :meth:`~mccl.control.guard.Guard.explains`: one prediction on each fabric), else the scale-free one.
+    Called outside the manager's lock.
 
     Why the check: the reading is a hypothesis (these links are saturated now); where many paths slowed for
     reasons of their own it is as wrong as the scale-free reading, the other way. Measured (flow simulator,
     uniform halving of every GPU ingress): 22 links read at their traffic, r 0.75 → 1.30 (the fabric now
-    overstates the slowdown), and the guard's affine reading swapped in the ring; Fail1: r 0.87 → 1.00."""
+    overstates the slowdown), and the guard's affine reading swapped in the ring; Fail1: r 0.87 → 1.00. Why
+    "by more": where both explain (Fail3, r 1.000 both) the reading's non-bottleneck links read at their
+    traffic are too low, the version made for them finds its own paths faster than its base and is flagged
+    again during the same fault (measured: a third swap, seed 0)."""
     if reading.culprits.size == 0 or reading.judged is None:
         return scale_free_gbps, reading.reason
     schedule, version, size, observed, base = reading.judged
@@ -168,6 +181,6 @@ def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale
         return scale_free_gbps, f"not judged ({error})"
     text = f"r {on_scale_free:.3f} scale-free, {on_reading:.3f} read"
     if abs(math.log(on_reading)) <= math.log1p(manager.config.gamma) and \
-            abs(math.log(on_reading)) < abs(math.log(on_scale_free)):
+            abs(math.log(on_reading)) + math.log1p(manager.config.guard_tolerance) < abs(math.log(on_scale_free)):
         return reading.capacities_gbps, f"{reading.culprits.size} links read at their traffic ({text})"
     return scale_free_gbps, f"the reading explains no better ({text})"
