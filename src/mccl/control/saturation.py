@@ -37,8 +37,11 @@ was seen at full speed by some path; its traffic now is no estimate of its capac
 Units. The rule needs the samples' and collective times' units to be the topology's (the flow simulator
 and the per-path rate model: the topology is the fabric). The emulated fabric runs at 1/20000 of its
 topology's units and the live runtime at whatever the hardware gives, so it is off unless the executor
-says so (``ControlConfig.absolute_rates``), and even then refused when the reference traffic of a link
-exceeds its base capacity by more than Γ — impossible in the topology's units.
+says so (``ControlConfig.absolute_rates``). Even then, rates in larger units are refused (a link's
+reference traffic above its base capacity by more than Γ cannot be), and rates in smaller units (the
+emulated fabric's) would read every culprit far too slow, a fabric that predicts a slowdown nobody observes:
+:func:`adopted` keeps the scale-free reading unless the read fabric explains the collective's observed
+time within Γ, and better.
 """
 
 from __future__ import annotations
@@ -156,10 +159,17 @@ def saturated_for(manager: ScheduleManager, comm: _Communicator, ewma: OverlayEW
 
 def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale_free_gbps: np.ndarray,
             reading: SaturatedReading) -> tuple[np.ndarray, str]:
-    """The capacities a re-synthesis is made for, and why: the reading where it explains the active collective's
-    observed time within Γ and better than the scale-free one by more than the guard's tolerance (the guard's
-    r, :meth:`~mccl.control.guard.Guard.explains`: one prediction on each fabric), else the scale-free one.
-    Called outside the manager's lock.
+    """The capacities a re-synthesis is made for, and why: the reading where the scale-free one explains the
+    active collective's observed time within Γ and the reading explains it within Γ and better by more than the
+    guard's tolerance (the guard's r, :meth:`~mccl.control.guard.Guard.explains`: one prediction on each
+    fabric), else the scale-free one. Called outside the manager's lock.
+
+    Why the scale-free reading must explain first: the reading takes its capacities from the very collective
+    time it is then checked against, so on its own the check is partly circular — it can fit a slowdown the
+    attribution does not understand. Measured (flow simulator, uniform halving of every GPU ingress, bar 0
+    swaps): scale-free r 0.75 (unexplained: the guard keeps the schedule), with a reading of the culprits that
+    pace the collective r within Γ, and two swaps. The reading refines a fabric that already explains the
+    fault; it does not make one explain.
 
     Why the check: the reading is a hypothesis (these links are saturated now); where many paths slowed for
     reasons of their own it is as wrong as the scale-free reading, the other way. Measured (flow simulator,
@@ -180,6 +190,8 @@ def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale
     except MCCLError as error:
         return scale_free_gbps, f"not judged ({error})"
     text = f"r {on_scale_free:.3f} scale-free, {on_reading:.3f} read"
+    if abs(math.log(on_scale_free)) > math.log1p(manager.config.gamma):
+        return scale_free_gbps, f"the scale-free reading does not explain the slowdown: not refined ({text})"
     if abs(math.log(on_reading)) <= math.log1p(manager.config.gamma) and \
             abs(math.log(on_reading)) + math.log1p(manager.config.guard_tolerance) < abs(math.log(on_scale_free)):
         return reading.capacities_gbps, f"{reading.culprits.size} links read at their traffic ({text})"
