@@ -198,8 +198,9 @@ class ScheduleManager(_ManagerState):
             capacities = decision.capacities_gbps if comm.level is None else self._measured(comm, ewma)
             if not self.config.absolute_rates:
                 return capacities
-            reading = saturated_for(self, comm, ewma, decision.collective, capacities)
-        return adopted(self, decision.communicator, decision.collective, capacities, reading)[0]  # predicts: unlocked
+            reading = saturated_for(self.guard, self.config, comm, ewma, decision.collective, capacities)
+        return adopted(self.guard, self.config, decision.communicator, decision.collective, capacities,
+                       reading)[0]  # predicts: outside the lock
 
     def _measured_topology(self, capacities: np.ndarray) -> Topology:
         return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")

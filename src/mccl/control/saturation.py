@@ -48,18 +48,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mccl.control.config import ControlConfig
 from mccl.control.drift import OverlayMap
 from mccl.control.ewma import OverlayEWMA
+from mccl.control.guard import Guard
 from mccl.control.records import _Communicator
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Collective, Schedule
-
-if TYPE_CHECKING:
-    from mccl.control.manager import ScheduleManager
+from mccl.topology import Topology
 
 __all__ = ["SaturatedReading", "adopted", "saturated_for", "saturated_reading", "traffic_gbps"]
 
@@ -135,7 +134,7 @@ def saturated_reading(mapping: OverlayMap, inter_factor: np.ndarray, intra_facto
     return SaturatedReading(result, culprits)
 
 
-def saturated_for(manager: ScheduleManager, comm: _Communicator, ewma: OverlayEWMA, kind: Collective,
+def saturated_for(guard: Guard, config: ControlConfig, comm: _Communicator, ewma: OverlayEWMA, kind: Collective,
                   measured_gbps: np.ndarray) -> SaturatedReading:
     """:func:`saturated_reading` for ``kind``'s active schedule of ``comm`` (the manager calls it under its lock,
     for what a re-synthesis is made for): its loads, the job's size, its observed (reference, now) times; the
@@ -145,19 +144,18 @@ def saturated_for(manager: ScheduleManager, comm: _Communicator, ewma: OverlayEW
     observed = comm.clock.observed(kind, active.version) if active is not None else None
     if active is None or observed is None or comm.coverage is None:
         return SaturatedReading(measured, np.zeros(0, dtype=np.int64), "no observed collective times yet")
-    if not observed[1] > observed[0] * (1.0 + manager.config.gamma):  # before the loads: most checks stop here
+    if not observed[1] > observed[0] * (1.0 + config.gamma):  # before the loads: most checks stop here
         return SaturatedReading(measured, np.zeros(0, dtype=np.int64),
                                 "the collective did not slow beyond the drift threshold")
-    guard = manager.guard
     size = guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
-    base = manager.topology.capacities_gbps if comm.base is None else comm.base
+    base = guard.nominal.capacities_gbps if comm.base is None else comm.base
     reading = saturated_reading(comm.coverage, *ewma.factors(), measured, base, guard.link_load(active.schedule), size,
-                                observed, manager.config.gamma)
+                                observed, config.gamma)
     judged = (active.schedule, active.version, size, observed, None if comm.base is None else comm.base.copy())
     return replace(reading, judged=judged)
 
 
-def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale_free_gbps: np.ndarray,
+def adopted(guard: Guard, config: ControlConfig, communicator: str, kind: Collective, scale_free_gbps: np.ndarray,
             reading: SaturatedReading) -> tuple[np.ndarray, str]:
     """The capacities a re-synthesis is made for, and why: the reading where the scale-free one explains the
     active collective's observed time within Γ and the reading explains it within Γ and better by more than the
@@ -181,18 +179,18 @@ def adopted(manager: ScheduleManager, communicator: str, kind: Collective, scale
     if reading.culprits.size == 0 or reading.judged is None:
         return scale_free_gbps, reading.reason
     schedule, version, size, observed, base = reading.judged
-    topology = manager.topology
+    topology: Topology = guard.nominal
     try:
-        on_reading = manager.guard.explains(communicator, kind, version, schedule,
+        on_reading = guard.explains(communicator, kind, version, schedule,
                                             topology.with_capacities(reading.capacities_gbps), size, observed, base)
-        on_scale_free = manager.guard.explains(communicator, kind, version, schedule,
+        on_scale_free = guard.explains(communicator, kind, version, schedule,
                                                topology.with_capacities(scale_free_gbps), size, observed, base)
     except MCCLError as error:
         return scale_free_gbps, f"not judged ({error})"
     text = f"r {on_scale_free:.3f} scale-free, {on_reading:.3f} read"
-    if abs(math.log(on_scale_free)) > math.log1p(manager.config.gamma):
+    if abs(math.log(on_scale_free)) > math.log1p(config.gamma):
         return scale_free_gbps, f"the scale-free reading does not explain the slowdown: not refined ({text})"
-    if abs(math.log(on_reading)) <= math.log1p(manager.config.gamma) and \
-            abs(math.log(on_reading)) + math.log1p(manager.config.guard_tolerance) < abs(math.log(on_scale_free)):
+    if abs(math.log(on_reading)) <= math.log1p(config.gamma) and \
+            abs(math.log(on_reading)) + math.log1p(config.guard_tolerance) < abs(math.log(on_scale_free)):
         return reading.capacities_gbps, f"{reading.culprits.size} links read at their traffic ({text})"
     return scale_free_gbps, f"the reading explains no better ({text})"
