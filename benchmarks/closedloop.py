@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/closedloop.py --predictor alpha-beta   # the guard predicts by α-β on the flow sim
     .venv/bin/python benchmarks/closedloop.py --delay 0 --seeds 0,1,2 --healthy 10 --persist 14 --after 14
         # the bars table of issue 11 (the tests' setting), 16 GPUs, three noise seeds
+    .venv/bin/python benchmarks/closedloop.py --delay 0 --seeds 0,1,2 --healthy 10 --persist 14 --after 14 \
+        --absolute-rates both --truth      # issue 11's Fail1 tie: the saturated reading off and on, same run
     .venv/bin/python benchmarks/closedloop.py --controller-cpu   # 8-GPU CPU per flagged collective, with the check
     .venv/bin/python benchmarks/closedloop.py --hosts 128 --evaluator fluid --collectives alltoall \
         --scenarios fail2 --out benchmarks/results/closedloop1024   # 1024 GPUs (issue 11 deliverable 2)
@@ -31,11 +33,19 @@ never-worse guard's predictor: by default the evaluator's own model (flow simula
 tests' reproducible setting (no synthesis delay, no extra compute gap); ``--seeds 0,1,2`` repeats each
 scenario with other telemetry noise. The guard's
 decisions (which schedule won, predicted speedups) are printed and written to the CSV.
+
+``--absolute-rates on|off|both``: the controller's ``absolute_rates`` (the link that slowed a collective read
+at its traffic before a re-synthesis, :mod:`mccl.control.saturation`); on is the scenarios' default since the
+seventh session (``DEFAULT_CONFIG``); both runs every row twice, off then on. ``--truth``: for the first swap
+issued during the change, one collective of the version it replaced and of the version it issued on the
+*true* faulted fabric, by the evaluator's own model (``LoopOutcome.first_swap_on_truth``): the "never worse
+than what it replaces" figure (active / issued > 1: the swap won).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -51,6 +61,7 @@ from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 from mccl.control.guard import AlphaBeta  # noqa: E402
 from mccl.experiments.closedloop_sim import TelemetryModel  # noqa: E402
 from mccl.experiments.loop_scenarios import (  # noqa: E402
+    DEFAULT_CONFIG,
     EXPECTED_SWAPS,
     LOOP_SCENARIOS,
     run_scenario,
@@ -146,6 +157,10 @@ def main() -> None:
                         help="ranks report no collective times: the guard's explanation check is skipped (before)")
     parser.add_argument("--controller-cpu", action="store_true", help="the 8-GPU CPU bar with the guard's check")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--absolute-rates", choices=("on", "off", "both"), default="on",
+                        help="the controller's saturated reading (mccl.control.saturation); both: off, then on")
+    parser.add_argument("--truth", action="store_true",
+                        help="the first swap's replaced / issued version timed on the true faulted fabric")
     args = parser.parse_args()
     if args.controller_cpu:
         write_csv(args.out / "controller-cpu-8gpu-check.csv", controller_cpu_with_check(args.repeats))
@@ -153,38 +168,46 @@ def main() -> None:
     kinds = (args.collectives or ("alltoall" if args.quick else "allgather,alltoall")).split(",")
     console = Console()
     table = Table(title=f"closed loop on rail_optimized(1,{args.hosts},8) (flow-level simulator, real controller)")
-    for column in ("scenario", "collective", "swaps (bar)", "detect ms (coll.)", "synth ms", "first new ms",
+    for column in ("scenario", "collective", "absolute", "swaps (bar)", "detect ms (coll.)", "synth ms", "first new ms",
                    "clear: detect ms", "clear: synth ms", "clear: first new ms", "algbw before/during/after GB/s",
                    "ok", "guard", "wall s", "cpu s"):
         table.add_column(column)
     rows = []
     tag = ("-" + args.predictor if args.predictor != "auto" else "") + ("-nocheck" if args.no_collective_times else "")
-    runs = [(name, kind, int(seed)) for name in args.scenarios.split(",") for kind in kinds
-            for seed in args.seeds.split(",")]
-    for name, kind, seed in runs:
+    absolute = {"on": (True,), "off": (False,), "both": (False, True)}[args.absolute_rates]
+    tag += "" if args.absolute_rates == "on" else f"-absolute-{args.absolute_rates}"
+    runs = [(name, kind, int(seed), on) for name in args.scenarios.split(",") for kind in kinds
+            for seed in args.seeds.split(",") for on in absolute]
+    for name, kind, seed, on in runs:
         wall, cpu = time.perf_counter(), time.process_time()
         try:
             outcome = run_scenario(name, kind, hosts=args.hosts, healthy=args.healthy, persist=args.persist,
                                    after=args.after, evaluator=args.evaluator, model=TelemetryModel(seed=seed, collective_times=not args.no_collective_times),
                                    synthesis_delay_s=args.delay, min_gap_s=args.delay,
-                                   predict=_predictor(args.predictor, args.evaluator))
+                                   predict=_predictor(args.predictor, args.evaluator),
+                                   config=dataclasses.replace(DEFAULT_CONFIG, absolute_rates=on))
         except ValueError as error:  # e.g. no link off the cut has slack to lose
-            table.add_row(name, kind, "n/a", str(error), *["-"] * 10)
+            table.add_row(name, kind, "on" if on else "off", "n/a", str(error), *["-"] * 10)
             continue
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        truth = outcome.first_swap_on_truth() if args.truth else None
+        truth_text = "" if truth is None else (f"; first swap on the true fabric: replaced {truth[0] * 1e3:.3f} ms / "
+                                               f"issued {truth[1] * 1e3:.3f} ms = {truth[0] / truth[1]:.3f}x")
         outcome.loop.check()  # raises when a collective was lost, run twice or on the wrong version
         start, clear = outcome.phases
         algbw = outcome.algbw_windows()
         ok = outcome.swaps == EXPECTED_SWAPS[name]
         guard = "; ".join(f"{d.chosen} ({' '.join(f'{k[0]}={v * 1e3:.2f}ms' for k, v in d.predicted_s.items())})"
                           for d in outcome.guard) or "-"
-        table.add_row(name, kind, f"{outcome.swaps} ({EXPECTED_SWAPS[name]})",
+        table.add_row(name, kind, "on" if on else "off", f"{outcome.swaps} ({EXPECTED_SWAPS[name]})",
                       f"{_ms(start.detection_s)} ({start.detection_collectives})", _ms(start.synthesis_s),
                       _ms(start.first_new_s), _ms(clear.detection_s), _ms(clear.synthesis_s),
                       _ms(clear.first_new_s), " / ".join(f"{v:.1f}" for v in algbw), "yes" if ok else "NO",
                       guard, f"{wall:.1f}", f"{cpu:.1f}")
         trusted = "/".join("yes" if d.trusted else f"no ({d.explained:.2f})" for d in outcome.guard) or "-"
-        rows.append({"scenario": name, "collective": kind, "seed": seed, "gpus": outcome.n_gpus,
+        rows.append({"scenario": name, "collective": kind, "seed": seed, "absolute_rates": on, "gpus": outcome.n_gpus,
+                     "truth_replaced_s": truth[0] if truth else math.nan,
+                     "truth_issued_s": truth[1] if truth else math.nan,
                      "swaps": outcome.swaps, "trusted": trusted,
                      "expected_swaps": EXPECTED_SWAPS[name], "collectives": len(outcome.loop.runs),
                      "detect_s": start.detection_s, "detect_collectives": start.detection_collectives,
@@ -193,14 +216,15 @@ def main() -> None:
                      "clear_first_new_s": clear.first_new_s, "algbw_before": algbw[0],
                      "algbw_during": algbw[1], "algbw_after": algbw[2], "wall_s": wall, "cpu_s": cpu,
                      "evaluator": args.evaluator, "predictor": args.predictor, "guard": guard})
-        console.print(f"{name} {kind} seed {seed}: trusted {trusted}; swaps {outcome.swaps} (bar {EXPECTED_SWAPS[name]}), detect "
+        console.print(f"{name} {kind} seed {seed} absolute {'on' if on else 'off'}: trusted {trusted}; swaps {outcome.swaps} (bar {EXPECTED_SWAPS[name]}), detect "
                       f"{_ms(start.detection_s)} ms, synth {_ms(start.synthesis_s)} ms, first new "
                       f"{_ms(start.first_new_s)} ms; clear {_ms(clear.detection_s)} / {_ms(clear.synthesis_s)} / "
                       f"{_ms(clear.first_new_s)} ms; algbw {' / '.join(f'{v:.1f}' for v in algbw)}; guard {guard}; "
-                      f"cpu {cpu:.1f} s")  # as it goes: a long run keeps what it finished
+                      f"cpu {cpu:.1f} s{truth_text}")  # as it goes: a long run keeps what it finished
         write_csv(args.out / f"closedloop-{8 * args.hosts}gpu-{args.evaluator}-{'-'.join(kinds)}{tag}.csv", rows)
         timeline, events = outcome.timeline()
-        report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}{tag}",
+        report = ScenarioReport(f"loop-{name}-{kind}-{outcome.n_gpus}gpu-{args.evaluator}{tag}"
+                                f"{'' if args.absolute_rates != 'both' else '-on' if on else '-off'}",
                                 f"closed loop ({args.evaluator}), {name}, {kind}, rail_optimized(1,{args.hosts},8): "
                                 "algbw per collective",
                                 (), timeline, tuple(sorted(set(events))))

@@ -39,7 +39,10 @@ class ControlConfig:
     records the manager keeps (a long-running service must not grow without bound).
     ``schedule_format``: how the schedules the ranks fetch are encoded — "binary" (the binary file
     in its text form, :mod:`mccl.schedule.binary`: ~30× cheaper to encode at 512 GPUs) or "json"
-    (the readable file); the ranks read either."""
+    (the readable file); the ranks read either. ``absolute_rates``: the ranks' path rates and collective times
+    are in the topology's units (the flow simulator and the rate model, whose topology is the fabric; not the
+    emulated fabric, 1/20000 of its topology, nor hardware in general): then the link that slowed a collective
+    is read at the traffic it carries now before a re-synthesis (:mod:`.saturation`)."""
 
     alpha: float = 0.3
     gamma: float = 0.2
@@ -53,6 +56,7 @@ class ControlConfig:
     guard_size_bytes: float = float(2**30)
     max_events: int = 10_000
     schedule_format: str = "binary"
+    absolute_rates: bool = False
 
     def __post_init__(self) -> None:
         # Non-finite or out-of-range values are refused where they are written: gamma = nan or inf

@@ -66,6 +66,12 @@ after Fail3 cleared ran at 57 GB/s against 85.6 before). Gray failures clear by 
 so a link believed degraded whose best path speeds up clearly (``recovered_factor``,
 the manager passes 1 + Γ: beyond noise and beyond what the drift test ignores) is taken
 back to nominal; a partial recovery smaller than that keeps ``base · factor``.
+
+Headroom. ``base · factor`` is exact for a link its paths saturated at the reference; an executor that runs
+a schedule below its bound leaves every link headroom, and a link that lost more than its paths did reads
+too fast (Fail1 on the flow simulator: GPU 0's NVLink, true 800, read ~1600). Where rates are in the
+topology's units, what a re-synthesis is made for reads such a link at the traffic it carries now
+(:mod:`.saturation`); the drift test itself keeps this scale-free reading.
 """
 
 from __future__ import annotations

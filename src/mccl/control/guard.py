@@ -132,15 +132,7 @@ class AlphaBeta:
     def __call__(self, schedule: Schedule, topology: Topology, size_bytes: float) -> float:
         if not size_bytes > 0:
             raise ControllerError(f"a predicted collective needs a positive size, got {size_bytes} bytes")
-        parts = (schedule.transfers, schedule.chunks)  # a re-versioned schedule (with_meta) shares them
-        entry = self._cache.pop(id(parts[0]), None)
-        cached = entry is not None and entry[0][0] is parts[0] and entry[0][1] is parts[1]
-        if entry is None or not cached or len(entry[1]) != len(topology.links):
-            entry = (parts, link_load(schedule, len(topology.links)), {})
-        self._cache[id(parts[0])] = entry  # most recent last
-        while len(self._cache) > self.keep:
-            del self._cache[next(iter(self._cache))]
-        _, load, latency_by_fabric = entry
+        _, load, latency_by_fabric = self._entry(schedule, len(topology.links))
         capacity = gbps_to_gbs(topology.capacities_gbps) * 1e9
         used = load > 0
         if np.any(capacity[used] <= 0):
@@ -151,6 +143,22 @@ class AlphaBeta:
             latency_by_fabric.clear()
             latency_by_fabric[key] = _latency_s(schedule, topology)
         return bandwidth + latency_by_fabric[key]
+
+
+    def _entry(self, schedule: Schedule, n_links: int) -> tuple[tuple[Transfers, Chunks], np.ndarray, dict[bytes, float]]:
+        parts = (schedule.transfers, schedule.chunks)  # a re-versioned schedule (with_meta) shares them
+        entry = self._cache.pop(id(parts[0]), None)
+        cached = entry is not None and entry[0][0] is parts[0] and entry[0][1] is parts[1]
+        if entry is None or not cached or len(entry[1]) != n_links:
+            entry = (parts, link_load(schedule, n_links), {})
+        self._cache[id(parts[0])] = entry  # most recent last
+        while len(self._cache) > self.keep:
+            del self._cache[next(iter(self._cache))]
+        return entry
+
+    def load(self, schedule: Schedule, n_links: int) -> np.ndarray:
+        """``schedule``'s :func:`~mccl.schedule.link_load` on ``n_links`` links, from the cache (read-only)."""
+        return self._entry(schedule, n_links)[1]
 
 
 def _latency_s(schedule: Schedule, topology: Topology, step_overhead_us: float = 0.0) -> float:
@@ -283,6 +291,13 @@ class Guard:
         if isinstance(self.predict, AlphaBeta):
             self.predict(schedule, self.nominal, self.default_size_bytes)
 
+    def link_load(self, schedule: Schedule) -> np.ndarray:
+        """``schedule``'s link loads on the nominal topology: the α-β predictor's cached ones when it is the
+        predictor (~70 ms each at 512 GPUs otherwise)."""
+        if isinstance(self.predict, AlphaBeta):
+            return self.predict.load(schedule, len(self.nominal.links))
+        return link_load(schedule, len(self.nominal.links))
+
     def size(self, registered: float | None, meter: SizeMeter, kind: Collective,
              schedule: Schedule, clock: CollectiveClock | None = None) -> tuple[float, str]:
         """(S, where it came from): the registration's size, else the size the ranks report with their
@@ -307,6 +322,31 @@ class Guard:
         """``version``'s base changed (the manager's late-landing check): its prediction there is made again."""
         self._expected.pop((communicator, kind, version), None)
 
+    def _expected_s(self, communicator: str, kind: Collective, version: int, active: Schedule, size_bytes: float,
+                    base_gbps: np.ndarray | None) -> float:
+        """``version``'s predicted time on the fabric its references stand for (remembered per size)."""
+        key = (communicator, kind, version)
+        expected = self._expected.get(key)
+        if expected is None or expected[0] != size_bytes:
+            base = self.nominal if base_gbps is None else self.nominal.with_capacities(base_gbps)
+            expected = self._expected[key] = (size_bytes, float(self.predict(active, base, size_bytes)))
+        return expected[1]
+
+    @staticmethod
+    def explanation(expected_base_s: float, predicted_now_s: float, observed: tuple[float, float]) -> float:
+        """r of the module docstring: the better of two calibrations of the predictor — none (it models the
+        executor: predicted time = observed time), or its error on the version's base (a constant bias
+        cancels)."""
+        return min(explained(expected_base_s, predicted_now_s, *observed), predicted_now_s / observed[1],
+                   key=lambda value: abs(math.log(value)))
+
+    def explains(self, communicator: str, kind: Collective, version: int, active: Schedule, measured: Topology,
+                 size_bytes: float, observed: tuple[float, float], base_gbps: np.ndarray | None) -> float:
+        """r for ``active`` on ``measured`` (one prediction; the base's is remembered): how well that fabric
+        explains the collective's observed (reference, now) times (:mod:`.saturation` picks its reading by it)."""
+        expected = self._expected_s(communicator, kind, version, active, size_bytes, base_gbps)
+        return self.explanation(expected, float(self.predict(active, measured, size_bytes)), observed)
+
     def compare(self, communicator: str, kind: Collective, active_version: int, schedules: dict[str, Schedule],
                 measured: Topology, size: tuple[float, str], *, observed: tuple[float, float] | None = None,
                 base_gbps: np.ndarray | None = None) -> GuardDecision:
@@ -322,18 +362,11 @@ class Guard:
                 raise ControllerError(f"the predictor gave {seconds} s for the {label} schedule")
         ratio, trusted, affine = math.nan, True, None
         if observed is not None and self.explain_tolerance is not None and ACTIVE in predicted:
-            key = (communicator, kind, active_version)
-            expected = self._expected.get(key)
-            if expected is None or expected[0] != size[0]:
-                base = self.nominal if base_gbps is None else self.nominal.with_capacities(base_gbps)
-                expected = self._expected[key] = (size[0], float(self.predict(schedules[ACTIVE], base, size[0])))
-            # two calibrations of the predictor: none (it models the executor: predicted time = observed time),
-            # or its error on this version's base (a constant bias cancels); the better one is the explanation
-            ratio = min(explained(expected[1], predicted[ACTIVE], *observed), predicted[ACTIVE] / observed[1],
-                        key=lambda value: abs(math.log(value)))
+            expected = self._expected_s(communicator, kind, active_version, schedules[ACTIVE], size[0], base_gbps)
+            ratio = self.explanation(expected, predicted[ACTIVE], observed)
             trusted = abs(math.log(ratio)) <= math.log1p(self.explain_tolerance)
             if not trusted:
-                affine = fixed_plus_links(expected[1], predicted[ACTIVE], *observed)
+                affine = fixed_plus_links(expected, predicted[ACTIVE], *observed)
         if affine is not None:  # the fabric overstates the change: part of the time is not on its links (module doc)
             calibrated = {label: affine[0] + affine[1] * seconds for label, seconds in predicted.items()}
             chosen = choose(calibrated, self.tolerance)

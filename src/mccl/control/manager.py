@@ -87,6 +87,7 @@ from mccl.control.manager_state import _ManagerState
 from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
+from mccl.control.saturation import adopted, saturated_for
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, bottleneck_cut
 from mccl.synth import SynthesisResult, optimize
@@ -190,11 +191,16 @@ class ScheduleManager(_ManagerState):
         return self.events.since(first)
 
     def _synthesis_capacities(self, comm: _Communicator, decision: Decision) -> np.ndarray:
-        """What a re-synthesis is made for: the level EWMA's measured capacities when there is one."""
-        if comm.level is None:
-            return decision.capacities_gbps
+        """What a re-synthesis is made for: the level EWMA's measured capacities when there is one; with
+        ``absolute_rates``, the link that slowed the collective read at its traffic now (:mod:`.saturation`)."""
         with self._lock:
-            return self._measured(comm, comm.level)
+            ewma = comm.ewma if comm.level is None else comm.level
+            capacities = decision.capacities_gbps if comm.level is None else self._measured(comm, ewma)
+            if not self.config.absolute_rates:
+                return capacities
+            reading = saturated_for(self.guard, self.config, comm, ewma, decision.collective, capacities)
+        return adopted(self.guard, self.config, decision.communicator, decision.collective, capacities,
+                       reading)[0]  # predicts: outside the lock
 
     def _measured_topology(self, capacities: np.ndarray) -> Topology:
         return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")

@@ -207,7 +207,7 @@ class LoopDriver:
 
     def swapped(self, time_s: float, issued_s: float, schedule: Schedule) -> None:
         version = int(schedule.meta.version)
-        self.swaps.append(Swap(time_s, issued_s, version, f"{schedule.meta.synthesizer} v{version}"))
+        self.swaps.append(Swap(time_s, issued_s, version, f"{schedule.meta.synthesizer} v{version}", schedule))
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,7 @@ class Swap:
     issued_s: float
     version: int
     label: str
+    schedule: Schedule | None = field(default=None, compare=False, repr=False)  # what was put in force
 
 
 _VERSION = re.compile(r" v(\d+)$")

@@ -53,7 +53,9 @@ LOOP_SCENARIOS = ("fail1", "fail2", "fail3", "microburst", "offcut", "uniform")
 EXPECTED_SWAPS = {"fail1": 2, "fail2": 2, "fail3": 2, "microburst": 0, "offcut": 0, "uniform": 0}
 # α, Γ chosen as experiments/README.md "Choosing α and Γ" derives: one sample per overlay link and
 # collective, σ ≈ 5 % noise, bursts of one collective filtered; the level EWMA tracks the current rate.
-DEFAULT_CONFIG = ControlConfig(alpha=0.1, gamma=0.2, alpha_level=1.0)
+# absolute_rates: both evaluators' samples and collective times are in the topology's units (the topology
+# is the fabric), so the link that slowed a collective is read at its traffic (mccl.control.saturation)
+DEFAULT_CONFIG = ControlConfig(alpha=0.1, gamma=0.2, alpha_level=1.0, absolute_rates=True)
 
 
 def fault_changes(healthy: Topology, faulted: Topology, start_s: float, end_s: float) -> list[CapacityChange]:
@@ -145,6 +147,27 @@ class LoopOutcome:
     start_s: float
     end_s: float
     phases: tuple[Phase, ...]
+    faulted: Topology | None = None  # the true fabric during the change
+    schedule: Schedule | None = None  # the version the loop started with
+    size_bytes: float = 0.0
+    evaluator: str = "flow"
+
+    def first_swap_on_truth(self) -> tuple[float, float] | None:
+        """(active, issued) seconds of one collective on the true fabric during the change, by the loop's own
+        evaluator, for the first swap issued during it: the version it replaced and the version it put in force
+        (issue 11, "never worse than what it replaces"); None without such a swap."""
+        swap = next((s for s in self.loop.swaps if self.start_s <= s.issued_s < self.end_s), None)
+        if swap is None or swap.schedule is None or self.faulted is None or self.schedule is None:
+            return None
+        before = [s for s in self.loop.swaps if s.time_s < swap.time_s and s.schedule is not None]
+        active = before[-1].schedule if before else self.schedule
+        if self.evaluator == "flow":
+            options = SimOptions(keep_chain=False)
+            times = [simulate_schedule(s, self.faulted, self.size_bytes, options=options).time_s
+                     for s in (active, swap.schedule)]
+        else:
+            times = [evaluate(s, self.faulted, self.size_bytes).time_s for s in (active, swap.schedule)]
+        return times[0], times[1]
 
     @property
     def swaps(self) -> int:
@@ -246,7 +269,7 @@ def run_scenario(name: str, collective: Collective | str = Collective.ALLTOALL, 
                               model=model, synthesis_delay_s=synthesis_delay_s, predict=predict,
                               job=f"{name}-{kind.value}")
     phases = (_phase(loop, start_s, end_s), _phase(loop, end_s, until_s))
-    return LoopOutcome(name, kind, n, loop, start_s, end_s, phases)
+    return LoopOutcome(name, kind, n, loop, start_s, end_s, phases, faulted, schedule, size, evaluator)
 
 
 def _ms(value: float) -> str:
