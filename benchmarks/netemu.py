@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import pickle
 import statistics
 import sys
 import time
@@ -391,6 +392,8 @@ def main() -> None:
     parser.add_argument("--nic-util-repeats", type=int, default=0,
                         help="how busy rank 0's NIC is during a healthy collective: this many each (0: skip)")
     parser.add_argument("--scale", type=float, default=NetemuConfig.scale, help="emulated rates = topology's / this")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="pickle each loop run's report (records, events, every rank's samples) into this folder")
     parser.add_argument("--overhead-repeats", type=int, default=0,
                         help="telemetry on/off: this many collectives each, alternating (0: skip)")
     args = parser.parse_args()
@@ -420,12 +423,17 @@ def main() -> None:
         versions += version_rows
         decisions += guard_events(index, report)
         print(row, flush=True)
+        if args.dump is not None:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            with open(args.dump / f"netemu_run{args.tag}_{index}.pkl", "wb") as handle:
+                pickle.dump(report, handle)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
     if rows:
         write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
         write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
-        write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
+        if decisions:  # none where the controller never flagged (a loaded run)
+            write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
         for decision in decisions:
             print("guard:", decision)
     fresh_rows: list[dict] = []

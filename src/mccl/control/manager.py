@@ -84,7 +84,7 @@ from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
 from mccl.control.manager_state import _ManagerState
-from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster
+from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster, port_recovered
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -231,13 +231,33 @@ class ScheduleManager(_ManagerState):
             self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
+    def register(self, communicator: str, schedule: Schedule, **options) -> int:  # noqa: ANN003 - as the base's
+        """:meth:`_ManagerState.register`, and the communicator's NIC rates kept for the swap back (:mod:`.portlevel`)."""
+        version = super().register(communicator, schedule, **options)
+        with self._lock:
+            ewma = self._comms[communicator].ewma
+            if ewma.ports is None:
+                hosts = [self.topology.node(gpu).host for gpu in schedule.ranks]
+                ewma.track_ports(np.array([[a != b for b in hosts] for a in hosts], dtype=bool))
+        return version
+
     def _opportunity(self, decision: Decision) -> Opportunity | None:
-        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None."""
+        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None; the
+        receiving NICs' evidence first, where the version's base believes some link degraded."""
         with self._lock:
             comm = self._comms[decision.communicator]
             base = None if comm.base is None else comm.base.copy()
+            ports = None
+            if base is not None and comm.ewma.ports is not None and np.any(
+                    base * (1.0 + self.config.gamma) < self._nominal):
+                factors = comm.ewma.ports.factors()
+                if np.any(factors > 1.0 + self.config.gamma):
+                    schedules = [active.schedule for active in comm.active.values()]
+                    ports = port_recovered(factors, self.opportunities.port_links(decision.communicator, schedules,
+                                                                                   self.topology),
+                                           base, self._nominal, self.config.gamma)
         return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
-                                       decision.capacities_gbps, self._nominal)
+                                       decision.capacities_gbps, self._nominal, ports)
 
     def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
