@@ -84,7 +84,13 @@ from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
 from mccl.control.manager_state import _ManagerState
-from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster, port_recovered
+from mccl.control.opportunity import (
+    Opportunities,
+    Opportunity,
+    healthy_observed_faster,
+    nics_alike,
+    port_recovered,
+)
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
@@ -247,17 +253,17 @@ class ScheduleManager(_ManagerState):
         with self._lock:
             comm = self._comms[decision.communicator]
             base = None if comm.base is None else comm.base.copy()
-            ports = None
+            ports, alike = None, False
             if base is not None and comm.ewma.ports is not None and np.any(
                     base * (1.0 + self.config.gamma) < self._nominal):
                 factors = comm.ewma.ports.factors()
                 if np.any(factors > 1.0 + self.config.gamma):
                     schedules = [active.schedule for active in comm.active.values()]
-                    ports = port_recovered(factors, self.opportunities.port_links(decision.communicator, schedules,
-                                                                                   self.topology),
-                                           base, self._nominal, self.config.gamma)
+                    covered = self.opportunities.port_links(decision.communicator, schedules, self.topology)
+                    ports = port_recovered(factors, covered, base, self._nominal, self.config.gamma)
+                    alike = nics_alike(comm.ewma.ports.rates(), covered, self.config.gamma)
         return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
-                                       decision.capacities_gbps, self._nominal, ports)
+                                       decision.capacities_gbps, self._nominal, ports, alike)
 
     def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.

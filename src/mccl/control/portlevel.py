@@ -98,16 +98,20 @@ class PortLevels:
                 while len(kept) > self.recent:
                     del kept[min(kept)]
 
-    def factors(self, min_windows: int = 2) -> np.ndarray:
-        """Per receiver: the pooled rate of its latest ``recent`` collectives ÷ its reference; NaN unless the
-        reference has ``min_windows`` windows and the recent part spans ``recent`` collectives."""
+    def rates(self) -> np.ndarray:
+        """Per receiver: the pooled rate of its latest ``recent`` collectives (bytes × 8e-9 per second, the
+        samples' own units), NaN until it spans ``recent`` collectives."""
         out = np.full(self.n_ranks, np.nan)
         for rank in range(self.n_ranks):
             kept = self._recent[rank]
-            if self.reference_windows[rank] < min_windows or len(kept) < self.recent:
-                continue
-            nbytes = sum(entry[0] for entry in kept.values())
             seconds = sum(entry[1] for entry in kept.values())
-            if seconds > 0 and self.reference_seconds[rank] > 0 and self.reference_bytes[rank] > 0:
-                out[rank] = (nbytes / seconds) / (self.reference_bytes[rank] / self.reference_seconds[rank])
+            if len(kept) >= self.recent and seconds > 0:
+                out[rank] = sum(entry[0] for entry in kept.values()) / seconds
         return out
+
+    def factors(self, min_windows: int = 2) -> np.ndarray:
+        """Per receiver: the pooled rate of its latest ``recent`` collectives ÷ its reference; NaN unless the
+        reference has ``min_windows`` windows and the recent part spans ``recent`` collectives."""
+        known = (self.reference_windows >= min_windows) & (self.reference_seconds > 0) & (self.reference_bytes > 0)
+        reference = np.where(known, self.reference_bytes / np.where(known, self.reference_seconds, 1.0), np.nan)
+        return self.rates() / reference
