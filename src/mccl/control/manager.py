@@ -401,7 +401,10 @@ class ScheduleManager(_ManagerState):
                                                prepared=prepared if chosen == "candidate" else None)
             if observed is not None:
                 comm.active[kind].landing = (active.version, observed, base_before)
-            self._relearn(comm, capacities)
+            # the healthy schedule, issued because the fabric reads back to nominal: its references stand for nominal
+            # (measured, emulated fabric: the measured topology then still had NVLinks at 0.72 of nominal from the
+            # fault's evidence, and a base there would let a path's noise reopen the opportunity after the repair)
+            self._relearn(comm, self._nominal if healthy is not None and chosen == "candidate" else capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
