@@ -31,6 +31,9 @@ around each call ÷ the shaped rate × the slowest rank's time).
 ``--overhead-repeats N``: telemetry on vs off, N collectives each, alternating, healthy fabric and
 schedules: median wall time (slowest rank) and rank 0's CPU time per collective, as on/off ratios.
 
+``--dump DIR``: each loop run's report pickled (records, the controller's events, every rank's samples), for
+``benchmarks/netemu_replay.py``, which replays the samples through this tree's controller offline.
+
 Writes ``benchmarks/results/netemu_runs.csv``, ``netemu_versions.csv``, ``netemu_fresh.csv`` and the
 timeline PNG of the first run.
 """

@@ -38,7 +38,10 @@ The evidence, read in this order (seventh session):
   a repaired NIC reads about 2× within one or two collectives where the path EWMA needed 4–8 samples of a path
   (and often more than the 12 collectives of the restored phase). It is taken **only where it completes the
   topology back to nominal** (every link within Γ of nominal once those links are): then the candidate is the
-  healthy schedule, decided on observed times. A partial recovery is left to the path EWMA, as before: a
+  healthy schedule, decided on observed times; or where, after such a jump, **every NIC reads within Γ of the
+  others** (:func:`nics_alike`): the fault's base may blame links no NIC's rate speaks for (NVLinks, from the
+  noise of the paths at the flag), which would otherwise hold the topology below nominal for good. A healthy
+  schedule issued so learns its references for nominal. A partial recovery is left to the path EWMA, as before: a
   version made for a partly recovered fabric learns its references on it and can no longer see the rest
   (the links a port covers may not be all the fault touched — the AllGather's rank-0 uplink is on no port);
 * **the path EWMA**: the measured topology above (any path through the link > 1 + Γ times its reference).
@@ -161,8 +164,9 @@ def nics_alike(rates: np.ndarray, covered: list[np.ndarray], gamma: float) -> bo
     nonempty) must have a rate, and at least two. Why: the NICs of the fabrics mccl builds have one capacity, and
     a port's rate while busy is the NIC's own (:mod:`.portlevel`); so after a repair that one NIC's jump shows,
     the others' rates say whether any NIC is still slow — where the version's base also blames links that no
-    port's jump can speak for (measured on the emulated fabric: the fault's flag blamed gpu1's, gpu2's or gpu3's
-    NIC beside gpu0's in 4 of 4 runs, so "every link back within Γ" never held after the repair)."""
+    NIC's rate speaks for (measured on the emulated fabric, seventh session, two loaded runs replayed: the
+    AllToAll made for gpu0's halved NIC had NVLink links at 0.67–0.74 of nominal in its base beside the four NIC
+    links — 5 and 7, 13 — so "every link back within Γ" could not hold after the repair)."""
     rates = np.asarray(rates, dtype=float)
     needed = [rank for rank, links in enumerate(covered) if len(links) and rank < len(rates)]
     if len(needed) < 2 or not np.all(np.isfinite(rates[needed])) or not np.all(rates[needed] > 0):
