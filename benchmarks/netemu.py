@@ -7,7 +7,12 @@
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 0 --fresh-repeats 0 --nic-util-repeats 6 --tag _util20
 
 Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
-NIC halved both ways after 6 iterations, restored once the loop settles): for AllGather and
+NIC halved both ways after 6 iterations, restored once every stream ran ``--after-swap`` (7) iterations on the
+fault's new version, or after ``--max-degraded`` (18)). Why 7, not the demo's 3: path samples are attributed to a
+version by sequence number, ``settle`` (3) collectives after its issue, then its references are learned over
+``warmup`` (3) collectives; with 3 the repair came inside that window in every AllToAll of the seventh
+session's runs, so the version learned its references partly or wholly on the repaired fabric and the repair
+could not show against them (the swap back came 4 collectives after it in one run and not in the other): for AllGather and
 AllToAll, median algbw healthy / degraded (the version the fault hit) / recovered (the last version
 of the fault) / restored; the controller's model (its "issued" achieved throughput, / scale ×
 goodput) against the measured algbw for every version; swaps per fabric change; detection (ms and
@@ -395,6 +400,10 @@ def main() -> None:
     parser.add_argument("--nic-util-repeats", type=int, default=0,
                         help="how busy rank 0's NIC is during a healthy collective: this many each (0: skip)")
     parser.add_argument("--scale", type=float, default=NetemuConfig.scale, help="emulated rates = topology's / this")
+    parser.add_argument("--after-swap", type=int, default=7,
+                        help="iterations on the fault's new version before the repair (the demo's 3 end the fault "
+                             "inside the version's reference window: settle 3 + warmup 3 collectives after its issue)")
+    parser.add_argument("--max-degraded", type=int, default=18, help="most iterations of the fault")
     parser.add_argument("--dump", type=Path, default=None,
                         help="pickle each loop run's report (records, events, every rank's samples) into this folder")
     parser.add_argument("--overhead-repeats", type=int, default=0,
@@ -403,7 +412,10 @@ def main() -> None:
     reason = unsupported_reason()
     if reason is not None:
         sys.exit(f"netemu: {reason}")
-    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale)
+    if args.after_swap < 1 or args.max_degraded < args.after_swap:
+        sys.exit("netemu: --after-swap must be >= 1 and --max-degraded >= --after-swap")
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale,
+                          after_swap=args.after_swap, max_degraded=args.max_degraded)
     print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
     for row in model_gain(config):
         print("model:", row, flush=True)

@@ -8,9 +8,10 @@ the samples the emulated fabric really produced — when it would have fired aft
 fires during the fault (noise) — without root, without a loaded machine's timing and without another run.
 
 Every rank's kept samples (receive side: a sample of ``sender → rank``; the ``collective`` ones its whole
-collective) are fed in the order their windows closed, tagged with the version the run's record gives their
-collective, in batches of ``--batch-ms`` of sample time, and the manager's ``step()`` runs after each batch
-(synthesis included, as the controller would). The manager is the demo's (α, Γ, warmup, settle, chunks from the
+collective) are fed in the order their windows closed, in batches of ``--batch-ms`` of sample time, and the manager's ``step()`` runs after each batch
+(synthesis included, as the controller would). Tagged as the runtime tags them: a whole collective's sample with
+its collective and the version the run's record gives it, a path sample untagged (the manager attributes it by
+sequence number, ``settle`` collectives after an issue). The manager is the demo's (α, Γ, warmup, settle, chunks from the
 run's config, speculation on) with the same healthy schedules registered. Versions the replay issues are not the
 run's: a sample tagged with a version the replay has not issued is not counted (the run's samples stop telling
 the replay anything there), and that is reported. Prints, per collective, the flags, issues and kept decisions
@@ -49,10 +50,10 @@ def replay(path: Path, batch_s: float) -> list[str]:
     samples = []
     for rank, kept in report.telemetry.items():
         for kind, sample_kind, sender, nbytes, seconds, end, seq in kept:
-            version = version_of.get((kind, seq), -1)
-            peer = -1 if sample_kind == "collective" else rank
-            samples.append(Sample(sample_kind, COMMUNICATORS[kind], int(sender), peer, int(nbytes), float(seconds),
-                                  float(end), int(seq), kind, version))
+            whole = sample_kind == "collective"  # tagged as the runtime tags them: whole collectives only
+            samples.append(Sample(sample_kind, COMMUNICATORS[kind], int(sender), -1 if whole else rank, int(nbytes),
+                                  float(seconds), float(end), int(seq), kind if whole else "",
+                                  version_of.get((kind, seq), -1) if whole else -1))
     samples.sort(key=lambda s: s.end_time)
     events = []
     batch: list[Sample] = []

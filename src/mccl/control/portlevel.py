@@ -4,7 +4,7 @@ the evidence of a repair that the swap back (:mod:`.opportunity`) reads first (i
 Why not the per-path EWMA alone: a path's sample is its *share* of the receiving port's window, and the shares
 follow TCP's sharing without fair queueing — measured on the emulated fabric (2026-12-01, seventh session, two
 loaded runs, a sample pooled over one collective ÷ the path's reference over three): p90 1.09–1.40, p99 1.7–5.5,
-5–15 % of them above 1 + Γ = 1.3 with nothing changing. An estimate quick enough to see a repair within a few
+2–16 % of them above 1 + Γ = 1.3 with nothing changing. An estimate quick enough to see a repair within a few
 collectives would then see one every few collectives in the noise; the α = 0.15 EWMA that keeps the noise out
 needs 4–8 samples of a path to move 1.3× (more where the repair speeds the path up by less than 2×, as on the
 lightly loaded paths of a version made for the fault): the swap back did not fire within the 12 restored
