@@ -120,8 +120,11 @@ def test_live_loop_through_a_fault_and_its_repair_on_the_emulated_fabric():
     assert set(report.kinds()) == {"allgather", "alltoall"}
     phases = {r.phase for r in report.records}
     assert phases == {"healthy", "degraded", "restored"} and report.restored_at is not None
-    # the halved NIC is on the AllGather's bottleneck cut: the version it hit runs slower
-    assert report.median_algbw("allgather", "degraded") < 0.9 * report.median_algbw("allgather", "healthy")
+    # the halved NIC is on the AllGather's bottleneck cut: the version it hit runs slower; the repair restores it
+    healthy, degraded = report.median_algbw("allgather", "healthy"), report.median_algbw("allgather", "degraded")
+    restored = report.median_algbw("allgather", "restored")
+    assert degraded < 0.9 * healthy, f"healthy {healthy * 1e3:.3f}, degraded {degraded * 1e3:.3f} MB/s"
+    assert restored > 1.1 * degraded, f"degraded {degraded * 1e3:.3f}, restored {restored * 1e3:.3f} MB/s"
     # the controller saw the fault: a flag after it, and a new version ran before the repair
     assert any(report.reaction(kind)["detect_s"] is not None for kind in report.kinds())
     assert any(report.swaps_in(kind, "degraded") >= 1 for kind in report.kinds())
