@@ -243,8 +243,10 @@ class ScheduleManager(_ManagerState):
         with self._lock:
             ewma = self._comms[communicator].ewma
             if ewma.ports is None:
-                hosts = [self.topology.node(gpu).host for gpu in schedule.ranks]
-                ewma.track_ports(np.array([[a != b for b in hosts] for a in hosts], dtype=bool))
+                names = [self.topology.node(gpu).host for gpu in schedule.ranks]
+                codes = {name: code for code, name in enumerate(dict.fromkeys(names))}
+                host = np.array([codes[name] for name in names])
+                ewma.track_ports(np.not_equal.outer(host, host))
         return version
 
     def _opportunity(self, decision: Decision) -> Opportunity | None:
