@@ -226,6 +226,27 @@ def test_nics_alike_needs_every_nic_that_routes_reach_within_gamma_of_their_medi
     assert nics_alike(rates, covered, 0.3)
     rates[2] = 9.5  # one NIC still at half its peers' rate: the fault is not over
     assert not nics_alike(rates, covered, 0.3)
-    rates[2] = np.nan  # a NIC that routes reach but that has no recent rate: not known to be alike
-    assert not nics_alike(rates, covered, 0.3)
-    assert not nics_alike(np.array([19.0]), [np.array([17])], 0.3)  # one NIC: nothing to compare with
+    assert nics_alike(rates, covered, 0.3) is False
+    rates[2] = np.nan  # a NIC that routes reach but that has no recent rate: not known
+    assert nics_alike(rates, covered, 0.3) is None
+    assert nics_alike(np.array([19.0]), [np.array([17])], 0.3) is None  # one NIC: nothing to compare with
+
+
+def test_while_a_nic_reads_slow_a_path_alone_does_not_reopen_links_no_nic_speaks_for():
+    """Measured on the emulated fabric (seventh session): during the fault, one noisy path through an NVLink the
+    fault's base held at 0.7 of nominal opened the path-EWMA opportunity; the re-synthesis it issued landed after
+    the repair and was never swapped back. While a NIC still reads slow, such links are held."""
+    fabric = rail_optimized(1, 2, 4)
+    nominal = fabric.capacities_gbps
+    base = nominal.copy()
+    base[[8, 16, 17]] = [2000.0, 200.0, 200.0]  # gpu4's NVLink egress blamed by noise at the fault's flag
+    measured = base.copy()
+    measured[8] = 2880.0  # a noisy path through it reads > 1 + gamma
+    opportunities = Opportunities(0.3)
+    none = np.zeros(0, dtype=np.int64)
+    covered = [np.array([17, 24]), none, none, none, np.array([16, 25]), none, none, none]
+    hold = np.setdiff1d(np.arange(len(nominal)), np.concatenate(covered))
+    assert opportunities.find("job", Collective.ALLTOALL, 2, base, measured, nominal, hold=hold) is None
+    assert opportunities.find("job", Collective.ALLTOALL, 2, base, measured, nominal).links == (8,)  # as before
+    measured[16] = 400.0  # a NIC link, which the hold does not cover, still opens it
+    assert opportunities.find("job", Collective.ALLTOALL, 2, base, measured, nominal, hold=hold).links == (16,)

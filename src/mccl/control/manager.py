@@ -255,17 +255,19 @@ class ScheduleManager(_ManagerState):
         with self._lock:
             comm = self._comms[decision.communicator]
             base = None if comm.base is None else comm.base.copy()
-            ports, alike = None, False
+            ports, alike, hold = None, None, None
             if base is not None and comm.ewma.ports is not None and np.any(
                     base * (1.0 + self.config.gamma) < self._nominal):
+                schedules = [active.schedule for active in comm.active.values()]
+                covered = self.opportunities.port_links(decision.communicator, schedules, self.topology)
+                alike = nics_alike(comm.ewma.ports.rates(), covered, self.config.gamma)
                 factors = comm.ewma.ports.factors()
                 if np.any(factors > 1.0 + self.config.gamma):
-                    schedules = [active.schedule for active in comm.active.values()]
-                    covered = self.opportunities.port_links(decision.communicator, schedules, self.topology)
                     ports = port_recovered(factors, covered, base, self._nominal, self.config.gamma)
-                    alike = nics_alike(comm.ewma.ports.rates(), covered, self.config.gamma)
+                if alike is False:  # a NIC still slow: links no NIC speaks for are not reopened by a path alone
+                    hold = np.setdiff1d(np.arange(len(self._nominal)), np.concatenate(covered))
         return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
-                                       decision.capacities_gbps, self._nominal, ports, alike)
+                                       decision.capacities_gbps, self._nominal, ports, bool(alike), hold)
 
     def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
