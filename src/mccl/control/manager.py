@@ -403,12 +403,13 @@ class ScheduleManager(_ManagerState):
             base_before = None if comm.base is None else comm.base.copy()
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
                                                prepared=prepared if chosen == "candidate" else None)
-            if observed is not None:
+            back_to_healthy = healthy is not None and chosen == "candidate"
+            if observed is not None and not back_to_healthy:  # the replaced one speeding up is why, not a late landing
                 comm.active[kind].landing = (active.version, observed, base_before)
             # the healthy schedule, issued because the fabric reads back to nominal: its references stand for nominal
             # (measured, emulated fabric: the measured topology then still had NVLinks at 0.72 of nominal from the
             # fault's evidence, and a base there would let a path's noise reopen the opportunity after the repair)
-            self._relearn(comm, self._nominal if healthy is not None and chosen == "candidate" else capacities)
+            self._relearn(comm, self._nominal if back_to_healthy else capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
