@@ -7,7 +7,13 @@
     PYTHONPATH=src .venv/bin/python benchmarks/netemu.py --runs 0 --fresh-repeats 0 --nic-util-repeats 6 --tag _util20
 
 Per loop run (``run_netemu_demo``, 2 hosts × 4 ranks, NICs 400 Gbit/s / 20000 = 20 Mbit/s, rank 0's
-NIC halved both ways after 6 iterations, restored once the loop settles): for AllGather and
+NIC halved both ways after 6 iterations, restored once every stream ran ``--after-swap`` (7) iterations on the
+fault's new version, or after ``--max-degraded`` (18)). Why 7, not the demo's 3: path samples are attributed to a
+version by sequence number, ``settle`` (3) collectives after its issue, then its references are learned over
+``warmup`` (3) collectives; with 3 the repair came inside that window in 3 of the 4 AllToAll runs of the
+seventh session (the version had run 3–4 collectives), so it learned its references partly or wholly on the
+repaired fabric: the repaired NICs read 1.33–1.35x their reference, or no jump at all (no swap back in that
+run), against 1.7–2.1x in the run whose version had run 6 collectives (replayed, ``netemu_replay.py``): for AllGather and
 AllToAll, median algbw healthy / degraded (the version the fault hit) / recovered (the last version
 of the fault) / restored; the controller's model (its "issued" achieved throughput, / scale ×
 goodput) against the measured algbw for every version; swaps per fabric change; detection (ms and
@@ -31,6 +37,9 @@ around each call ÷ the shaped rate × the slowest rank's time).
 ``--overhead-repeats N``: telemetry on vs off, N collectives each, alternating, healthy fabric and
 schedules: median wall time (slowest rank) and rank 0's CPU time per collective, as on/off ratios.
 
+``--dump DIR``: each loop run's report pickled (records, the controller's events, every rank's samples), for
+``benchmarks/netemu_replay.py``, which replays the samples through this tree's controller offline.
+
 Writes ``benchmarks/results/netemu_runs.csv``, ``netemu_versions.csv``, ``netemu_fresh.csv`` and the
 timeline PNG of the first run.
 """
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import pickle
 import statistics
 import sys
 import time
@@ -391,13 +401,22 @@ def main() -> None:
     parser.add_argument("--nic-util-repeats", type=int, default=0,
                         help="how busy rank 0's NIC is during a healthy collective: this many each (0: skip)")
     parser.add_argument("--scale", type=float, default=NetemuConfig.scale, help="emulated rates = topology's / this")
+    parser.add_argument("--after-swap", type=int, default=7,
+                        help="iterations on the fault's new version before the repair (the demo's 3 end the fault "
+                             "inside the version's reference window: settle 3 + warmup 3 collectives after its issue)")
+    parser.add_argument("--max-degraded", type=int, default=18, help="most iterations of the fault")
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="pickle each loop run's report (records, events, every rank's samples) into this folder")
     parser.add_argument("--overhead-repeats", type=int, default=0,
                         help="telemetry on/off: this many collectives each, alternating (0: skip)")
     args = parser.parse_args()
     reason = unsupported_reason()
     if reason is not None:
         sys.exit(f"netemu: {reason}")
-    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale)
+    if args.after_swap < 1 or args.max_degraded < args.after_swap:
+        sys.exit("netemu: --after-swap must be >= 1 and --max-degraded >= --after-swap")
+    config = NetemuConfig(alpha=args.alpha, gamma=args.gamma, alpha_level=args.alpha_level or None, scale=args.scale,
+                          after_swap=args.after_swap, max_degraded=args.max_degraded)
     print(f"alpha {config.alpha}, gamma {config.gamma}, alpha_level {config.alpha_level}", flush=True)
     for row in model_gain(config):
         print("model:", row, flush=True)
@@ -420,12 +439,17 @@ def main() -> None:
         versions += version_rows
         decisions += guard_events(index, report)
         print(row, flush=True)
+        if args.dump is not None:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            with open(args.dump / f"netemu_run{args.tag}_{index}.pkl", "wb") as handle:
+                pickle.dump(report, handle)
         if index == 0:
             print("timeline:", plot_timeline(report, RESULTS, f"netemu_timeline{args.tag}"))
     if rows:
         write_csv(RESULTS / f"netemu_runs{args.tag}.csv", rows)
         write_csv(RESULTS / f"netemu_versions{args.tag}.csv", versions)
-        write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
+        if decisions:  # none where the controller never flagged (a loaded run)
+            write_csv(RESULTS / f"netemu_guard{args.tag}.csv", decisions)
         for decision in decisions:
             print("guard:", decision)
     fresh_rows: list[dict] = []

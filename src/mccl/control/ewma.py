@@ -47,6 +47,10 @@ depend on the absolute speed of the fabric (loopback in the demo, NVLink/RDMA on
 relative change. The state is plain numpy arrays; :meth:`reset` starts over — the manager does
 so whenever a new schedule version takes over, because a pair's rate depends on the schedule as
 much as on the fabric (see :mod:`mccl.control.manager`, "References per version").
+
+With :meth:`OverlayEWMA.track_ports`, the same samples also feed each receiving NIC's pooled rate in the
+reference window and in the latest collectives (:mod:`.portlevel`): the evidence of a repair that the swap back
+reads first, because a port's window is far less noisy than a path's share of it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from mccl.control.portlevel import PortLevels
 from mccl.errors import ControllerError
 from mccl.telemetry import INTER, INTRA, Sample
 
@@ -76,7 +81,13 @@ class OverlayEWMA:
         self.n_ranks = n_ranks
         self.alpha = float(alpha)
         self.warmup = int(warmup)
+        self.ports: PortLevels | None = None
         self.reset()
+
+    def track_ports(self, inter: np.ndarray, recent: int = 2) -> None:
+        """Keep each receiving NIC's pooled rate too (:mod:`.portlevel`); ``inter``: n × n, which pairs
+        cross hosts (their samples measured the receiver's NIC)."""
+        self.ports = PortLevels(inter, recent)
 
     def reset(self) -> None:
         """Forget everything. The state is one flat array per quantity over the n·n + n overlay links
@@ -102,6 +113,8 @@ class OverlayEWMA:
         self._window_sum = np.zeros(size)  # Σ rate × weight, Σ weight and how many samples, in the window
         self._window_weight = np.zeros(size)
         self._window_count = np.zeros(size, dtype=np.int64)
+        if self.ports is not None:
+            self.ports.reset()
 
     @property
     def window_end(self) -> int:
@@ -143,9 +156,11 @@ class OverlayEWMA:
         if len(overlay) == 0:
             return 0
         split = 0  # where the samples after the reference window begin
+        if not self.window_closed and self.window_start < 0:
+            self.window_start = int(seq[0])
+        if self.ports is not None:
+            self.ports.add(overlay, gbps, seq, weight, self.window_start, self.window_end)
         if not self.window_closed:
-            if self.window_start < 0:
-                self.window_start = int(seq[0])
             past = np.flatnonzero(seq >= self.window_end)
             split = int(past[0]) if len(past) else len(overlay)
             head = slice(0, split)

@@ -84,7 +84,13 @@ from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
 from mccl.control.manager_state import _ManagerState
-from mccl.control.opportunity import Opportunities, Opportunity, healthy_observed_faster
+from mccl.control.opportunity import (
+    Opportunities,
+    Opportunity,
+    healthy_observed_faster,
+    nics_alike,
+    port_recovered,
+)
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
 from mccl.control.saturation import adopted, saturated_for
@@ -237,13 +243,37 @@ class ScheduleManager(_ManagerState):
             self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
 
+    def register(self, communicator: str, schedule: Schedule, **options) -> int:  # noqa: ANN003 - as the base's
+        """:meth:`_ManagerState.register`, and the communicator's NIC rates kept for the swap back (:mod:`.portlevel`)."""
+        version = super().register(communicator, schedule, **options)
+        with self._lock:
+            ewma = self._comms[communicator].ewma
+            if ewma.ports is None:
+                names = [self.topology.node(gpu).host for gpu in schedule.ranks]
+                codes = {name: code for code, name in enumerate(dict.fromkeys(names))}
+                host = np.array([codes[name] for name in names])
+                ewma.track_ports(np.not_equal.outer(host, host))
+        return version
+
     def _opportunity(self, decision: Decision) -> Opportunity | None:
-        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None."""
+        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None; the
+        receiving NICs' evidence first, where the version's base believes some link degraded."""
         with self._lock:
             comm = self._comms[decision.communicator]
             base = None if comm.base is None else comm.base.copy()
+            ports, alike, hold = None, None, None
+            if base is not None and comm.ewma.ports is not None and np.any(
+                    base * (1.0 + self.config.gamma) < self._nominal):
+                schedules = [active.schedule for active in comm.active.values()]
+                covered = self.opportunities.port_links(decision.communicator, schedules, self.topology)
+                alike = nics_alike(comm.ewma.ports.rates(), covered, self.config.gamma)
+                factors = comm.ewma.ports.factors()
+                if np.any(factors > 1.0 + self.config.gamma):
+                    ports = port_recovered(factors, covered, base, self._nominal, self.config.gamma)
+                if alike is False:  # a NIC still slow: links no NIC speaks for are not reopened by a path alone
+                    hold = np.setdiff1d(np.arange(len(self._nominal)), np.concatenate(covered))
         return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
-                                       decision.capacities_gbps, self._nominal)
+                                       decision.capacities_gbps, self._nominal, ports, bool(alike), hold)
 
     def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
@@ -379,9 +409,13 @@ class ScheduleManager(_ManagerState):
             base_before = None if comm.base is None else comm.base.copy()
             comm.active[kind] = self._activate(comm, schedule, result, version, measured,
                                                prepared=prepared if chosen == "candidate" else None)
-            if observed is not None:
+            back_to_healthy = healthy is not None and chosen == "candidate"
+            if observed is not None and not back_to_healthy:  # the replaced one speeding up is why, not a late landing
                 comm.active[kind].landing = (active.version, observed, base_before)
-            self._relearn(comm, capacities)
+            # the healthy schedule, issued because the fabric reads back to nominal: its references stand for nominal
+            # (measured, emulated fabric: the measured topology then still had NVLinks at 0.72 of nominal from the
+            # fault's evidence, and a base there would let a path's noise reopen the opportunity after the repair)
+            self._relearn(comm, self._nominal if back_to_healthy else capacities)
             reaction.issued_at, reaction.issued_version, reaction.outcome = time.time(), version, "issued"
             self._event("issued", name, kind, version, float(schedule.meta.achieved_gbs or 0.0),
                         f"synthesized in {seconds * 1e3:.1f} ms{' (ahead of the flag)' if ahead else ''}; {chosen}"
