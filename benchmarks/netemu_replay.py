@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import sys
 from pathlib import Path
 
 from mccl.control import ControlConfig, ScheduleManager
@@ -87,7 +86,10 @@ def main() -> None:
     parser.add_argument("--batch-ms", type=float, default=20.0, help="sample time per ingested batch (the ranks' flush)")
     args = parser.parse_args()
     if args.batch_ms <= 0:
-        sys.exit("netemu_replay: --batch-ms must be positive")
+        parser.error("--batch-ms must be positive")
+    missing = [str(path) for path in args.dumps if not path.exists()]
+    if missing:
+        parser.error(f"no such dump: {', '.join(missing)} (netemu.py --dump DIR writes them)")
     for path in args.dumps:
         print("\n".join(replay(path, args.batch_ms / 1e3)), flush=True)
 

@@ -10,10 +10,10 @@ equal on both sides. Cases: healthy on the per-flow and the grouped engine, Fail
 (Fail2 on the per-flow engine takes ~64 s CPU per run, left out).
 """
 
+import argparse
 import hashlib
 import json
 import statistics
-import sys
 import time
 
 from mccl.schedule import Collective
@@ -22,7 +22,11 @@ from mccl.sim.engine import simulate_schedule
 from mccl.synth import optimize
 from mccl.topology import apply_fault, rail_optimized
 
-repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("repeats", nargs="?", type=int, default=3, help="timed runs per case (default 3)")
+repeats = parser.parse_args().repeats
+if repeats < 1:
+    parser.error("repeats must be at least 1")
 base = rail_optimized(1, 16, 8)
 rows = {}
 for fault in ("healthy", "Fail2"):
