@@ -38,6 +38,12 @@ def test_serve_refuses_a_host_rank_outside_the_hosts(tmp_path, capsys):
     assert "--host 1 is not below --hosts 1" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_bad_tenant_name_before_it_writes_the_secret(tmp_path, capsys):
+    assert main(["provider", "serve", "--secret-file", str(tmp_path / "p.key"), "--tenant", "a", "--tenant", ""]) != 0
+    assert "a tenant name is 1..128 printable characters, not ''" in capsys.readouterr().err
+    assert not (tmp_path / "p.key").exists()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)

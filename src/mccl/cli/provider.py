@@ -50,7 +50,7 @@ def provider_group() -> None:
 def serve_command(secret_file: Path, tenants: tuple[str, ...], credentials_dir: Path | None, host: int, hosts: int,
                   store: str, bind: str | None, job_timeout_s: float) -> None:
     """Run this host's provider service until interrupted; tenants connect with mccl.provider.shim.Shim."""
-    from mccl.provider.keys import tenant_credential, write_credential
+    from mccl.provider.keys import check_tenant_name, tenant_credential, write_credential
     from mccl.provider.service import ProviderService, ServiceConfig
 
     if host >= hosts:
@@ -60,8 +60,10 @@ def serve_command(secret_file: Path, tenants: tuple[str, ...], credentials_dir: 
     store_host, _, store_port = store.rpartition(":")
     if not store_host or not store_port.isdigit() or not 1 <= int(store_port) <= 65535:
         raise click.UsageError(f"--store {store}: expected HOST:PORT with a port of 1-65535, e.g. 127.0.0.1:29400")
+    for tenant in tenants:  # before the secret file is created: a refused name leaves nothing behind
+        check_tenant_name(tenant)
     secret = _provider_secret(secret_file, create=True)
-    credentials = {tenant: tenant_credential(secret, tenant) for tenant in tenants}  # refuses bad names first
+    credentials = {tenant: tenant_credential(secret, tenant) for tenant in tenants}
     if credentials_dir is not None:
         credentials_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for tenant, credential in credentials.items():

@@ -29,7 +29,7 @@ import zmq
 from mccl.control.auth import JobSecret
 from mccl.provider.errors import ProviderError
 
-__all__ = ["TenantCredential", "tenant_credential", "write_credential", "read_credential"]
+__all__ = ["TenantCredential", "check_tenant_name", "tenant_credential", "write_credential", "read_credential"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,15 @@ class TenantCredential:
         return f"TenantCredential({self.tenant!r}, <hidden>)"
 
 
+def check_tenant_name(tenant: str) -> None:
+    """Refuse a name no credential can be made for (before anything is written for it)."""
+    if not isinstance(tenant, str) or not tenant or not tenant.isprintable() or len(tenant) > 128:
+        raise ProviderError(f"a tenant name is 1..128 printable characters, not {tenant!r}")
+
+
 def tenant_credential(provider: JobSecret, tenant: str) -> TenantCredential:
     """The credential of ``tenant`` under the provider's secret (see module docstring)."""
-    if not tenant or not tenant.isprintable() or len(tenant) > 128:
-        raise ProviderError(f"a tenant name is 1..128 printable characters, not {tenant!r}")
+    check_tenant_name(tenant)
     raw = hmac.new(provider.raw, b"mccl-provider/tenant/1\0" + tenant.encode(), hashlib.sha256).digest()
     public, secret_key = JobSecret(raw).client_keys
     return TenantCredential(tenant, public, secret_key, provider.server_keys[0])

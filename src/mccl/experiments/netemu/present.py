@@ -31,10 +31,15 @@ def _fmt(value: float | None, scale: float = 1e3, unit: str = "") -> str:
     return "-" if value is None else f"{value * scale:.2f}{unit}"
 
 
+def _fabric_words(config: dict) -> str:
+    """What the ranks ran on, for titles: the pacer demo shares this summary (house3 found it titled netemu)."""
+    return "the in-process pacer" if config.get("fabric") == "pacer" else "the emulated fabric"
+
+
 def print_summary(console: Console, report: NetemuReport) -> None:
     """Phase medians against the controller's model, reaction times, swaps, correctness."""
     config = report.config
-    table = Table(title=f"{config['hosts']}×{config['gpus_per_host']} ranks on the emulated fabric "
+    table = Table(title=f"{config['hosts']}×{config['gpus_per_host']} ranks on {_fabric_words(config)} "
                         f"(NICs {report.nic_mbit:g} Mbit/s = 1/{report.scale:g}; rank {config['fault_rank']}'s NIC "
                         f"×{config['fault_factor']:g} mid-run, then restored) — algbw in MB/s")
     for column in ("collective", "phase", "version", "measured", "model", "measured/model", "swaps"):
@@ -106,7 +111,7 @@ def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu
         axis.legend(fontsize=6, ncol=6, loc="lower left")
         axis.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("wall-clock time since the first collective (s)")
-    figure.suptitle(f"mccl live loop on the emulated fabric ({report.config['hosts']}×{report.config['gpus_per_host']}, "
+    figure.suptitle(f"mccl live loop on {_fabric_words(report.config)} ({report.config['hosts']}×{report.config['gpus_per_host']}, "
                     f"NICs {report.nic_mbit:g} Mbit/s)", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120, bbox_inches="tight")
@@ -135,7 +140,7 @@ def run_and_print(console: Console, *, quick: bool, alpha: float | None, gamma: 
     if quick:
         knobs.update(healthy=4, after_swap=2, max_degraded=8, max_recovered=8)
     config = NetemuConfig(**{**DEMO_REACTION, **knobs})
-    report = run_netemu_demo(config, progress=lambda text: console.print(f"[dim]{text}[/dim]"),
+    report = run_netemu_demo(config, progress=lambda text: console.print(text, style="dim"),
                              on_collective=live_row(console))
     print_summary(console, report)
     console.print(f"timeline: {plot_timeline(report, out)}")
