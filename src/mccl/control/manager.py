@@ -50,6 +50,8 @@ Late landing (a version made for a fault that cleared before it landed): :mod:`.
 
 Swap back when the fabric recovers (a version made for a fault loads the degraded link lightly, so its cut does
 not drift when the link is repaired): the opportunity check beside the drift test, :mod:`.opportunity`.
+The measured fabric and that evidence (the receiving NICs' rates, the reading a re-synthesis is made for) are
+:mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s.
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
@@ -77,23 +79,19 @@ from mccl.control.config import ControlConfig
 from mccl.control.drift import (
     CutProfile,
     drift_test,
-    measured_capacities,
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
-from mccl.control.manager_state import _ManagerState
+from mccl.control.manager_evidence import _Evidence
 from mccl.control.opportunity import (
     Opportunities,
     Opportunity,
     healthy_observed_faster,
-    nics_alike,
-    port_recovered,
 )
 from mccl.control.prepared import prepare_update
 from mccl.control.records import Decision, Event, EventLog, _Active, _Communicator
-from mccl.control.saturation import adopted, saturated_for
 from mccl.errors import ControllerError, MCCLError, SynthesisError, SynthesisUnavailable
 from mccl.schedule import Collective, Schedule, bottleneck_cut
 from mccl.synth import SynthesisResult, optimize
@@ -104,7 +102,7 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-class ScheduleManager(_ManagerState):
+class ScheduleManager(_Evidence):
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
@@ -141,10 +139,6 @@ class ScheduleManager(_ManagerState):
         self.samples_ignored = 0
 
     # ---- decisions --------------------------------------------------------------------
-    def _measured(self, comm: _Communicator, ewma: OverlayEWMA) -> np.ndarray:
-        return measured_capacities(comm.coverage, *ewma.factors(), self._nominal, base_gbps=comm.base,
-                                   recovered_factor=1.0 + self.config.gamma)
-
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         capacities = self._measured(comm, comm.ewma)
         return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
@@ -196,21 +190,6 @@ class ScheduleManager(_ManagerState):
                 self.speculate_for(decision)
         return self.events.since(first)
 
-    def _synthesis_capacities(self, comm: _Communicator, decision: Decision) -> np.ndarray:
-        """What a re-synthesis is made for: the level EWMA's measured capacities when there is one; with
-        ``absolute_rates``, the link that slowed the collective read at its traffic now (:mod:`.saturation`)."""
-        with self._lock:
-            ewma = comm.ewma if comm.level is None else comm.level
-            capacities = decision.capacities_gbps if comm.level is None else self._measured(comm, ewma)
-            if not self.config.absolute_rates:
-                return capacities
-            reading = saturated_for(self.guard, self.config, comm, ewma, decision.collective, capacities)
-        return adopted(self.guard, self.config, decision.communicator, decision.collective, capacities,
-                       reading)[0]  # predicts: outside the lock
-
-    def _measured_topology(self, capacities: np.ndarray) -> Topology:
-        return self.topology.with_capacities(capacities, name=f"{self.topology.name}+measured")
-
     @property
     def speculations(self) -> int:
         """Syntheses made ahead of a flag so far."""
@@ -242,38 +221,6 @@ class ScheduleManager(_ManagerState):
         with self._lock:
             self._speculations.keep((name, kind), active.version, capacities, result, seconds, prepared)
         return True
-
-    def register(self, communicator: str, schedule: Schedule, **options) -> int:  # noqa: ANN003 - as the base's
-        """:meth:`_ManagerState.register`, and the communicator's NIC rates kept for the swap back (:mod:`.portlevel`)."""
-        version = super().register(communicator, schedule, **options)
-        with self._lock:
-            ewma = self._comms[communicator].ewma
-            if ewma.ports is None:
-                names = [self.topology.node(gpu).host for gpu in schedule.ranks]
-                codes = {name: code for code, name in enumerate(dict.fromkeys(names))}
-                host = np.array([codes[name] for name in names])
-                ewma.track_ports(np.not_equal.outer(host, host))
-        return version
-
-    def _opportunity(self, decision: Decision) -> Opportunity | None:
-        """A recovery the unflagged active schedule was not made for (:mod:`.opportunity`), or None; the
-        receiving NICs' evidence first, where the version's base believes some link degraded."""
-        with self._lock:
-            comm = self._comms[decision.communicator]
-            base = None if comm.base is None else comm.base.copy()
-            ports, alike, hold = None, None, None
-            if base is not None and comm.ewma.ports is not None and np.any(
-                    base * (1.0 + self.config.gamma) < self._nominal):
-                schedules = [active.schedule for active in comm.active.values()]
-                covered = self.opportunities.port_links(decision.communicator, schedules, self.topology)
-                alike = nics_alike(comm.ewma.ports.rates(), covered, self.config.gamma)
-                factors = comm.ewma.ports.factors()
-                if np.any(factors > 1.0 + self.config.gamma):
-                    ports = port_recovered(factors, covered, base, self._nominal, self.config.gamma)
-                if alike is False:  # a NIC still slow: links no NIC speaks for are not reopened by a path alone
-                    hold = np.setdiff1d(np.arange(len(self._nominal)), np.concatenate(covered))
-        return self.opportunities.find(decision.communicator, decision.collective, decision.version, base,
-                                       decision.capacities_gbps, self._nominal, ports, bool(alike), hold)
 
     def reoptimize(self, decision: Decision, opportunity: Opportunity | None = None) -> Schedule | None:
         """Re-synthesize one flagged schedule on the measured topology; the issued schedule or None.
