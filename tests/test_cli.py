@@ -38,6 +38,14 @@ def test_build_check_synth_eval_healthy_and_fail2(capsys, tmp_path):
     assert code == 0 and healthy / degraded == pytest.approx(8.0, rel=0.01)
 
 
+def test_eval_refuses_a_csv_in_a_missing_folder_before_it_prints_the_table(capsys, tmp_path):
+    schedule = tmp_path / "ring.json"
+    assert run(capsys, "synth", "ring", "--topology", "rail_optimized(1,2,8)", "--out", str(schedule))[0] == 0
+    code, out, err = run(capsys, "eval", str(schedule), "--topology", "rail_optimized(1,2,8)", "--csv",
+                         str(tmp_path / "missing" / "eval.csv"))
+    assert code == 2 and "no folder" in err and str(tmp_path / "missing") in err
+    assert "algbw" not in out  # nothing printed before the refusal
+
 def test_eval_on_the_flow_simulator(capsys, tmp_path):
     """--model flow runs the flow-level simulator: a ring under Fail2 is paced by gpu0's NIC as in the α-β
     model, and the critical chain says so; the two models' options are not mixed."""

@@ -44,6 +44,8 @@ def eval_command(schedule: Path, topology: str, faults: tuple[str, ...], sizes: 
         raise click.UsageError("--step-overhead-us belongs to the alpha-beta model")
     if model == "alpha-beta" and slices is not None:
         raise click.UsageError("--slices belongs to the flow model (--model flow)")
+    if csv_path is not None and not (csv_path.parent if str(csv_path.parent) else Path(".")).is_dir():
+        raise click.UsageError(f"--csv {csv_path}: no folder {csv_path.parent} to write it in")  # before the table
     plan = load_schedule(schedule)
     fabric = load_topology_arg(topology, faults)
     validate(plan, fabric)
