@@ -59,7 +59,7 @@ class FastPath:
                  warm: KeepWarm | None = None) -> None:
         self.checks, self.lock, self.refusal, self.count = checks, lock, refusal, count
         self.warm = warm  # the service's KeepWarm: each request keeps its CPUs out of deep idle a while (.keepwarm)
-        self.keeps_warm = True  # (the tenant may say no: the session's "warm" request)
+        self.keeps_warm = False  # (the tenant may ask: the session's "warm" request; client.WARM says why not by default)
         self._request, request_write = os.pipe()
         reply_read, self._reply = os.pipe()
         self._stop_write = os.dup(request_write)  # the service's own writer: stop() wakes the thread through it
