@@ -1,6 +1,6 @@
 """Issue 16's bar, measured so that a run can be repeated: the provider service's added time per collective.
 
-    PYTHONPATH=src:benchmarks python benchmarks/provider_bar.py              # 3 runs, ~2 min on a quiet machine
+    PYTHONPATH=src:benchmarks python benchmarks/provider_bar.py              # 3 runs, ~25 s each at load 5
     PYTHONPATH=src:benchmarks python benchmarks/provider_bar.py --runs 1 --blocks 8   # a quick look
 
 What the bar is measured as. *Per collective*: one synchronous collective call of a tenant, from the call to its
