@@ -227,21 +227,21 @@ class ProviderClient:
         self._channel, self._reader, self._poll, self._spin = None, None, None, None
 
     def fast_request(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]],
-                     reduce: str) -> FastRequest:
-        """The encoded untraced fast-path request for this call, less its length and id (cached: a training loop
+                     reduce: str, flags: int = 0) -> FastRequest:
+        """The encoded fast-path request for this call, less its length and id (cached: a training loop
         repeats the same few calls, and the frame is then one ``pack`` of the id away)."""
-        key = (joined.comm, kind, dtype, reduce, *map(tuple, refs))
+        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
         request = self._requests.get(key)
         if request is None:
-            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs)[channel.LENGTH.size + 8:]
+            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs, flags)[channel.LENGTH.size + 8:]
             if len(self._requests) >= 256:
                 self._requests.clear()
             request = self._requests[key] = FastRequest(key, kind, tail, channel.LENGTH.pack(8 + len(tail)))
         return request
 
     def _ask_fast(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str) -> None:
-        """One collective on the fast path (call with ``_lock`` held): a traced or following request is encoded
-        each time; the usual one is cached (:meth:`fast_request`) and sent by :meth:`send_fast`."""
+        """One collective on the fast path (call with ``_lock`` held): the usual request is sent by :meth:`send_fast`;
+        a traced or following one (its flags in its cache key, a following one's CPU written in) waits here."""
         sent = time.perf_counter_ns()
         # whether a core is free, read before the send (the caller is then the one runnable task of its own counted)
         follow = self._cpu is not None and self._gate.sample(sent)
@@ -254,9 +254,12 @@ class ProviderClient:
         if follow:
             flags |= channel.FOLLOW
             self.followed += 1
-        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
-        frame = channel.encode_request(request_id, joined.comm, kind, dtype, reduce, refs, flags,
-                                       self._cpu() + 1 if follow else 0)
+        request = self.fast_request(joined, kind, dtype, refs, reduce, flags)
+        key, tail = request.key, request.tail
+        if follow:  # (the tail's cpu field, between the codes and the references)
+            at = channel.CPU_AT - 8
+            tail = tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
+        frame = request.length + channel.ID.pack(request_id) + tail
         spin = self._spin.choose(key, sent) if self._spin is not None else None  # spin, sleep, or sleep unrecorded
         self._write(frame)
         if spin:
