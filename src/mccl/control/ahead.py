@@ -28,6 +28,21 @@ after the speculation, is a different fabric: the flag synthesizes. Measured aga
 active version's base: a drift after a swap (a repair) follows only the band rule; tolerance 0 (no
 band to tell a drift from noise) follows only equality.
 
+The wider band, judged by the guard (issue 15, eighth session). On the AllToAll's many links the noisy
+capacities leave the 10 % band between the speculation and the flag although the fault is the same (measured,
+emulated fabric: the held speculation 0.12–0.13 × nominal from the flag's capacities on its farthest link, some
+links having moved back, so "kept going" fails too): the flag synthesized on its path (41–72 ms of CPU and wall
+at 8 ranks) in most AllToAll runs. So with ``band`` (× nominal per link, wider than ``tolerance``) a held
+speculation within it is also *offered* at the flag — marked "band" — but a band reuse is only issued when the
+guard chooses it on the flag's capacities over the active schedule and the NCCL-style baseline: otherwise the
+manager drops it and synthesizes on the flag's capacities after all, and the guard judges that one
+(:meth:`~mccl.control.manager.ScheduleManager.reoptimize`). So a wider band never issues a schedule the guard
+predicts no faster than what it replaces, and never keeps the active one where a fresh synthesis could win; what
+it can lose is the distance between the speculation and a fresh synthesis that both beat the active one (bounded
+by the band: every link within ``band`` × nominal of what the speculation was made for). Without a guard
+(``ControlConfig.guard`` False) there is nothing to judge a band reuse by: only the tolerance and "kept going"
+apply.
+
 Warm synthesizers (issue 15, seventh session; :func:`warm_synthesis`). The first synthesis in a process
 loads the synthesizers' compiled kernels (numba's cache; compiled when the cache is cold): 0.4–0.7 s of
 CPU for the 8-rank AllGather here, seconds under load. In a controller started for a job, that first
@@ -107,14 +122,21 @@ class Speculation:
 class Speculations:
     """The held speculations, one per (communicator, collective); ``tolerance`` × ``nominal`` per link is near."""
 
-    def __init__(self, nominal: np.ndarray, tolerance: float) -> None:
+    def __init__(self, nominal: np.ndarray, tolerance: float, band: float | None = None) -> None:
         if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
             raise ControllerError(f"speculate_tolerance must be in [0, 1), got {tolerance!r}")
+        if band is not None and (isinstance(band, bool) or not isinstance(band, int | float)
+                                 or not tolerance < band < 1):
+            raise ControllerError(f"speculate_band must be None or in (speculate_tolerance, 1) = ({tolerance}, 1), "
+                                  f"got {band!r}")
         self.nominal = np.asarray(nominal, dtype=float)
         self.band = float(tolerance) * self.nominal
+        self.wide = None if band is None else float(band) * self.nominal  # offered, judged by the guard
         self._held: dict[Hashable, Speculation] = {}
         self.made = 0
         self.continued = 0  # flags that took a speculation because the drift had only gone further its way
+        self.offered = 0  # flags offered a speculation from the wider band (the guard judges it)
+        self.refused = 0  # of those, dropped because the guard did not choose it: synthesized on the path
 
     def _near(self, held: Speculation | None, version: int, capacities: np.ndarray) -> bool:
         return held is not None and held.version == version and bool(np.all(np.abs(held.capacities - capacities)
@@ -153,13 +175,26 @@ class Speculations:
     def take(self, key: Hashable, version: int, capacities: np.ndarray) -> Speculation | None:
         """The held speculation for ``key`` if it was made for ``version`` near ``capacities``, or the drift since
         it only went further its way (:meth:`continued_from`); it is dropped either way: a flag consumes it."""
+        return self.take_with(key, version, capacities, wide=False)[0]
+
+    def take_with(self, key: Hashable, version: int, capacities: np.ndarray,
+                  wide: bool = True) -> tuple[Speculation | None, str]:
+        """:meth:`take`, and how it was taken: "near" (within the tolerance), "continued" (the drift went further
+        its way), "band" (within the wider band, ``wide`` and a band set: the caller must have the guard judge it,
+        module docstring "The wider band"), or "" (none)."""
         held = self._held.pop(key, None)
+        if held is None or held.version != version:
+            return None, ""
         if self._near(held, version, capacities):
-            return held
-        if held is not None and held.version == version and self.continued_from(held, capacities):
+            return held, "near"
+        if self.continued_from(held, capacities):
             self.continued += 1
-            return held
-        return None
+            return held, "continued"
+        if wide and self.wide is not None and bool(np.all(np.abs(held.capacities - np.asarray(capacities, dtype=float))
+                                                          <= self.wide)):
+            self.offered += 1
+            return held, "band"
+        return None, ""
 
 
 def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None) -> dict[str, float]:

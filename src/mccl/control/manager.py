@@ -82,8 +82,9 @@ from mccl.control.drift import (
     profile,
 )
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
+from mccl.control.guard import ACTIVE, BASELINE, CANDIDATE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
+from mccl.control.manager_band import _BandReuse
 from mccl.control.manager_evidence import _Evidence
 from mccl.control.opportunity import (
     Opportunities,
@@ -102,23 +103,26 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-class ScheduleManager(_Evidence):
+class ScheduleManager(_BandReuse, _Evidence):
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
                  synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None,
-                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1) -> None:
+                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1,
+                 speculate_band: float | None = None) -> None:
         """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
         guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator). ``speculate``:
         the fraction of Γ at which a drifting schedule is synthesized ahead of its flag (None: never);
         ``speculate_tolerance``: how far (× nominal, per link) the capacities at the flag may be from those
-        it was made for (module docstring)."""
+        it was made for (module docstring); ``speculate_band``: a wider band (× nominal) within which a held
+        speculation is offered at the flag and issued only if the guard chooses it (:mod:`.ahead`, "The wider
+        band"; None: no wider band)."""
         self.topology = topology
         self.config = config or ControlConfig()
         if speculate is not None and not (isinstance(speculate, int | float) and 0 < speculate < 1):
             raise ControllerError(f"speculate must be None or a fraction of gamma in (0, 1), got {speculate!r}")
         self.speculate = speculate
-        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance)
+        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance, speculate_band)
         self._ingested_at: dict[str, float] = {}  # wall clock of each communicator's last folded batch
         self.reactions = Reaction.log()  # one per flag (mccl.control.ahead)
         if self.config.gamma <= 0:
@@ -194,6 +198,13 @@ class ScheduleManager(_Evidence):
     def speculations(self) -> int:
         """Syntheses made ahead of a flag so far."""
         return self._speculations.made
+
+    @property
+    def speculation_reuse(self) -> dict[str, int]:
+        """How flags took held speculations beyond the tolerance (:mod:`.ahead`): ``continued`` (the drift went
+        further its way), ``offered`` (from the wider band) and ``refused`` (offered, not chosen by the guard)."""
+        held = self._speculations
+        return {"continued": held.continued, "offered": held.offered, "refused": held.refused}
 
     def held_speculations(self) -> dict:
         """The syntheses held ahead of a flag, by (communicator, collective) (:mod:`.ahead`; the service pushes
@@ -274,7 +285,8 @@ class ScheduleManager(_Evidence):
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         healthy = self.opportunities.healthy_result(name, kind) if opportunity and opportunity.back_to_nominal else None
-        held = None if healthy is not None else self._speculations.take((name, kind), active.version, capacities)
+        held, taken = (None, "") if healthy is not None else self._speculations.take_with(
+            (name, kind), active.version, capacities, wide=self.config.guard)
         ahead = held is not None
         try:
             if healthy is not None:  # its cut on the fabric it is issued for, as the baseline's
@@ -309,6 +321,14 @@ class ScheduleManager(_Evidence):
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
+        if taken == "band" and guarded is not None and guarded[0].chosen != CANDIDATE:
+            # a speculation from the wider band that the guard did not choose on the flag's capacities: refused,
+            # synthesized on them after all and judged again (.ahead, "The wider band")
+            refused = self._refuse_band(name, comm, kind, active, measured, observed, reaction, guarded[0])
+            if refused is None:
+                return None
+            result, prepared, guarded, seconds = refused
+            ahead = False
         seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
         if healthy is not None:
             with self._lock:
