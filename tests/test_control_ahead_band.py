@@ -10,6 +10,7 @@ import pytest
 
 from mccl.control import ControlConfig, ScheduleManager
 from mccl.control.ahead import Speculations
+from mccl.control.drift import drift_test
 from mccl.control.prepared import prepare_update
 from mccl.errors import ControllerError
 from mccl.schedule import Collective
@@ -91,5 +92,8 @@ def test_a_band_reuse_the_guard_chooses_is_issued_ahead_of_the_flag():
     reaction = manager.reactions[-1]
     assert manager.speculation_reuse == {"continued": 0, "offered": 1, "refused": 0}
     assert reaction.outcome == "issued" and reaction.ahead
+    # its cut taken on the flag's fabric, which its references stand for: the new version's drift test starts at 0
+    comm = manager._comms["job"]
+    assert drift_test(comm.active[Collective.ALLGATHER].cut, comm.base, 0.2).max_deviation == pytest.approx(0, abs=1e-9)
     without = _flag_with_held(_nic(0, 0.55), band=None)
     assert without.reactions[-1].outcome == "issued" and not without.reactions[-1].ahead

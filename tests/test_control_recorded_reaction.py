@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 
 from mccl.control import ControlConfig, ScheduleManager
+from mccl.control.drift import drift_test
 from mccl.experiments.demo import synth_options
-from mccl.schedule import loads_schedule
+from mccl.schedule import Collective, loads_schedule
 from mccl.telemetry import Sample
 from mccl.topology import parse_topology
 
@@ -49,6 +50,8 @@ def test_the_benchmarks_controller_issues_within_ten_collectives_from_its_specul
     assert outcomes and outcomes[0][1] == "issued" and 1 <= outcomes[0][0] <= 10, outcomes  # none before the fault
     reaction = manager.reactions[-1]
     assert reaction.ahead  # the speculation was reused: no synthesis on the flag's path
+    comm = manager._comms["a2a"]  # made up to the band away, its cut re-based on the flag's fabric (its base)
+    assert drift_test(comm.active[Collective.ALLTOALL].cut, comm.base, 0.3).max_deviation < 1e-9
     # the seventh session's controller on the same samples: flagged too late (and synthesized on the path)
     _, before = _replay(alpha=0.15, band=None)
     assert before and before[0][0] > 10, before

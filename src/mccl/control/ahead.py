@@ -39,7 +39,10 @@ manager drops it and synthesizes on the flag's capacities after all, and the gua
 (:meth:`~mccl.control.manager.ScheduleManager.reoptimize`). So a wider band never issues a schedule the guard
 predicts no faster than what it replaces, and never keeps the active one where a fresh synthesis could win; what
 it can lose is the distance between the speculation and a fresh synthesis that both beat the active one (bounded
-by the band: every link within ``band`` × nominal of what the speculation was made for). Without a guard
+by the band: every link within ``band`` × nominal of what the speculation was made for). An issued band reuse
+takes its bottleneck cut on the flag's capacities (:func:`~mccl.control.manager_band.rebased_on`): the new
+version's references stand for them, and a cut made for the speculation's would start its drift test off zero
+(a recorded AllToAll: δ 0.094 at its own base). Without a guard
 (``ControlConfig.guard`` False) there is nothing to judge a band reuse by: only the tolerance and "kept going"
 apply.
 

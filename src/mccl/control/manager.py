@@ -84,7 +84,7 @@ from mccl.control.drift import (
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, CANDIDATE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
-from mccl.control.manager_band import _BandReuse
+from mccl.control.manager_band import _BandReuse, rebased_on
 from mccl.control.manager_evidence import _Evidence
 from mccl.control.opportunity import (
     Opportunities,
@@ -296,6 +296,8 @@ class ScheduleManager(_BandReuse, _Evidence):
                 result = held.result if ahead else self._resynthesize(active, kind, measured)
             prepared = held.prepared if ahead and held.prepared is not None else (
                 prepare_update(active.schedule, result, self.topology))  # validated where it changed
+            if taken == "band":  # its cut on the flag's fabric, which its references will stand for (.ahead)
+                result, prepared = rebased_on(result, prepared, measured)
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))
