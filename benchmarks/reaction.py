@@ -67,13 +67,16 @@ SETUPS = {
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
     # (eighth session) α 0.25, not `mccl demo`'s 0.15. Why detection took 12–14 collectives here and 6 in the demo's
     # streams: on these short collectives a part of every window is the executor's CPU, not the wire, so the halved
-    # NIC reads shallower on its paths (a step to f ≈ 0.6–0.65 of the reference rather than 0.5), and the drift test
-    # needs the EWMA within Γ of it: k* = ln(1 − Γ/(1−f)) / ln(1−α) (src/mccl/experiments/README.md, "Choosing α and
-    # Γ") is 9.6 collectives at α 0.15, f 0.62 (5.6 at f 0.5: the demo's 6), plus the noisy paths that exonerate the
-    # NIC's links (the best path through a link speaks for it). At α 0.25: 5.4. What α 0.25 still rides out: a burst
-    # of full depth for one collective ((1 − 0.75) < Γ 0.3; α 0.15 rides two). The seventh session's replays: α 0.25
-    # issued within 10 collectives in 19 of 32 runs (α 0.15: 13; α 0.3 flagged before the fault in 3 of 26), but live
-    # its flags came before a speculation they could reuse (0 of 4 ahead); the wider band (NOW) is what lets them.
+    # NIC reads shallower on its paths (measured under load, eighth session: 0.45–0.86 of their reference over
+    # collectives 2–7 of the fault; the demo's streams' paths into rank 0: 0.51–0.57), and the drift test needs the
+    # EWMA within Γ of that step f: k* = ln(1 − Γ/(1−f)) / ln(1−α) (src/mccl/experiments/README.md, "Choosing α and
+    # Γ") is 9.6 collectives at α 0.15 and f 0.62 (5.6 at f 0.5: the demo's 6), plus the noisy paths that exonerate
+    # the NIC's links (the best path through a link speaks for it): the 12–14 measured. At α 0.25, f 0.62: 5.4. What
+    # α 0.25 still rides out: a burst of full depth for one collective ((1 − 0.75) < Γ 0.3; α 0.15 rides two).
+    # Replays (benchmarks/reaction_replay.py): seventh session, α 0.25 issued within 10 collectives in 19 of 32 runs
+    # (α 0.15: 13; α 0.3 flagged before the fault in 3 of 26); eighth session, 12 runs at load 7–14, α 0.25 flagged
+    # before the fault once (the last healthy collective; α 0.2 and 0.15 never) — BENCHMARKS.md. Live, α 0.25's
+    # flags came before a speculation they could reuse (0 of 4 ahead); the wider band (NOW) is what lets them.
     # `--ab --before seventh` compares with α 0.15 and no band.
     "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0, alpha=0.25,
                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
