@@ -14,7 +14,7 @@ are short while the NIC still is their bottleneck (``benchmarks/collective_floor
 stream per run — AllGather 64 KiB per rank (4 chunks per source), or AllToAll 128 KiB per rank (2 chunks per
 block) —, rank 0's NIC halved after 8
 collectives, no torch cross-check (the known answer still checks every output), ``mccl demo``'s controller
-(Γ 0.3, synthesis ahead at ½ Γ) with (eighth session) α 0.25 instead of 0.15 (:data:`SETUPS`: why) and the wider
+(Γ 0.3, synthesis ahead at ½ Γ) with (eighth session) α 0.2 instead of 0.15 (:data:`SETUPS`: why) and the wider
 band of speculation reuse (0.25 × nominal, judged by the guard: :mod:`mccl.control.ahead`, "The wider band"); the
 fault phase ends 3 collectives after the swap (at most 20).
 ``demo``: ``mccl demo``'s own streams (AllGather 256 KiB and AllToAll 512 KiB per rank at 20 Mbit/s), fault phase
@@ -65,23 +65,23 @@ SETUPS = {
     # the bottleneck (benchmarks/collective_floor.py) while a collective lasts 30–90 ms. AllToAll in 2 chunks per
     # block (the demo: 4): less of the executor's CPU per collective; the AllGather keeps the demo's 4 chunks per
     # source: with 2 the guard kept the healthy schedule (the re-synthesis predicted slower at 64 KiB: no swap)
-    # (eighth session) α 0.25, not `mccl demo`'s 0.15. Why detection took 12–14 collectives here and 6 in the demo's
+    # (eighth session) α 0.2, not `mccl demo`'s 0.15. Why detection took 12–14 collectives here and 6 in the demo's
     # streams: on these short collectives a part of every window is the executor's CPU, not the wire, so the halved
     # NIC reads shallower on its paths (measured under load, eighth session: 0.45–0.86 of their reference over
     # collectives 2–7 of the fault; the demo's streams' paths into rank 0: 0.51–0.57), and the drift test needs the
     # EWMA within Γ of that step f: k* = ln(1 − Γ/(1−f)) / ln(1−α) (src/mccl/experiments/README.md, "Choosing α and
     # Γ") is 9.6 collectives at α 0.15 and f 0.62 (5.6 at f 0.5: the demo's 6), plus the noisy paths that exonerate
-    # the NIC's links (the best path through a link speaks for it): the 12–14 measured. At α 0.25, f 0.62: 5.4. What
-    # α 0.25 still rides out: a burst of full depth for one collective ((1 − 0.75) < Γ 0.3; α 0.15 rides two).
-    # Replays (benchmarks/reaction_replay.py): seventh session, α 0.25 issued within 10 collectives in 19 of 32 runs
-    # (α 0.15: 13; α 0.3 flagged before the fault in 3 of 26); eighth session, 12 runs at load 7–14, α 0.25 flagged
-    # before the fault once (the last healthy collective; α 0.2 and 0.15 never) — BENCHMARKS.md. Live, α 0.25's
-    # flags came before a speculation they could reuse (0 of 4 ahead); the wider band (NOW) is what lets them.
+    # the NIC's links (the best path through a link speaks for it): the 12–14 measured. At α 0.2, f 0.62: 7.0. What
+    # α 0.2 still rides out: a burst of full depth for one collective, or of depth ≤ 0.83 for two ((1 − 0.8²)·0.83 =
+    # Γ 0.3; α 0.15 rides two of full depth). Replays (benchmarks/reaction_replay.py), eighth session, 26 runs at load
+    # 7–19: the first flag within 10 collectives in 21 of 26 at α 0.2 (α 0.15: 19), none before the fault (α 0.25: 2
+    # of 13 AllGather runs flagged before it, so not taken) — BENCHMARKS.md. Seventh session: α 0.25's flags came
+    # before a speculation they could reuse (0 of 4 ahead live); the wider band (NOW) lets a faster EWMA's flag reuse.
     # `--ab --before seventh` compares with α 0.15 and no band.
-    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0, alpha=0.25,
+    "ag": DemoConfig(kinds=("allgather",), ag_bytes=64 << 10, scale=10000.0, torch_check_every=0, alpha=0.2,
                      healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     "a2a": DemoConfig(kinds=("alltoall",), a2a_bytes=128 << 10, scale=10000.0, chunks=2, torch_check_every=0,
-                      alpha=0.25, healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
+                      alpha=0.2, healthy=8, max_degraded=20, after_swap=3, max_recovered=0, timeout_s=400.0),
     # `mccl demo`'s streams and controller, fault phase only: where the fault is visible on a loaded machine
     "demo": DemoConfig(max_recovered=0, torch_check_every=0, max_degraded=16, timeout_s=400.0),
 }

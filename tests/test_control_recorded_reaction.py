@@ -4,7 +4,7 @@ that reuses its speculation — the reaction benchmark's controller (issue 15, e
 The recording: every rank's samples of ``benchmarks/reaction.py``'s AllToAll set-up, rank 0's NIC halved. Live (α
 0.15, the 10 % band) that run flagged 14 collectives after the fault and synthesized on the flag's path (72 ms). The
 replay feeds it, one collective at a time in end-time order (``benchmarks/reaction_replay.py``'s procedure), into a
-manager with the benchmark's controller: α 0.25 (why: ``benchmarks/reaction.py``, ``SETUPS``) and the wider band of
+manager with the benchmark's controller: α 0.2 (why: ``benchmarks/reaction.py``, ``SETUPS``) and the wider band of
 speculation reuse judged by the guard (:mod:`mccl.control.ahead`, "The wider band"). Real column-generation
 syntheses (the speculations and the flag's)."""
 
@@ -46,7 +46,7 @@ def _replay(alpha: float, band: float | None) -> tuple[ScheduleManager, list[tup
 
 
 def test_the_benchmarks_controller_issues_within_ten_collectives_from_its_speculation():
-    manager, outcomes = _replay(alpha=0.25, band=0.25)
+    manager, outcomes = _replay(alpha=0.2, band=0.25)
     assert outcomes and outcomes[0][1] == "issued" and 1 <= outcomes[0][0] <= 10, outcomes  # none before the fault
     reaction = manager.reactions[-1]
     assert reaction.ahead  # the speculation was reused: no synthesis on the flag's path
