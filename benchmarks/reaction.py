@@ -100,7 +100,9 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           "sixth": {"swap_priority": None}, "no-priority": {"swap_priority": None},
           # (eighth session) the seventh session's controller: α 0.15, no wider band of reuse; and each alone
           "seventh": {"alpha": 0.15, "speculate_band": None}, "alpha-0.15": {"alpha": 0.15},
-          "no-band": {"speculate_band": None}}
+          "no-band": {"speculate_band": None},
+          # the seventh session's A/B of a faster EWMA (its BENCHMARKS.md section names it)
+          "alpha-0.25": {"alpha": 0.25}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
 # and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above
