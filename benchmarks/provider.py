@@ -167,7 +167,8 @@ def main() -> int:
                              "on an idle machine: how the spin/sleep choice fares where spinning costs")
     parser.add_argument("--warm-ab", action="store_true",
                         help="--single-host: every other block no session keeps the service's CPUs warm "
-                             "(mccl.provider.keepwarm); prints both sides (the bar's figures are the warm blocks')")
+                             "(mccl.provider.keepwarm); prints both sides (shipped: off since the eighth session, so "
+                             "the shipped figures are the cold blocks')")
     parser.add_argument("--sizes", default=None,
                         help="--single-host: comma-separated sizes in bytes (default 4 KiB, 64 KiB, 512 KiB, 8 MiB)")
     parser.add_argument("--floors", action="store_true",
@@ -268,7 +269,8 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
                   f"{row['provider_plain_added_us']:>7.0f}{row['ratio_provider_over_inproc']:>7.2f}"
                   f"{med['cpu:inproc']:>8.0f}{med['cpu:provider']:>9.0f}")
     if warm_ab:
-        print("\nkeep-warm A/B (same run, alternate blocks; warm = as shipped): median per-block µs and added [IQR]")
+        print("\nkeep-warm A/B (same run, alternate blocks; warm = keep-warm on, cold = off, as shipped): median "
+              "per-block µs and added [IQR]")
         print(f"{'op':<11}{'size':>9}{'inproc warm':>12}{'cold':>7}{'provider warm':>14}{'cold':>7}"
               f"{'added warm':>17}{'added cold':>17}{'plain cold':>11}")
         for row in rows:

@@ -242,3 +242,51 @@ def test_the_service_thread_follows_its_tenant_to_a_cpu_and_only_to_the_services
         os.sched_setaffinity(0, allowed)
         follows.close()
         stays.close()
+
+
+def test_a_loops_repeated_call_is_resent_without_its_lookups_but_never_past_a_free_or_a_layout_change(service):
+    shim = _client(service, "alice", Shim)
+    try:
+        comm = shim.join("resend", [0])
+        x, out = shim.empty((4, 4)), shim.empty((4, 4))
+        x.copy_(torch.arange(16.0).view(4, 4))
+        looked_up = []
+        find = shim.ref
+        shim.ref = lambda tensor: looked_up.append(tensor) or find(tensor)
+        for _ in range(3):
+            comm.all_gather_into_tensor(out, x)
+            comm.all_reduce(x, "max")
+        assert len(looked_up) == 3  # the first call of each looked its tensors up; the repeats sent the cached frame
+        assert torch.equal(out, x)
+        # the same address, size and dtype but not contiguous: looked up again (staged), torch's result
+        out.zero_()
+        comm.all_gather_into_tensor(out.t(), x)
+        assert torch.equal(out.t(), x) and len(looked_up) > 3
+        # freed: the tensor is no longer in shared memory, so the call is staged, not sent with the freed id
+        shim.free_tensor(x)
+        assert not shim._sent
+        comm.all_reduce(x, "max")
+        assert torch.equal(x, torch.arange(16.0).view(4, 4))
+    finally:
+        shim.close()
+
+
+def test_a_request_that_differs_from_a_cached_one_in_any_byte_is_checked_again(service):
+    bob, alice = _client(service, "bob"), _client(service, "alice")
+    try:
+        joined = bob.join("rechecked", [0])
+        mine, theirs = bob.alloc(64), alice.alloc(64)
+        good = channel.encode_request(1, joined.comm, "all_reduce", "float32", "sum", [[mine.alloc_id, 0, 64]])
+        assert _raw(bob, good) == (1, None, []) and _raw(bob, good) == (1, None, [])  # checked, then from the cache
+        for at, value in ((len(good) - 24, theirs.alloc_id), (len(good) - 16, 32), (len(good) - 8, 128)):
+            frame = bytearray(good)
+            frame[at:at + 8] = struct.pack("<Q", value)  # the reference's id, offset or length
+            _, reply, _ = _raw(bob, bytes(frame))
+            assert reply is not None and reply["error"] == "BadReference", (at, reply)
+        for garbage in (good + b"\0", good[:-1]):  # a cached request with a byte more or less
+            _, reply, _ = _raw(bob, struct.pack("<I", len(garbage) - 4) + garbage[4:])
+            assert reply is not None and reply["error"] == "BadRequest", reply
+        assert _raw(bob, good) == (1, None, [])  # still serving
+    finally:
+        bob.close()
+        alice.close()

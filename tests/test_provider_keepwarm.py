@@ -1,6 +1,6 @@
 """The service keeps its CPUs out of deep idle while a tenant calls (mccl.provider.keepwarm): one pinned thread per
-CPU ticks only while a session that keeps warm has called recently, never otherwise; a session may say no, and a
-malformed say is refused."""
+CPU ticks only while a session that keeps warm has called recently, never otherwise; a session keeps warm only when
+it asks (not by default), and a malformed say is refused."""
 
 from __future__ import annotations
 
@@ -62,8 +62,9 @@ def service():
 
 
 @pytest.mark.timeout(60)
-def test_a_session_keeps_warm_unless_it_says_no(service):
-    shim = Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20, spin_us=0.0)
+def test_a_session_keeps_warm_only_when_it_asks(service):
+    shim = Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20, spin_us=0.0,
+                warm=True)
     try:
         comm = shim.join("warm", [0])
         x = shim.empty(8)
@@ -81,12 +82,13 @@ def test_a_session_keeps_warm_unless_it_says_no(service):
         assert service.keep_warm.last > before
     finally:
         shim.close()
-    cold = Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20, warm=False)
-    try:
-        comm = cold.join("cold", [0])
-        x = cold.empty(8)
-        before = service.keep_warm.last
-        comm.all_reduce(x)
-        assert service.keep_warm.last == before  # said no when it opened its channel
-    finally:
-        cold.close()
+    for cold in (Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20, warm=False),
+                 Shim(service.address, tenant_credential(service.test_secret, "alice"), timeout_s=20)):
+        try:  # said no when it opened its channel, or said nothing (the default: client.WARM)
+            comm = cold.join(f"cold-{cold.warm}-{id(cold)}", [0])
+            x = cold.empty(8)
+            before = service.keep_warm.last
+            comm.all_reduce(x)
+            assert service.keep_warm.last == before
+        finally:
+            cold.close()

@@ -47,7 +47,7 @@ from mccl.provider.errors import BadRequest
 from mccl.provider.protocol import DTYPES, KINDS, REDUCTIONS
 
 __all__ = ["REQUEST", "REPLY", "REF", "MAX_FRAME", "MAX_REFS", "encode_request", "decode_request", "encode_reply",
-           "encode_ok", "decode_reply", "HEAD", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE",
+           "encode_ok", "decode_reply", "HEAD", "ID", "LENGTH", "FrameReader", "KIND_CODES", "DTYPE_CODES", "REDUCE_CODES", "TRACE",
            "TRACE_CPU", "FOLLOW", "CPU", "CPU_AT", "request_key"]
 
 LENGTH = struct.Struct("<I")
@@ -58,6 +58,7 @@ REPLY = struct.Struct("<QBB6x")
 REF = struct.Struct("<QQQ")
 STAMP = struct.Struct("<Q")
 HEAD = struct.Struct("<IQ")  # a request's length and id: what differs between two requests for the same thing
+ID = struct.Struct("<Q")
 MAX_REFS = 4
 MAX_FRAME = 4000  # < PIPE_BUF (4096): a frame and its length are written atomically
 TRACE = 1
@@ -129,6 +130,11 @@ class FrameReader:
         self.max_frame = max_frame
         self._buffer = bytearray()
 
+    @property
+    def pending(self) -> bool:
+        """Whether part of a frame is kept from an earlier read."""
+        return bool(self._buffer)
+
     def read(self) -> list[bytes] | None:
         """The complete frames available now; None at end of stream (the writer closed) or when a length
         field is out of range (see module docstring)."""
@@ -136,6 +142,10 @@ class FrameReader:
             chunk = os.read(self.fd, 1 << 16)
         except BlockingIOError:  # nothing now (a spurious wake-up)
             return []
+        return self.take(chunk)
+
+    def take(self, chunk: bytes) -> list[bytes] | None:
+        """:meth:`read` of ``chunk``, which the caller read from the pipe itself (b"": the end of stream)."""
         if not chunk:
             return None
         if not self._buffer and len(chunk) > LENGTH.size and len(chunk) == LENGTH.size + LENGTH.unpack_from(chunk)[0] \

@@ -32,7 +32,7 @@ from mccl.provider.memory import map_segment
 from mccl.provider.protocol import decode_reply, encode
 from mccl.provider.replyspin import IdleGate, ReplyWait
 
-__all__ = ["Allocation", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW", "WARM"]
+__all__ = ["Allocation", "FastRequest", "FastTrace", "Joined", "ProviderClient", "ask_status", "SPIN_US", "FOLLOW", "WARM"]
 
 SPIN_US = 1000.0
 """How far past its expected reply a spinning fast-path call polls (yielding the CPU between polls) before it sleeps
@@ -51,9 +51,13 @@ moved (``sched_setaffinity``, a migration) each time the tenant's thread changes
 sleeps between calls does often. ``benchmarks/provider.py --single-host`` measures it against False in the same run."""
 
 
-WARM = True
-"""Whether this client's collectives keep the service's CPUs out of deep idle while it calls (:mod:`.keepwarm`);
-``benchmarks/provider.py --single-host --warm-ab`` measures it against False in the same run."""
+WARM = False
+"""Whether this client's collectives keep the service's CPUs out of deep idle while it calls (:mod:`.keepwarm`).
+Off: in same-run A/Bs (``benchmarks/provider_bar.py``, blocks alternately on and off; eighth session, nine runs of
+8 blocks a side at load 3–20) on beat off in 28 of the 72 (size, run) medians and off beat on in 43 (one tie) — at
+the 8 MiB AllGather on won 5 of 9, with block IQRs of ± ms — while its process took 23–229 µs of CPU per call; the
+seventh session's quiet re-runs split too (on ahead at 7 of 8 sizes, then at 3 of 8). No shown gain, a sure cost.
+``benchmarks/provider_bar.py`` (and ``provider.py --single-host --warm-ab``) measure it against False."""
 
 
 def _cpu_reader():
@@ -99,6 +103,16 @@ class FastTrace(NamedTuple):
     got_cpu: int = 0
 
 
+class FastRequest(NamedTuple):
+    """An untraced fast-path request, encoded once (:meth:`ProviderClient.fast_request`): ``key`` names it to the
+    reply wait (:mod:`.replyspin`); a frame is ``length``, the id, then ``tail``."""
+
+    key: tuple
+    kind: str
+    tail: bytes
+    length: bytes
+
+
 @dataclass(frozen=True)
 class Joined:
     """This process's rank of a job: ``comm`` names the job's communicator in requests."""
@@ -128,7 +142,7 @@ class ProviderClient:
         self._channel: tuple[int, int] | None = None  # the fast path (mccl.provider.channel): request, reply fds
         self._reader: channel.FrameReader | None = None
         self._poll: select.poll | None = None
-        self._tails: dict[tuple, bytes] = {}  # encoded fast-path requests less length and id, by what they ask
+        self._requests: dict[tuple, FastRequest] = {}  # encoded untraced fast-path requests, by what they ask
         self.trace: list[tuple[int, ...]] | None = None  # a list: each collective appends a FastTrace (socket: 2 stamps)
         self.trace_cpu = False  # traced fast-path calls carry CPU stamps too (~2 µs each: a system call)
         self._context = zmq.Context()
@@ -212,67 +226,111 @@ class ProviderClient:
                     os.close(fd)
         self._channel, self._reader, self._poll, self._spin = None, None, None, None
 
+    def fast_request(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]],
+                     reduce: str, flags: int = 0) -> FastRequest:
+        """The encoded fast-path request for this call, less its length and id (cached: a training loop
+        repeats the same few calls, and the frame is then one ``pack`` of the id away)."""
+        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
+        request = self._requests.get(key)
+        if request is None:
+            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs, flags)[channel.LENGTH.size + 8:]
+            if len(self._requests) >= 256:
+                self._requests.clear()
+            request = self._requests[key] = FastRequest(key, kind, tail, channel.LENGTH.pack(8 + len(tail)))
+        return request
+
     def _ask_fast(self, joined: Joined, kind: str, dtype: str, refs: Sequence[Sequence[int]], reduce: str) -> None:
-        request_id = next(self._ids)
-        tracing = self.trace is not None
+        """One collective on the fast path (call with ``_lock`` held): the usual request is sent by :meth:`send_fast`;
+        a traced or following one (its flags in its cache key, a following one's CPU written in) waits here."""
         sent = time.perf_counter_ns()
-        sent_cpu = time.thread_time_ns() if tracing and self.trace_cpu else 0
-        flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if tracing else 0
         # whether a core is free, read before the send (the caller is then the one runnable task of its own counted)
         follow = self._cpu is not None and self._gate.sample(sent)
+        if self.trace is None and not follow:
+            self.send_fast(self.fast_request(joined, kind, dtype, refs, reduce))
+            return
+        request_id = next(self._ids)
+        sent_cpu = time.thread_time_ns() if self.trace is not None and self.trace_cpu else 0
+        flags = (channel.TRACE | (channel.TRACE_CPU if self.trace_cpu else 0)) if self.trace is not None else 0
         if follow:
             flags |= channel.FOLLOW
             self.followed += 1
-        key = (joined.comm, kind, dtype, reduce, flags, *map(tuple, refs))
-        tail = self._tails.get(key)  # the request less its length and id: the same for a loop's repeated call
-        if tail is None:
-            tail = channel.encode_request(0, joined.comm, kind, dtype, reduce, refs, flags)[channel.LENGTH.size + 8:]
-            if len(self._tails) >= 256:
-                self._tails.clear()
-            self._tails[key] = tail
-        head = channel.HEAD.pack(8 + len(tail), request_id)
+        request = self.fast_request(joined, kind, dtype, refs, reduce, flags)
+        key, tail = request.key, request.tail
         if follow:  # (the tail's cpu field, between the codes and the references)
             at = channel.CPU_AT - 8
-            frame = head + tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
-        else:
-            frame = head + tail
+            tail = tail[:at] + channel.CPU.pack(self._cpu() + 1) + tail[at + channel.CPU.size:]
+        frame = request.length + channel.ID.pack(request_id) + tail
         spin = self._spin.choose(key, sent) if self._spin is not None else None  # spin, sleep, or sleep unrecorded
+        self._write(frame)
+        if spin:
+            self._spin.spin(key, sent)
+        self._await_reply(request_id, kind, sent, key, spin, sent_cpu)
+
+    def send_fast(self, request: FastRequest) -> None:
+        """Send a cached request (:meth:`fast_request`) and wait for its reply (call with ``_lock`` held). The
+        per-call path of a training loop: one ``pack``, ``write``, ``poll`` and ``read``, and the reply compared
+        with the one success reply it may be."""
+        request_id = next(self._ids)
+        sent = time.perf_counter_ns()
+        spin = self._spin.choose(request.key, sent) if self._spin is not None else None
+        self._write(request.length + channel.ID.pack(request_id) + request.tail)
+        if spin:
+            self._spin.spin(request.key, sent)
+        if not self._reader.pending:
+            if not self._poll.poll(self.timeout_s * 1e3):
+                raise ProviderError(f"the provider service did not answer {request.kind!r} within {self.timeout_s:g} s")
+            try:
+                chunk = os.read(self._channel[1], 1 << 16)
+            except BlockingIOError:  # (a spurious wake-up: the general wait below)
+                chunk = None
+            if chunk == channel.encode_ok(request_id):
+                if spin is not None:
+                    self._spin.record(request.key, time.perf_counter_ns() - sent, spin)
+                return
+            if chunk is not None and self._took(self._reader.take(chunk), request_id, request.kind, sent,
+                                                request.key, spin, 0):
+                return
+        self._await_reply(request_id, request.kind, sent, request.key, spin, 0)
+
+    def _write(self, frame: bytes) -> None:
         try:
             os.write(self._channel[0], frame)
         except BrokenPipeError:  # the service closed the channel: the socket still serves
             self._close_channel()
             raise ProviderError("the provider service closed this session's fast path; "
                                 "collectives use the session socket now") from None
-        if spin:
-            self._spin.spin(key, sent)
-        deadline = time.monotonic() + self.timeout_s
+
+    def _await_reply(self, request_id: int, kind: str, sent: int, key: tuple, spin: bool | None,
+                     sent_cpu: int) -> None:
+        """Wait (bounded by ``timeout_s`` from ``sent``) for the reply to ``request_id``; raise its error."""
+        deadline = sent + int(self.timeout_s * 1e9)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._poll.poll(left * 1e3):
+            left = deadline - time.perf_counter_ns()  # (perf_counter is CLOCK_MONOTONIC here)
+            if left <= 0 or not self._poll.poll(left / 1e6):
                 raise ProviderError(f"the provider service did not answer {kind!r} within {self.timeout_s:g} s")
-            frames = self._reader.read()
-            if frames is None:
-                self._close_channel()
-                raise ProviderError("the provider service closed this session's fast path")
-            for frame in frames:
-                if len(frame) == channel.REPLY.size and frame[8] == 0 and not tracing:  # the usual reply: ok
-                    if int.from_bytes(frame[:8], "little") == request_id:
-                        if spin is not None:
-                            self._spin.record(key, time.perf_counter_ns() - sent, spin)
-                        return
-                    continue
-                reply_id, error, stamps = channel.decode_reply(frame)
-                if reply_id != request_id:
-                    continue  # (a reply to an earlier, timed-out request)
-                if spin is not None:
-                    self._spin.record(key, time.perf_counter_ns() - sent, spin)
-                if tracing:
-                    got = time.perf_counter_ns()
-                    cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()
-                    self.trace.append(FastTrace(sent, *stamps[:6], got, *cpu))
-                if error is not None:
-                    raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
+            if self._took(self._reader.read(), request_id, kind, sent, key, spin, sent_cpu):
                 return
+
+    def _took(self, frames: list[bytes] | None, request_id: int, kind: str, sent: int, key: tuple,
+              spin: bool | None, sent_cpu: int) -> bool:
+        """Whether ``frames`` held the reply to ``request_id`` (raised when it is an error)."""
+        if frames is None:
+            self._close_channel()
+            raise ProviderError("the provider service closed this session's fast path")
+        for frame in frames:
+            reply_id, error, stamps = channel.decode_reply(frame)
+            if reply_id != request_id:
+                continue  # (a reply to an earlier, timed-out request)
+            if spin is not None:
+                self._spin.record(key, time.perf_counter_ns() - sent, spin)
+            if self.trace is not None and stamps:
+                got = time.perf_counter_ns()
+                cpu = (sent_cpu, *stamps[6:], time.thread_time_ns()) if len(stamps) > 6 else ()
+                self.trace.append(FastTrace(sent, *stamps[:6], got, *cpu))
+            if error is not None:
+                raise ERRORS.get(error.get("error"), ProviderError)(str(error.get("message")))
+            return True
+        return False
 
     def send_raw(self, frame: bytes, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """Send one arbitrary frame on the session; the decoded reply, or None when none came in time."""

@@ -59,7 +59,7 @@ class FastPath:
                  warm: KeepWarm | None = None) -> None:
         self.checks, self.lock, self.refusal, self.count = checks, lock, refusal, count
         self.warm = warm  # the service's KeepWarm: each request keeps its CPUs out of deep idle a while (.keepwarm)
-        self.keeps_warm = True  # (the tenant may say no: the session's "warm" request)
+        self.keeps_warm = False  # (the tenant may ask: the session's "warm" request; client.WARM says why not by default)
         self._request, request_write = os.pipe()
         reply_read, self._reply = os.pipe()
         self._stop_write = os.dup(request_write)  # the service's own writer: stop() wakes the thread through it
@@ -134,6 +134,17 @@ class FastPath:
     def _answer(self, frame: bytes, woke: int) -> bytes:
         """The reply frame to one request frame; never raises. A traced request (``channel.TRACE``) gets
         its stage times back (:mod:`.channel`)."""
+        if len(frame) >= channel.REQUEST.size and not frame[15] and self._cpu < 0:  # no flags: the usual request
+            prepared = self._prepared.get(frame[8:])  # checked before, but for its id?
+            if prepared is not None and self.checks.live(prepared):
+                request_id = int.from_bytes(frame[:8], "little")
+                try:
+                    self.checks.execute(prepared)
+                except BadRequest as refused:
+                    return channel.encode_reply(request_id, self.refusal(request_id, BadRequest(refused.args[0])))
+                except Exception as failed:
+                    return channel.encode_reply(request_id, self.refusal(request_id, failed))
+                return channel.encode_ok(request_id)
         request_id, stamps, cpu = 0, None, None
         if len(frame) >= channel.REQUEST.size:  # follow the tenant's CPU, or leave it when no longer asked
             follow = frame[channel.CPU_AT] | frame[channel.CPU_AT + 1] << 8 if frame[15] & channel.FOLLOW else 0

@@ -1,4 +1,8 @@
-"""Keeps the service's CPUs out of deep idle while a tenant is active (:class:`KeepWarm`).
+"""Keeps the service's CPUs out of deep idle while a tenant that asks is active (:class:`KeepWarm`).
+
+Not asked by default (``client.WARM``): its benefit was never shown in a same-run A/B — on beat off about as
+often as off beat on — while it costs CPU on a machine other work shares. The service still offers it; its
+process waits on a pipe, at no cost, until a session asks.
 
 Why. On the idle machine the provider's call cost about twice what it cost under light load, and so did the
 in-process call — in CPU time, not only in waiting: the coordinator's idle run measured the in-process 4 KiB

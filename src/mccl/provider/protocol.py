@@ -18,7 +18,7 @@ Requests (every one carries ``"v"``, ``"op"`` and an integer ``"id"`` that the r
 * ``collective`` (``comm``, ``kind``, ``dtype``, ``refs``: buffer references, ``reduce``) —
   reply ``ok``. ``kind`` and its references: ``all_gather`` [output, input], ``reduce_scatter``
   [output, input], ``all_reduce`` [tensor], ``all_to_all`` [output, input] (even blocks).
-* ``channel`` (optional ``warm``: a bool, default true) — reply ``channel`` (``request``, ``reply``: the paths
+* ``channel`` (optional ``warm``: a bool, default false) — reply ``channel`` (``request``, ``reply``: the paths
   of the tenant's ends of the session's pipe pair, :mod:`.channel`); the tenant opens them and sends
   ``channel_attached``, after which collectives may go as binary frames on the pipes (the fast path: same
   checks, no ZeroMQ per call).

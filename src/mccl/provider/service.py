@@ -63,7 +63,9 @@ class ServiceConfig:
     declared broken. ``strategy``: the per-job policy factory
     (:class:`~.jobs.JobStrategy`), None for none. ``hot_swap``: give each job's communicator a
     control channel, so a strategy can stage schedule versions (costs one store poll every 20 ms per job).
-    ``keep_warm``: keep the service's CPUs out of deep idle while a tenant is active (:mod:`.keepwarm`).
+    ``keep_warm``: offer to keep the service's CPUs out of deep idle while a tenant that asks is active
+    (:mod:`.keepwarm`; the ticking process waits, costing nothing, until a session asks — none does by default,
+    ``client.WARM`` says why).
     """
 
     max_sessions: int = 256

@@ -1,0 +1,256 @@
+"""Issue 16's bar, measured so that a run can be repeated: the provider service's added time per collective.
+
+    PYTHONPATH=src:benchmarks python benchmarks/provider_bar.py              # 3 runs, ~25 s each at load 5
+    PYTHONPATH=src:benchmarks python benchmarks/provider_bar.py --runs 1 --blocks 8   # a quick look
+
+What the bar is measured as. *Per collective*: one synchronous collective call of a tenant, from the call to its
+return (the tenant has the result), through its host's service (the shim as shipped) — minus the same call on the
+tenant's own in-process world-1 mccl communicator (what ``mccl.init`` gives a rank; ``provider_single.py`` says why
+that is like for like). *The gap*: each call follows ``--gap-us`` (default 1000 µs) of the tenant's thread
+computing (a busy loop: a training step's compute between two collectives keeps its CPU busy, it does not idle),
+the same before either variant's call; ``--gap-kind sleep`` idles instead, as ``provider_gap.py``.
+
+Why it repeats where ``provider.py --single-host`` did not. That benchmark interleaves eight variants, so a
+variant's threads wait for seven other calls between two of theirs (~2 ms at 4 KiB, ~30 ms at 8 MiB) and the added
+time moved with those gaps (``provider_gap.py``: 112 µs back to back, 395 after 30 ms, same call). Here only the
+two compared calls alternate (in a random order per pair), each after the same stated gap; ``--pairs`` pairs per
+size per block, the sizes in a new random order every block, many short blocks, the figure the median over blocks of
+the per-block difference of medians (and its IQR over blocks), and ``--runs`` runs, each with a fresh service and
+tenant, so the spread between runs is printed, not guessed.
+
+The second figure, CPU per call (less load-dependent than wall time): the tenant process's CPU across the call
+(every thread: gloo's worker for the in-process call), plus, for the provider, the service process's CPU
+(every thread's ``schedstat`` over the size's pairs in a block, divided by its calls) — ``cpu added`` is the
+difference; the keep-warm process's CPU per call is shown apart (it ticks by time, not by call).
+
+Keep-warm (``mccl.provider.keepwarm``): with ``--warm-ab`` (default) blocks alternate keep-warm on and off in
+the same run, so both are read under the same load; the table shows both.
+
+Writes ``benchmarks/results/provider_bar.csv`` (one row per run and size, and the runs' summary rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from provider_ranks import OPS, SIZES, _buffers, _calls, _run
+from provider_single import quartiles
+from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
+
+SIDES = ("warm", "cold")
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process ``pid`` so far (ns; ``schedstat``: no tick rounding), 0 once gone."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # (a thread that ended meanwhile)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found += [int(child) for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _gap(gap_ns: int, busy: bool) -> None:
+    if not busy:
+        time.sleep(gap_ns / 1e9)
+        return
+    end = time.perf_counter_ns() + gap_ns
+    while time.perf_counter_ns() < end:  # the tenant's compute between two collectives
+        pass
+
+
+def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], blocks: int, pairs: int,
+           gap_ns: int, busy: bool, warm_ab: bool, seed: int, results) -> None:
+    """The tenant process: ``blocks`` blocks of ``pairs`` (in-process, provider) pairs per size; puts
+    (per-block medians, CPU per call, notes) on ``results``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from mccl.control.auth import JobSecret
+    from mccl.provider.keys import tenant_credential
+    from mccl.provider.shim import Shim
+    from mccl.runtime.communicator import Communicator
+    from mccl.runtime.transport import Transport
+
+    torch.set_num_threads(1)
+    local = Communicator(Transport(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60)),
+                                   backend="gloo"), name="inproc", check=False)
+    shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
+    remote = shim.join("bar", [0])
+    warmers = [pid for pid in _children(service_pid)]  # the keep-warm process (none when it is off)
+    cases = []
+    for op in OPS:
+        for size in sizes:
+            mine = _buffers(op, size, 1, lambda count: torch.ones(count))
+            shared = _buffers(op, size, 1, shim.empty)
+            for tensor in shared:
+                tensor.fill_(1.0)
+            variants = {"inproc": (_calls(local), mine), "provider": (_calls(remote), shared)}
+            for calls, buffers in variants.values():
+                for _ in range(5):
+                    _run(calls, op, *buffers)
+            cases.append((op, size, variants))
+    rng = random.Random(seed)
+    per_block: dict = {}  # (side, variant, op, size) -> [per-block median wall, s]
+    cpu: dict = {}  # (side, variant | "service" | "keepwarm", op, size) -> [per-block CPU per call, ns]
+    for index in range(blocks):
+        side = SIDES[index % 2] if warm_ab else "warm"
+        if warm_ab:
+            shim.keep_warm(side == "warm")
+            if side == "cold":
+                time.sleep(0.15)  # (past keepwarm.ACTIVE_NS: its threads have stopped ticking)
+        rng.shuffle(cases)
+        for op, size, variants in cases:
+            walls: dict = {"inproc": [], "provider": []}
+            tenant_cpu: dict = {"inproc": [], "provider": []}
+            service_before, warm_before = process_cpu_ns(service_pid), sum(map(process_cpu_ns, warmers))
+            for _ in range(pairs):
+                order = list(variants.items())
+                rng.shuffle(order)
+                for name, (calls, buffers) in order:
+                    _gap(gap_ns, busy)
+                    cpu_start, start = time.process_time_ns(), time.perf_counter_ns()
+                    _run(calls, op, *buffers)
+                    walls[name].append(time.perf_counter_ns() - start)
+                    tenant_cpu[name].append(time.process_time_ns() - cpu_start)
+            service = (process_cpu_ns(service_pid) - service_before) / pairs
+            warming = (sum(map(process_cpu_ns, warmers)) - warm_before) / pairs
+            for name in variants:
+                per_block.setdefault((side, name, op, size), []).append(statistics.median(walls[name]) / 1e9)
+                cpu.setdefault((side, name, op, size), []).append(statistics.median(tenant_cpu[name]))
+            cpu.setdefault((side, "service", op, size), []).append(service)
+            cpu.setdefault((side, "keepwarm", op, size), []).append(warming)
+    notes = {"spun": (shim._spin.spun, shim._spin.slept, shim._spin.explored) if shim._spin is not None else None,
+             "keepwarm": bool(warmers)}
+    shim.close()
+    local.close()
+    results.put((per_block, cpu, notes))
+
+
+def one_run(sizes: list[int], blocks: int, pairs: int, gap_ns: int, busy: bool, warm_ab: bool, seed: int) -> tuple:
+    from mccl.control.auth import new_secret
+    from mccl.provider.launch import start_services
+    from mccl.runtime.launch import free_port
+
+    secret = new_secret()
+    context = mp.get_context("spawn")
+    with start_services(1, secret, ["bench"], store_port=free_port()) as services:
+        results = context.Queue()
+        process = context.Process(target=tenant, args=(services.endpoints[0], secret.hex, services.processes[0].pid,
+                                                       sizes, blocks, pairs, gap_ns, busy, warm_ab, seed, results))
+        process.start()
+        found = results.get(timeout=1800)
+        process.join(timeout=30)
+    return found
+
+
+def summarize(per_block: dict, cpu: dict, side: str, op: str, size: int) -> dict:
+    """One run's figures for one size and side (µs)."""
+    inproc, provider = per_block[(side, "inproc", op, size)], per_block[(side, "provider", op, size)]
+    differences = [(p - i) * 1e6 for p, i in zip(provider, inproc, strict=True)]
+    q1, q3 = quartiles(differences)
+    cpu_in = statistics.median(cpu[(side, "inproc", op, size)]) / 1e3
+    cpu_prov = statistics.median(t + s for t, s in zip(cpu[(side, "provider", op, size)],
+                                                        cpu[(side, "service", op, size)], strict=True)) / 1e3
+    cpu_added = statistics.median(t + s - i for t, s, i in zip(cpu[(side, "provider", op, size)],
+                                                                cpu[(side, "service", op, size)],
+                                                                cpu[(side, "inproc", op, size)], strict=True)) / 1e3
+    return {"inproc_us": statistics.median(inproc) * 1e6, "provider_us": statistics.median(provider) * 1e6,
+            "added_us": statistics.median(differences), "added_q1_us": q1, "added_q3_us": q3, "blocks": len(inproc),
+            "cpu_inproc_us": cpu_in, "cpu_provider_us": cpu_prov, "cpu_added_us": cpu_added,
+            "cpu_keepwarm_us": statistics.median(cpu[(side, "keepwarm", op, size)]) / 1e3}
+
+
+def _spread(row: dict) -> str:
+    return f"{row['added_us']:.0f} [{row['added_q1_us']:.0f}, {row['added_q3_us']:.0f}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs, each with a fresh service and tenant")
+    parser.add_argument("--blocks", type=int, default=16, help="blocks per run (alternately warm and cold)")
+    parser.add_argument("--pairs", type=int, default=8, help="(in-process, provider) pairs per size per block")
+    parser.add_argument("--gap-us", type=float, default=1000.0, help="the tenant's gap before every call (µs)")
+    parser.add_argument("--gap-kind", choices=("compute", "sleep"), default="compute",
+                        help="compute: the tenant's thread busy through the gap (a training step); sleep: idle")
+    parser.add_argument("--no-warm-ab", action="store_true", help="every block as shipped (keep-warm on)")
+    parser.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (default 4 KiB .. 8 MiB)")
+    args = parser.parse_args()
+    warm_ab = not args.no_warm_ab
+    try:
+        sizes = SIZES if args.sizes is None else [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(size < 16 or size % 16 for size in sizes):
+        parser.error("--sizes takes byte counts, multiples of 16, comma-separated")
+    if args.runs < 1 or args.pairs < 1 or args.blocks < (2 if warm_ab else 1) or args.gap_us < 0:
+        parser.error("--runs and --pairs must be at least 1, --blocks at least 2 (1 with --no-warm-ab), --gap-us ≥ 0")
+    sides = SIDES if warm_ab else ("warm",)
+    rows = []
+    for run in range(args.runs):
+        started, load_before, clock = time.strftime("%H:%M:%S UTC", time.gmtime()), os.getloadavg()[0], time.time()
+        per_block, cpu, notes = one_run(sizes, args.blocks, args.pairs, int(args.gap_us * 1e3),
+                                        args.gap_kind == "compute", warm_ab, seed=run)
+        print(f"run {run + 1}/{args.runs}: {started}, {time.time() - clock:.0f} s, load average {load_before:.1f} → "
+              f"{os.getloadavg()[0]:.1f}; {args.blocks} blocks × {args.pairs} pairs per size, gap {args.gap_us:g} µs "
+              f"{args.gap_kind}; calls spun / slept by choice / explored: {notes['spun']}; keep-warm process: "
+              f"{'found' if notes['keepwarm'] else 'none'}", flush=True)
+        for op in OPS:
+            for size in sizes:
+                for side in sides:
+                    rows.append({"run": run + 1, "started": started, "load_before": load_before, "op": op,
+                                 "size_bytes": size, "keepwarm": side, "gap_us": args.gap_us, "gap_kind": args.gap_kind,
+                                 **summarize(per_block, cpu, side, op, size)})
+    print("\nadded = provider − in-process per collective (µs): per run, the median over blocks of the per-block "
+          "difference of medians [IQR over blocks]; over runs: the median of the runs' medians (min..max); cpu = "
+          "CPU per call, tenant + service (µs, median over blocks and runs); keep-warm: its process's CPU per call")
+    header = f"{'op':<11}{'size':>9}{'side':>6}" + "".join(f"{f'run {run + 1}':>19}" for run in range(args.runs))
+    print(header + f"{'over runs':>20}{'inproc':>8}{'cpu in':>8}{'cpu prov':>9}{'cpu add':>8}{'kw cpu':>7}")
+    summary = []
+    for op in OPS:
+        for size in sizes:
+            for side in sides:
+                mine = [row for row in rows if (row["op"], row["size_bytes"], row["keepwarm"]) == (op, size, side)]
+                medians = [row["added_us"] for row in mine]
+                over = statistics.median(medians)
+                line = f"{op:<11}{size:>9}{side:>6}" + "".join(f"{_spread(row):>19}" for row in mine)
+                figures = {key: statistics.median(row[key] for row in mine)
+                           for key in ("inproc_us", "cpu_inproc_us", "cpu_provider_us", "cpu_added_us", "cpu_keepwarm_us")}
+                print(line + f"{f'{over:.0f} ({min(medians):.0f}..{max(medians):.0f})':>20}{figures['inproc_us']:>8.0f}"
+                      f"{figures['cpu_inproc_us']:>8.0f}{figures['cpu_provider_us']:>9.0f}{figures['cpu_added_us']:>8.0f}"
+                      f"{figures['cpu_keepwarm_us']:>7.0f}")
+                summary.append({"run": "all", "op": op, "size_bytes": size, "keepwarm": side, "gap_us": args.gap_us,
+                                "gap_kind": args.gap_kind, "added_us": over, "added_min_us": min(medians),
+                                "added_max_us": max(medians), **figures})
+    write_csv(Path(__file__).parent / "results" / "provider_bar.csv", rows + summary,
+              columns=list(rows[0]) + ["added_min_us", "added_max_us"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
