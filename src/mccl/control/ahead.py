@@ -120,6 +120,12 @@ class Speculations:
         return held is not None and held.version == version and bool(np.all(np.abs(held.capacities - capacities)
                                                                             <= self.band))
 
+    def within_band(self, held: Speculation, capacities: np.ndarray) -> bool:
+        """Whether ``held`` was made for ``capacities`` within the band (every link): a speculation taken otherwise
+        was taken because the drift went further its way, and the flag measures a deeper fault than it was made for
+        (:mod:`.manager_guard`: the flag then synthesizes for its own capacities if the guard does not choose it)."""
+        return self._near(held, held.version, capacities)
+
     def continued_from(self, held: Speculation, capacities: np.ndarray) -> bool:
         """Whether ``capacities`` are ``held``'s drift gone further the same way (module docstring, "The drift
         that kept going"): every link within the band of ``held``, or further off nominal on the side ``held``
