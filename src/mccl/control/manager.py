@@ -78,9 +78,7 @@ import numpy as np
 
 from mccl.control.ahead import Reaction, Speculations
 from mccl.control.config import ControlConfig
-from mccl.control.drift import (
-    drift_test,
-)
+from mccl.control.drift import drift_test
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, CANDIDATE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
@@ -302,13 +300,13 @@ class ScheduleManager(_Guarded):
                         if ahead else "")
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
+        reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
         if ahead and guarded is not None and guarded[0].chosen != CANDIDATE and \
                 not self._speculations.within_band(held, capacities):  # made for a shallower fault (.manager_guard)
             fresh = self._instead_of_speculation(name, comm, kind, active, measured, observed, guarded[0], reaction)
             if fresh is not None:
                 result, prepared, guarded, seconds = fresh
                 ahead = False
-        reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
         seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
         if healthy is not None:
             with self._lock:

@@ -76,7 +76,9 @@ class _Guarded(_Evidence):
             self._event("synthesized", name, kind, active.version, seconds,
                         f"for the capacities measured at the flag: the guard chose the {rejected.chosen} over the "
                         f"synthesis made ahead of the flag ({dict(rejected.predicted_s)}{explained_text(rejected)})")
+        guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed)
+        reaction.guard_s = (reaction.guard_s or 0.0) + time.perf_counter() - guard_start
         return None if guarded is None else (result, prepared, guarded, seconds)
 
     def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
