@@ -12,7 +12,9 @@ fabric measured at the flag was never synthesized. Measured (flow loop, Fail1 Al
 speculation was made for GPU 0's NVLink egress read at 1444 Gbit/s (the scale-free reading; its traffic reading was
 not adopted at that check, :mod:`.saturation`), the flag read it at 778 (true 800); the guard predicted the
 speculation at 2.488 ms against the active 2.272 (on the true fabric 2.501 against 2.219) and kept v0; the schedule
-synthesized for the flag's capacities runs 1.828 ms there (1.21x faster). So a speculation taken beyond its band that
+synthesized for the flag's capacities runs 1.828 ms there (1.21x faster). (Measured with the seventh session's
+adoption rule; since the exact reading is adopted on its own, :func:`.saturation.adopted`, seed 1's speculation is made
+for the link's traffic reading and its flag takes it within the band: 1.166x.) So a speculation taken beyond its band that
 the guard does not choose is not the flag's answer: the flag synthesizes for its own capacities, as it would have with
 nothing held, and the guard compares that instead (its decision is the flag's; both are in ``Guard.decisions``). One
 taken within its band was made for the flag's fabric within the telemetry's noise: the guard's verdict on it stands
