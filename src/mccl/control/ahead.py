@@ -40,7 +40,7 @@ manager drops it and synthesizes on the flag's capacities after all, and the gua
 predicts no faster than what it replaces, and never keeps the active one where a fresh synthesis could win; what
 it can lose is the distance between the speculation and a fresh synthesis that both beat the active one (bounded
 by the band: every link within ``band`` × nominal of what the speculation was made for). An issued band reuse
-takes its bottleneck cut on the flag's capacities (:func:`~mccl.control.manager_band.rebased_on`): the new
+takes its bottleneck cut on the flag's capacities (:func:`~mccl.control.manager_guard.rebased_on`): the new
 version's references stand for them, and a cut made for the speculation's would start its drift test off zero
 (a recorded AllToAll: δ 0.094 at its own base). Without a guard
 (``ControlConfig.guard`` False) there is nothing to judge a band reuse by: only the tolerance and "kept going"
@@ -139,7 +139,7 @@ class Speculations:
         self.made = 0
         self.continued = 0  # flags that took a speculation because the drift had only gone further its way
         self.offered = 0  # flags offered a speculation from the wider band (the guard judges it)
-        self.refused = 0  # of those, dropped because the guard did not choose it: synthesized on the path
+        self.refused = 0  # taken beyond the tolerance (continued or band), not chosen by the guard: synthesized at the flag
 
     def _near(self, held: Speculation | None, version: int, capacities: np.ndarray) -> bool:
         return held is not None and held.version == version and bool(np.all(np.abs(held.capacities - capacities)

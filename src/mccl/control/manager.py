@@ -54,7 +54,9 @@ The measured fabric and that evidence (the receiving NICs' rates, the reading a 
 :mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s.
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
-:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
+:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``). A speculation taken because the drift went further
+than it was made for, which the guard then does not choose, is followed by the flag's own synthesis
+(:mod:`.manager_guard`, where the guard's part of the decisions lives).
 
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
@@ -76,16 +78,11 @@ import numpy as np
 
 from mccl.control.ahead import Reaction, Speculations
 from mccl.control.config import ControlConfig
-from mccl.control.drift import (
-    CutProfile,
-    drift_test,
-    profile,
-)
+from mccl.control.drift import drift_test
 from mccl.control.ewma import OverlayEWMA
 from mccl.control.guard import ACTIVE, BASELINE, CANDIDATE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
-from mccl.control.manager_band import _BandReuse, rebased_on
-from mccl.control.manager_evidence import _Evidence
+from mccl.control.manager_guard import _Guarded, rebased_on
 from mccl.control.opportunity import (
     Opportunities,
     Opportunity,
@@ -103,7 +100,7 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-class ScheduleManager(_BandReuse, _Evidence):
+class ScheduleManager(_Guarded):
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
@@ -267,12 +264,6 @@ class ScheduleManager(_BandReuse, _Evidence):
             return comm, None
         return comm, active
 
-    def _resynthesize(self, active: _Active, kind: Collective, measured: Topology) -> SynthesisResult:
-        """``active``'s collective synthesized on ``measured``, warm from the active result (or schedule)."""
-        previous = active.result if active.result is not None else active.schedule
-        return self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
-                                method=self.config.methods.get(kind), options=self.config.synth_options.get(kind))
-
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
                     decision: Decision, reaction: Reaction, opportunity: Opportunity | None = None) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
@@ -323,14 +314,14 @@ class ScheduleManager(_BandReuse, _Evidence):
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
-        if taken == "band" and guarded is not None and guarded[0].chosen != CANDIDATE:
-            # a speculation from the wider band that the guard did not choose on the flag's capacities: refused,
-            # synthesized on them after all and judged again (.ahead, "The wider band")
-            refused = self._refuse_band(name, comm, kind, active, measured, observed, reaction, guarded[0])
-            if refused is None:
-                return None
-            result, prepared, guarded, seconds = refused
-            ahead = False
+        if taken in ("continued", "band") and guarded is not None and guarded[0].chosen != CANDIDATE:
+            # made for a shallower fault, or a band away from the flag's capacities, and not chosen by the guard on
+            # them: the flag's own synthesis instead, judged again (.manager_guard; .ahead, "The wider band")
+            fresh = self._instead_of_speculation(name, comm, kind, active, measured, observed, guarded[0], reaction,
+                                                 taken)
+            if fresh is not None:
+                result, prepared, guarded, seconds = fresh
+                ahead = False
         seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
         if healthy is not None:
             with self._lock:
@@ -391,49 +382,4 @@ class ScheduleManager(_BandReuse, _Evidence):
                         + ("; the healthy schedule, observed faster" if seen else "")
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
-
-    def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
-               measured: Topology, guarded: tuple[GuardDecision, SynthesisResult | None] | None) -> bool:
-        """Does the schedule for a recovered fabric win over the active one (:mod:`.opportunity`)? The guard's
-        choice when it compared them (its own "kept" path records a kept one), and then by more than the guard's
-        tolerance on its (calibrated) times: the guard gives ties to the candidate, but a tie is no reason to
-        leave a schedule nothing flagged (measured, emulated fabric: a predicted 1.000x swap). Without the guard,
-        predicted here."""
-        if guarded is not None:
-            verdict = guarded[0]
-            return verdict.chosen == ACTIVE or verdict.calibrated_s(ACTIVE) > \
-                verdict.calibrated_s(verdict.chosen) * (1.0 + self.config.guard_tolerance)
-        with self._lock:
-            size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
-        try:
-            return self.guard.predict(active.schedule, measured, size) > \
-                self.guard.predict(result.schedule, measured, size) * (1.0 + self.config.guard_tolerance)
-        except MCCLError:
-            return False
-
-    def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
-        """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""
-        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
-
-    def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
-                 measured: Topology, observed: tuple[float, float] | None,
-                 ) -> tuple[GuardDecision, SynthesisResult | None] | None:
-        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails.
-        ``observed``: the active one's clock (reference, now) read when ``measured`` was: a synthesis lasting
-        seconds (noisy capacities, a loaded CPU) would otherwise set a fabric measured early in a fault against a
-        time observed after it had fully set in (measured on the pacer demo: r 0.31–0.37 after 1.4–2.1 s
-        synthesis, 1.1–1.7 after 6–18 ms)."""
-        try:
-            baseline = self.guard.baseline(name, kind, active.schedule.ranks)
-            schedules = {"candidate": result.schedule, "active": active.schedule}
-            if baseline is not None:
-                schedules["baseline"] = baseline.schedule
-            with self._lock:
-                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)
-                base = None if comm.base is None else comm.base.copy()
-            return self.guard.compare(name, kind, active.version, schedules, measured, size, observed=observed,
-                                      base_gbps=base), baseline
-        except MCCLError as error:
-            log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
-            return None
 
