@@ -51,7 +51,8 @@ Late landing (a version made for a fault that cleared before it landed): :mod:`.
 Swap back when the fabric recovers (a version made for a fault loads the degraded link lightly, so its cut does
 not drift when the link is repaired): the opportunity check beside the drift test, :mod:`.opportunity`.
 The measured fabric and that evidence (the receiving NICs' rates, the reading a re-synthesis is made for) are
-:mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s.
+:mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s, the guard's comparison
+and a kept schedule's re-based cut :mod:`.manager_guard`'s.
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
 :mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``). A speculation taken because the drift went further
@@ -61,7 +62,8 @@ than it was made for, which the guard then does not choose, is followed by the f
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
 the job's size on the measured topology and the fastest is kept — the active one ("kept":
-its cut is re-based on the measured fabric so the same evidence does not flag it again),
+its cut is re-based on the measured fabric so the same evidence does not flag it again, a fault that deepens
+since still does: :meth:`_Guarded._cut_on`),
 or the baseline, issued as the next version. ``ScheduleManager.guard.decisions`` records
 each comparison.
 """
@@ -142,7 +144,14 @@ class ScheduleManager(_Guarded):
     # ---- decisions --------------------------------------------------------------------
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         capacities = self._measured(comm, comm.ewma)
-        return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
+        result = drift_test(active.cut, capacities, self.config.gamma)
+        if result.flagged and active.kept is not None:  # kept by the guard: flagged by a deeper fault since
+            kept_cut, kept_on = active.kept
+            since = drift_test(kept_cut, capacities, self.config.gamma)
+            loaded = active.cut.links
+            deeper = bool(np.any(capacities[loaded] * (1.0 + self.config.gamma) < kept_on[loaded]))
+            result = replace(since, flagged=since.flagged and deeper)
+        return Decision(name, kind, active.version, result, capacities)
 
     def check(self) -> list[Decision]:
         """The drift test of every active schedule whose overlay links have references."""
@@ -349,14 +358,17 @@ class ScheduleManager(_Guarded):
                     # was behind it: then the same evidence is judged again once the slowed collectives are counted
                     # (measured, pacer demo: a flag at δ 0.26 saw 44.77 -> 44.71 ms, was kept and re-based, and the
                     # fault was never flagged again)
-                    if verdict.trusted or clock_current:
-                        active.cut = self._cut_on(active.schedule, measured)
+                    rebased = verdict.trusted or clock_current
+                    if rebased:
+                        kept_on = again.capacities_gbps  # what the drift test reads: the same evidence, δ 0 exactly
+                        active.kept = (self._cut_on(active.schedule, self._measured_topology(kept_on)), kept_on)
                     if opportunity is not None:
                         self.opportunities.judged(name, kind, active.version, opportunity)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}" + explained_text(verdict))
+                                f"guard: {dict(verdict.predicted_s)}" + explained_text(verdict)
+                                + ("; re-based" if rebased else "; not re-based (the clock is behind the evidence)"))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
@@ -382,4 +394,3 @@ class ScheduleManager(_Guarded):
                         + ("; the healthy schedule, observed faster" if seen else "")
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
-

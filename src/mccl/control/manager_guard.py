@@ -1,7 +1,7 @@
 """The never-worse comparison as a schedule manager runs it (split from :mod:`mccl.control.manager`, which keeps
 the decisions): the guard's comparison of a candidate with the active schedule and the baseline (:mod:`.guard`),
-whether a schedule for a recovered fabric is worth a swap (:mod:`.opportunity`), and the flag's own synthesis when
-the guard did not choose the one made ahead of it.
+whether a schedule for a recovered fabric is worth a swap (:mod:`.opportunity`), a kept schedule's cut re-based on
+the measured fabric (``_cut_on``), and the flag's own synthesis when the guard did not choose the one made ahead of it.
 
 A speculation the guard did not choose (issue 11, eighth session). A flag takes the synthesis made ahead of it
 (:mod:`.ahead`) when the capacities at the flag are within its band, or when the drift only went further its way
@@ -33,6 +33,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+
+import numpy as np
 
 from mccl.control.ahead import Reaction
 from mccl.control.drift import CutProfile, profile
@@ -126,8 +128,19 @@ class _Guarded(_Evidence):
             return False
 
     def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
-        """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""
-        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
+        """Algorithm 1's profile of a kept ``schedule`` re-based on ``measured``: its own cut links and those binding on
+        ``measured``, base slacks taken there. The manager flags a kept schedule again only when this profile flags
+        (a change beyond Γ since the keep) and a link the schedule loads reads Γ below its reading then (the fault
+        deepened): not on the same evidence, nor on a uniform change (scale-free) or a recovery (the uniform
+        slowdown the guard keeps, then clearing, in :mod:`mccl.experiments.loop_scenarios`: 0 swaps). Why its own
+        links too: a cut of the one link the evidence blames has slack 0 at any capacity of it, blind to the fault
+        deepening (pacer demo: a reading of rank 0's NIC kept and re-based, the NIC then at 1/8 unflagged for 26
+        collectives)."""
+        load = self.guard.link_load(schedule)  # cached by the α-β predictor (~70 ms each at 512 GPUs otherwise)
+        binding = [item.link for item in bottleneck_cut(schedule, measured, load=load)]
+        links = np.union1d([item.link for item in schedule.meta.bottleneck_cut], binding).astype(int)
+        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured, cut_links=links, load=load)),
+                       len(measured.links))
 
     def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
                  measured: Topology, observed: tuple[float, float] | None,
