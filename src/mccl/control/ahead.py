@@ -56,6 +56,16 @@ in 3 of 3 runs; replayed offline on the same telemetry, the drift test flags 4 c
 fault). A controller therefore synthesizes once for each collective it serves before it takes telemetry,
 on the nominal fabric and warm on a perturbed one (the path a re-synthesis takes).
 
+The registered schedule's solver state (issue 15, eighth session, second round). The ranks register their first
+schedule as a schedule, without the synthesis result behind it, so the first flag's synthesis started from that
+schedule's routes (the file-warm path: seeded columns, a multiplicative-weights round, the master from the slack
+basis; 30–70 ms of CPU for the 8-rank AllToAll, 65 ms measured live) rather than from the solver state (a repair
+or a restart of the old basis: ~10 ms). The controller has just synthesized that very schedule in
+:func:`warm_synthesis` (same topology, options and seed: the same routes), so it keeps those results
+(``adopt``), and a registration whose schedule has the digest of one of them
+(:func:`~mccl.schedule.schedule_digest`: collective, ranks, chunks, transfers; not the version) takes that
+result's warm state. A schedule the controller did not make registers as before.
+
 Instrumentation. Besides the events, every flag leaves one :class:`Reaction` in
 ``ScheduleManager.reactions`` (bounded; wall-clock times): when the telemetry batch folded last before
 the flag arrived, the flag, synthesis start and end (whether it was made ahead, its CPU time), the
@@ -67,7 +77,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,10 +210,14 @@ class Speculations:
         return None, ""
 
 
-def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None) -> dict[str, float]:
+def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None, *,
+                   adopt: Callable[[SynthesisResult], None] | None = None) -> dict[str, float]:
     """Synthesize each of ``collectives`` on ``topology`` and again, warm, on a perturbed copy (module docstring,
     "Warm synthesizers"), so that a controller's first speculation or flag does not load the kernels; the
-    wall seconds each took. ``options``: the synthesizers' options by collective, as the manager uses them."""
+    wall seconds each took. ``options``: the synthesizers' options by collective, as the manager uses them.
+    ``adopt``: given each nominal result (:meth:`~mccl.control.manager.ScheduleManager.adopt`), so that the
+    ranks' registration of that very schedule brings its solver state (module docstring, "The registered
+    schedule's solver state")."""
     from mccl.schedule import Collective
 
     seconds: dict[str, float] = {}
@@ -218,6 +232,8 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
         start = time.perf_counter()
         chosen = (options or {}).get(kind)
         result = optimize(topology, kind, options=chosen)
+        if adopt is not None:
+            adopt(result)
         optimize(perturbed, kind, previous=result, options=chosen)
         seconds[kind.value] = time.perf_counter() - start
     return seconds

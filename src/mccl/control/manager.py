@@ -136,6 +136,7 @@ class ScheduleManager(_Guarded):
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
         self._unavailable: set[tuple[str, Collective]] = set()
+        self._adopted: dict[str, SynthesisResult] = {}
         self.events = EventLog(self.config.max_events)
         self.opportunities = Opportunities(self.config.gamma)  # swap back when the fabric recovers (.opportunity)
         self.samples_taken = 0

@@ -179,7 +179,7 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int |
     manager = ScheduleManager(topology, ControlConfig(**control, synth_options=synth_options(chunks)), speculate=speculate,
                               speculate_band=speculate_band)
     if kinds:  # the first synthesis loads the kernels: before telemetry, not on the first fault's check (ahead.py)
-        warm_synthesis(topology, list(kinds), synth_options(chunks))
+        warm_synthesis(topology, list(kinds), synth_options(chunks), adopt=manager.adopt)  # the ranks' schedules
     ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
