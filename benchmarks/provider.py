@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _pair_tenant, _tenant  # noqa: E402
+from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _pair_tenant, _tenant, sizes_option  # noqa: E402
 from provider_single import BASELINES, PROVIDERS, added, ratio  # noqa: E402
 from provider_single import tenant as single_tenant  # noqa: E402
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
@@ -178,12 +178,7 @@ def main() -> int:
     scale = args.calls if args.calls is not None else (0.5 if args.quick else 1.0)
     if blocks < 1 or scale <= 0:
         parser.error("--blocks must be at least 1 and --calls above 0")
-    try:
-        sizes = SIZES if args.sizes is None else [int(size) for size in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or any(size < 16 or size % 16 for size in sizes):
-        parser.error("--sizes takes byte counts, multiples of 16, comma-separated")
+    sizes = sizes_option(parser, args.sizes)
     if args.single_host:
         if args.warm_ab and blocks < 2:
             parser.error("--warm-ab needs at least 2 blocks")

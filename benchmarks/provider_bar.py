@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from provider_ranks import OPS, SIZES, _buffers, _calls, _run
+from provider_ranks import OPS, _buffers, _calls, _run, sizes_option
 from provider_single import quartiles
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
@@ -202,12 +202,7 @@ def main() -> int:
     parser.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (default 4 KiB .. 8 MiB)")
     args = parser.parse_args()
     warm_ab = not args.no_warm_ab
-    try:
-        sizes = SIZES if args.sizes is None else [int(size) for size in args.sizes.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or any(size < 16 or size % 16 for size in sizes):
-        parser.error("--sizes takes byte counts, multiples of 16, comma-separated")
+    sizes = sizes_option(parser, args.sizes)
     if args.runs < 1 or args.pairs < 1 or args.blocks < (2 if warm_ab else 1) or args.gap_us < 0:
         parser.error("--runs and --pairs must be at least 1, --blocks at least 2 (1 with --no-warm-ab), --gap-us ≥ 0")
     sides = SIDES if warm_ab else ("warm",)

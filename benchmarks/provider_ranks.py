@@ -24,6 +24,17 @@ import time
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB, 64 * KIB, 512 * KIB, 8 * MIB]
 OPS = ("all_gather", "all_reduce")
+
+
+def sizes_option(parser, text: str | None) -> list[int]:
+    """``--sizes`` (comma-separated byte counts, multiples of 16; None: :data:`SIZES`), or a usage error."""
+    try:
+        sizes = SIZES if text is None else [int(size) for size in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(size < 16 or size % 16 for size in sizes):
+        parser.error("--sizes takes byte counts, multiples of 16, comma-separated")
+    return sizes
 STAGES = ("shim", "to_service", "read", "decode", "checks", "collective", "reply", "to_tenant")
 CPU_STAGES = ("cpu_shim", "cpu_trip", "cpu_decode", "cpu_checks", "cpu_collective", "cpu_reply")
 
