@@ -87,6 +87,10 @@ def main() -> None:
     parser.add_argument("--fault", type=float, default=0.5, help="GPU 0's NIC, × nominal")
     parser.add_argument("--csv", type=Path, default=Path("benchmarks/results/flag_synthesis.csv"))
     args = parser.parse_args()
+    if args.trials < 1 or not 0 < args.fault <= 1:
+        parser.error(f"--trials must be at least 1 and --fault in (0, 1], got {args.trials} and {args.fault}")
+    if not args.csv.parent.is_dir():
+        parser.error(f"--csv: folder {args.csv.parent} does not exist")
     topology = parse_topology("rail_optimized(1,2,4)")
     options = synth_options(2)
     manager = ScheduleManager(topology, ControlConfig(synth_options=options))
