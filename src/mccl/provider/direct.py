@@ -15,8 +15,8 @@ What does not change. The buffers are the views :mod:`.checks` resolved and chec
 checked view of the tenant's own memory to another; nothing else is read or written). A job runs directly only
 what its gloo group has already run once (:class:`~.jobs.Job` keeps the (kind, dtype, reduction) gloo accepted):
 gloo refuses some calls, and refuses them by breaking the group (int16, every collective: "Invalid scalar type"),
-so the first call of each kind goes to gloo and fails or succeeds there as before. Buffers that overlap in part go
-to gloo too (``copy_`` refuses them; gloo copies through its flat tensor). A job with a strategy or a control
+so the first call of each kind goes to gloo and fails or succeeds there as before. An input that overlaps the
+output in part goes to gloo too, as before (``copy_`` refuses it; gloo's AllGather copies through its flat tensor). A job with a strategy or a control
 channel never runs directly (its policy acts on the communicator). A session may turn it off
 (``{"op": "direct", "on": false}``, :meth:`.shim.Shim.direct`): the benchmarks' same-run A/B of the two paths.
 """
