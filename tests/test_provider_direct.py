@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+from conftest import provider_service  # noqa: E402
 from mccl.control.auth import new_secret  # noqa: E402
 from mccl.provider.errors import BadReference, BadRequest, JobFailed  # noqa: E402
 from mccl.provider.keys import tenant_credential  # noqa: E402
@@ -21,12 +22,8 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 @pytest.fixture(scope="module")
 def service():
-    secret = new_secret()
-    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
-                              config=ServiceConfig(job_timeout_s=10)).start()
-    service.test_secret = secret
-    yield service
-    service.stop()
+    with provider_service(job_timeout_s=10) as running:
+        yield running
 
 
 def _shim(service, tenant: str = "alice", **kwargs) -> Shim:
