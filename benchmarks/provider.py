@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from provider_ranks import CPU_STAGES, OPS, SIZES, STAGES, _inproc_rank, _pair_tenant, _tenant, sizes_option  # noqa: E402
-from provider_single import BASELINES, PROVIDERS, added, ratio  # noqa: E402
+from provider_single import BASELINES, OFF, PROVIDERS, added, ratio  # noqa: E402
 from provider_single import tenant as single_tenant  # noqa: E402
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
@@ -100,7 +100,7 @@ def _print_pair(n: int, sizes: list[int], quick: bool) -> int:
 
 
 def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool, gate_open: bool = False,
-                 warm_ab: bool = False) -> tuple:
+                 ab: str | None = None) -> tuple:
     from mccl.control.auth import new_secret
     from mccl.provider.launch import start_services
 
@@ -109,7 +109,7 @@ def _interleaved(sizes: list[int], blocks: int, scale: float, floors: bool, gate
     with start_services(1, secret, ["bench"], store_port=free_port()) as services:
         results = context.Queue()
         tenant = context.Process(target=single_tenant, args=(services.endpoints[0], secret.hex, sizes, blocks, scale,
-                                                             floors, results, gate_open, warm_ab))
+                                                             floors, results, gate_open, ab))
         tenant.start()
         found = results.get(timeout=1800)
         tenant.join(timeout=30)
@@ -169,6 +169,9 @@ def main() -> int:
                         help="--single-host: every other block no session keeps the service's CPUs warm "
                              "(mccl.provider.keepwarm); prints both sides (shipped: off since the eighth session, so "
                              "the shipped figures are the cold blocks')")
+    parser.add_argument("--direct-ab", action="store_true",
+                        help="--single-host: every other block the sessions' one-host jobs run every collective on "
+                             "gloo (the path before mccl.provider.direct); prints both sides (shipped: direct)")
     parser.add_argument("--sizes", default=None,
                         help="--single-host: comma-separated sizes in bytes (default 4 KiB, 64 KiB, 512 KiB, 8 MiB)")
     parser.add_argument("--floors", action="store_true",
@@ -180,9 +183,12 @@ def main() -> int:
         parser.error("--blocks must be at least 1 and --calls above 0")
     sizes = sizes_option(parser, args.sizes)
     if args.single_host:
-        if args.warm_ab and blocks < 2:
-            parser.error("--warm-ab needs at least 2 blocks")
-        return _print_single_host(sizes, blocks, scale, args.floors, args.gate_open, args.warm_ab)
+        if (args.warm_ab or args.direct_ab) and blocks < 2:
+            parser.error("--warm-ab and --direct-ab need at least 2 blocks")
+        if args.warm_ab and args.direct_ab:
+            parser.error("one A/B at a time: --warm-ab or --direct-ab")
+        ab = "warm" if args.warm_ab else "direct" if args.direct_ab else None
+        return _print_single_host(sizes, blocks, scale, args.floors, args.gate_open, ab)
     if args.interleaved:
         return _print_pair(args.hosts, SIZES, args.quick)
     sizes = SIZES
@@ -223,11 +229,11 @@ def main() -> int:
 
 
 def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool, gate_open: bool = False,
-                       warm_ab: bool = False) -> int:
+                       ab: str | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
     clock = time.perf_counter()
-    times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors, gate_open, warm_ab)
+    times, per_block, stages, notes = _interleaved(sizes, blocks, scale, floors, gate_open, ab)
     print(f"1 host, tenant and service processes, every variant interleaved; {started}; {blocks} blocks; load "
           f"average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f} ({notes['cpus']} cores); "
           f"{time.perf_counter() - clock:.0f} s; {'the gate held open (every call may spin); ' if gate_open else ''}calls that spun / slept by choice / took the way not chosen: {notes['spun']}; calls the "
@@ -236,6 +242,7 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
           "ratio = the median per-block provider / inproc; cpu = the tenant process's CPU per call (inproc: gloo's "
           "thread included; provider: the service's CPU is in the stages below)")
     print(f"{'op':<11}{'size':>9}{'reps':>6}{'inproc':>8}{'in shm':>8}{'provider':>9}{'added [IQR]':>19}{'vs shm':>8}"
+          f"{'vs dir.':>8}"
           f"{'spin':>8}{'follow':>9}{'plain':>7}{'ratio':>7}{'cpu in':>8}{'cpu prov':>9}   (µs)")
     rows = []
     for op in OPS:
@@ -247,6 +254,7 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
                    **{f"{variant}_us": med[variant] for variant in (*BASELINES, *PROVIDERS)},
                    "added_us": bar, "added_q1_us": q1, "added_q3_us": q3,
                    "added_vs_inproc_shm_us": added(per_block, "provider", "inproc_shm", op, size)[0],
+                   "added_vs_inproc_direct_us": added(per_block, "provider", "inproc_direct", op, size)[0],
                    **{f"{variant}_added_us": added(per_block, variant, "inproc", op, size)[0]
                       for variant in PROVIDERS[1:]},
                    "ratio_provider_over_inproc": ratio(per_block, "provider", "inproc", op, size),
@@ -259,27 +267,12 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
             rows.append(row)
             spread = f"{bar:.0f} [{q1:.0f}, {q3:.0f}]"
             print(f"{op:<11}{size:>9}{row['reps']:>6}{med['inproc']:>8.0f}{med['inproc_shm']:>8.0f}"
-                  f"{med['provider']:>9.0f}{spread:>19}{row['added_vs_inproc_shm_us']:>8.0f}"
+                  f"{med['provider']:>9.0f}{spread:>19}{row['added_vs_inproc_shm_us']:>8.0f}{row['added_vs_inproc_direct_us']:>8.0f}"
                   f"{row['provider_spin_added_us']:>8.0f}{row['provider_follow_added_us']:>9.0f}"
                   f"{row['provider_plain_added_us']:>7.0f}{row['ratio_provider_over_inproc']:>7.2f}"
                   f"{med['cpu:inproc']:>8.0f}{med['cpu:provider']:>9.0f}")
-    if warm_ab:
-        print("\nkeep-warm A/B (same run, alternate blocks; warm = keep-warm on, cold = off, as shipped): median "
-              "per-block µs and added [IQR]")
-        print(f"{'op':<11}{'size':>9}{'inproc warm':>12}{'cold':>7}{'provider warm':>14}{'cold':>7}"
-              f"{'added warm':>17}{'added cold':>17}{'plain cold':>11}")
-        for row in rows:
-            op, size = row["op"], row["size_bytes"]
-            cold = {variant: statistics.median(per_block[(f"{variant}:cold", op, size)]) * 1e6
-                    for variant in ("inproc", "provider")}
-            bar, q1, q3 = added(per_block, "provider:cold", "inproc:cold", op, size)
-            row.update({"inproc_cold_us": cold["inproc"], "provider_cold_us": cold["provider"], "added_cold_us": bar,
-                        "added_cold_q1_us": q1, "added_cold_q3_us": q3,
-                        "plain_added_cold_us": added(per_block, "provider_plain:cold", "inproc:cold", op, size)[0]})
-            warm_spread = f"{row['added_us']:.0f} [{row['added_q1_us']:.0f}, {row['added_q3_us']:.0f}]"
-            print(f"{op:<11}{size:>9}{row['inproc_us']:>12.0f}{cold['inproc']:>7.0f}{row['provider_us']:>14.0f}"
-                  f"{cold['provider']:>7.0f}{warm_spread:>17}{f'{bar:.0f} [{q1:.0f}, {q3:.0f}]':>17}"
-                  f"{row['plain_added_cold_us']:>11.0f}")
+    if ab is not None:
+        _print_ab(rows, per_block, ab)
     if floors:
         print(f"\n{'op':<11}{'size':>9}{'+check':>8}{'socket':>8}{'zmq rt':>8}{'pipe rt':>8}   (µs, medians)")
         for row in rows:
@@ -294,6 +287,33 @@ def _print_single_host(sizes: list[int], blocks: int, scale: float, floors: bool
                                                                      for stage in names))
     write_csv(Path(__file__).parent / "results" / "provider_single_host.csv", rows)
     return 0
+
+
+def _print_ab(rows: list[dict], per_block: dict, ab: str) -> None:
+    """The same-run A/B's two sides (``--warm-ab``, ``--direct-ab``), added to ``rows`` under the other side's label."""
+    on, off = ab, OFF[ab]
+    print(f"\n{ab} A/B (same run, alternate blocks; {on}: the table above; {off}: "
+          f"{'keep-warm off, as shipped' if ab == 'warm' else 'every collective on gloo, the path before'}): median "
+          "per-block µs, added [IQR], ratio (provider ÷ inproc), and added vs inproc_direct (the same work in-process)")
+    print(f"{'op':<11}{'size':>9}{f'inproc {on}':>14}{off:>7}{f'provider {on}':>16}{off:>7}"
+          f"{f'added {on}':>18}{f'added {off}':>18}{'ratio':>7}{off:>7}{f'vs dir. {on}':>15}{off:>7}{f'plain {off}':>12}")
+    for row in rows:
+        op, size = row["op"], row["size_bytes"]
+        other = {variant: statistics.median(per_block[(f"{variant}:{off}", op, size)]) * 1e6
+                 for variant in ("inproc", "provider")}
+        bar, q1, q3 = added(per_block, f"provider:{off}", f"inproc:{off}", op, size)
+        row.update({f"inproc_{off}_us": other["inproc"], f"provider_{off}_us": other["provider"],
+                    f"added_{off}_us": bar, f"added_{off}_q1_us": q1, f"added_{off}_q3_us": q3,
+                    f"ratio_{off}": ratio(per_block, f"provider:{off}", f"inproc:{off}", op, size),
+                    f"added_vs_inproc_direct_{off}_us": added(per_block, f"provider:{off}", f"inproc_direct:{off}",
+                                                              op, size)[0],
+                    f"plain_added_{off}_us": added(per_block, f"provider_plain:{off}", f"inproc:{off}", op, size)[0]})
+        spread = f"{row['added_us']:.0f} [{row['added_q1_us']:.0f}, {row['added_q3_us']:.0f}]"
+        print(f"{op:<11}{size:>9}{row['inproc_us']:>14.0f}{other['inproc']:>7.0f}{row['provider_us']:>16.0f}"
+              f"{other['provider']:>7.0f}{spread:>18}{f'{bar:.0f} [{q1:.0f}, {q3:.0f}]':>18}"
+              f"{row['ratio_provider_over_inproc']:>7.2f}{row[f'ratio_{off}']:>7.2f}"
+              f"{row['added_vs_inproc_direct_us']:>15.0f}{row[f'added_vs_inproc_direct_{off}_us']:>7.0f}"
+              f"{row[f'plain_added_{off}_us']:>12.0f}")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,14 @@ The second figure, CPU per call (less load-dependent than wall time): the tenant
 (every thread's ``schedstat`` over the size's pairs in a block, divided by its calls) — ``cpu added`` is the
 difference; the keep-warm process's CPU per call is shown apart (it ticks by time, not by call).
 
-Keep-warm (``mccl.provider.keepwarm``): with ``--warm-ab`` (default) blocks alternate keep-warm on and off in
-the same run, so both are read under the same load; the table shows both.
+The same-run A/B (``--ab``): blocks alternate two settings of the service, so both are read under the same load
+and the table shows both. ``direct`` (default): the job's collectives run directly in the service's thread
+(``mccl.provider.direct``, shipped) against all on gloo (the path before it); ``warm``: keep-warm
+(``mccl.provider.keepwarm``) on against off (shipped); ``none``: every block as shipped.
+
+A third call alternates with the two: ``inproc_direct``, the tenant's own process doing what the direct path does
+(the copy, or nothing for AllReduce) — the in-process side of the same work, so ``added vs direct`` is the
+service's own cost (round trip, checks), where ``added`` is against mccl's in-process gloo call, the bar's baseline.
 
 Writes ``benchmarks/results/provider_bar.csv`` (one row per run and size, and the runs' summary rows).
 """
@@ -44,7 +50,13 @@ from provider_ranks import OPS, _buffers, _calls, _run, sizes_option
 from provider_single import quartiles
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
-SIDES = ("warm", "cold")
+SIDES = {"direct": ("direct", "gloo"), "warm": ("warm", "cold"), "none": ("shipped",)}
+"""Each ``--ab``'s two sides: blocks alternate between them (the first is the one switched on)."""
+
+
+def _direct_calls() -> dict:
+    """The in-process side of the direct path's work (``mccl.provider.direct``): the copy, or nothing (AllReduce)."""
+    return {"all_gather": lambda output, source: output.copy_(source), "all_reduce": lambda tensor: None}
 
 
 def process_cpu_ns(pid: int) -> int:
@@ -61,6 +73,15 @@ def process_cpu_ns(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue  # (a thread that ended meanwhile)
     return total
+
+
+def process_faults(pid: int) -> int:
+    """Page faults (minor + major) of process ``pid`` so far, every thread (``/proc/<pid>/stat``), 0 once gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[7]) + int(fields[9])
 
 
 def _children(pid: int) -> list[int]:
@@ -83,7 +104,7 @@ def _gap(gap_ns: int, busy: bool) -> None:
 
 
 def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], blocks: int, pairs: int,
-           gap_ns: int, busy: bool, warm_ab: bool, seed: int, results) -> None:
+           gap_ns: int, busy: bool, ab: str, seed: int, results) -> None:
     """The tenant process: ``blocks`` blocks of ``pairs`` (in-process, provider) pairs per size; puts
     (per-block medians, CPU per call, notes) on ``results``."""
     from datetime import timedelta
@@ -110,7 +131,8 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], b
             shared = _buffers(op, size, 1, shim.empty)
             for tensor in shared:
                 tensor.fill_(1.0)
-            variants = {"inproc": (_calls(local), mine), "provider": (_calls(remote), shared)}
+            variants = {"inproc": (_calls(local), mine), "provider": (_calls(remote), shared),
+                        "inproc_direct": (_direct_calls(), mine)}
             for calls, buffers in variants.values():
                 for _ in range(5):
                     _run(calls, op, *buffers)
@@ -119,16 +141,20 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], b
     per_block: dict = {}  # (side, variant, op, size) -> [per-block median wall, s]
     cpu: dict = {}  # (side, variant | "service" | "keepwarm", op, size) -> [per-block CPU per call, ns]
     for index in range(blocks):
-        side = SIDES[index % 2] if warm_ab else "warm"
-        if warm_ab:
+        sides = SIDES[ab]
+        side = sides[index % len(sides)]
+        if ab == "warm":
             shim.keep_warm(side == "warm")
             if side == "cold":
                 time.sleep(0.15)  # (past keepwarm.ACTIVE_NS: its threads have stopped ticking)
+        elif ab == "direct":
+            shim.direct(side == "direct")
         rng.shuffle(cases)
         for op, size, variants in cases:
-            walls: dict = {"inproc": [], "provider": []}
-            tenant_cpu: dict = {"inproc": [], "provider": []}
+            walls: dict = {name: [] for name in variants}
+            tenant_cpu: dict = {name: [] for name in variants}
             service_before, warm_before = process_cpu_ns(service_pid), sum(map(process_cpu_ns, warmers))
+            faults_before = process_faults(service_pid)
             for _ in range(pairs):
                 order = list(variants.items())
                 rng.shuffle(order)
@@ -139,6 +165,7 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], b
                     walls[name].append(time.perf_counter_ns() - start)
                     tenant_cpu[name].append(time.process_time_ns() - cpu_start)
             service = (process_cpu_ns(service_pid) - service_before) / pairs
+            cpu.setdefault((side, "faults", op, size), []).append((process_faults(service_pid) - faults_before) / pairs)
             warming = (sum(map(process_cpu_ns, warmers)) - warm_before) / pairs
             for name in variants:
                 per_block.setdefault((side, name, op, size), []).append(statistics.median(walls[name]) / 1e9)
@@ -152,7 +179,7 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], b
     results.put((per_block, cpu, notes))
 
 
-def one_run(sizes: list[int], blocks: int, pairs: int, gap_ns: int, busy: bool, warm_ab: bool, seed: int) -> tuple:
+def one_run(sizes: list[int], blocks: int, pairs: int, gap_ns: int, busy: bool, ab: str, seed: int) -> tuple:
     from mccl.control.auth import new_secret
     from mccl.provider.launch import start_services
     from mccl.runtime.launch import free_port
@@ -162,7 +189,7 @@ def one_run(sizes: list[int], blocks: int, pairs: int, gap_ns: int, busy: bool, 
     with start_services(1, secret, ["bench"], store_port=free_port()) as services:
         results = context.Queue()
         process = context.Process(target=tenant, args=(services.endpoints[0], secret.hex, services.processes[0].pid,
-                                                       sizes, blocks, pairs, gap_ns, busy, warm_ab, seed, results))
+                                                       sizes, blocks, pairs, gap_ns, busy, ab, seed, results))
         process.start()
         found = results.get(timeout=1800)
         process.join(timeout=30)
@@ -174,6 +201,8 @@ def summarize(per_block: dict, cpu: dict, side: str, op: str, size: int) -> dict
     inproc, provider = per_block[(side, "inproc", op, size)], per_block[(side, "provider", op, size)]
     differences = [(p - i) * 1e6 for p, i in zip(provider, inproc, strict=True)]
     q1, q3 = quartiles(differences)
+    floor = per_block[(side, "inproc_direct", op, size)]
+    over_floor = [(p - f) * 1e6 for p, f in zip(provider, floor, strict=True)]
     cpu_in = statistics.median(cpu[(side, "inproc", op, size)]) / 1e3
     cpu_prov = statistics.median(t + s for t, s in zip(cpu[(side, "provider", op, size)],
                                                         cpu[(side, "service", op, size)], strict=True)) / 1e3
@@ -182,8 +211,11 @@ def summarize(per_block: dict, cpu: dict, side: str, op: str, size: int) -> dict
                                                                 cpu[(side, "inproc", op, size)], strict=True)) / 1e3
     return {"inproc_us": statistics.median(inproc) * 1e6, "provider_us": statistics.median(provider) * 1e6,
             "added_us": statistics.median(differences), "added_q1_us": q1, "added_q3_us": q3, "blocks": len(inproc),
+            "ratio": statistics.median(p / i for p, i in zip(provider, inproc, strict=True)),
+            "inproc_direct_us": statistics.median(floor) * 1e6, "added_vs_direct_us": statistics.median(over_floor),
             "cpu_inproc_us": cpu_in, "cpu_provider_us": cpu_prov, "cpu_added_us": cpu_added,
-            "cpu_keepwarm_us": statistics.median(cpu[(side, "keepwarm", op, size)]) / 1e3}
+            "cpu_keepwarm_us": statistics.median(cpu[(side, "keepwarm", op, size)]) / 1e3,
+            "service_faults": statistics.median(cpu[(side, "faults", op, size)])}
 
 
 def _spread(row: dict) -> str:
@@ -198,19 +230,20 @@ def main() -> int:
     parser.add_argument("--gap-us", type=float, default=1000.0, help="the tenant's gap before every call (µs)")
     parser.add_argument("--gap-kind", choices=("compute", "sleep"), default="compute",
                         help="compute: the tenant's thread busy through the gap (a training step); sleep: idle")
-    parser.add_argument("--no-warm-ab", action="store_true", help="every block as shipped (keep-warm on)")
+    parser.add_argument("--ab", choices=tuple(SIDES), default="direct",
+                        help="the same-run A/B, blocks alternating: direct = the direct path against all on gloo "
+                             "(default); warm = keep-warm on against off; none = every block as shipped")
     parser.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (default 4 KiB .. 8 MiB)")
     args = parser.parse_args()
-    warm_ab = not args.no_warm_ab
     sizes = sizes_option(parser, args.sizes)
-    if args.runs < 1 or args.pairs < 1 or args.blocks < (2 if warm_ab else 1) or args.gap_us < 0:
-        parser.error("--runs and --pairs must be at least 1, --blocks at least 2 (1 with --no-warm-ab), --gap-us ≥ 0")
-    sides = SIDES if warm_ab else ("warm",)
+    sides = SIDES[args.ab]
+    if args.runs < 1 or args.pairs < 1 or args.blocks < len(sides) or args.gap_us < 0:
+        parser.error("--runs and --pairs must be at least 1, --blocks at least 2 (1 with --ab none), --gap-us ≥ 0")
     rows = []
     for run in range(args.runs):
         started, load_before, clock = time.strftime("%H:%M:%S UTC", time.gmtime()), os.getloadavg()[0], time.time()
         per_block, cpu, notes = one_run(sizes, args.blocks, args.pairs, int(args.gap_us * 1e3),
-                                        args.gap_kind == "compute", warm_ab, seed=run)
+                                        args.gap_kind == "compute", args.ab, seed=run)
         print(f"run {run + 1}/{args.runs}: {started}, {time.time() - clock:.0f} s, load average {load_before:.1f} → "
               f"{os.getloadavg()[0]:.1f}; {args.blocks} blocks × {args.pairs} pairs per size, gap {args.gap_us:g} µs "
               f"{args.gap_kind}; calls spun / slept by choice / explored: {notes['spun']}; keep-warm process: "
@@ -219,27 +252,32 @@ def main() -> int:
             for size in sizes:
                 for side in sides:
                     rows.append({"run": run + 1, "started": started, "load_before": load_before, "op": op,
-                                 "size_bytes": size, "keepwarm": side, "gap_us": args.gap_us, "gap_kind": args.gap_kind,
+                                 "size_bytes": size, "side": side, "gap_us": args.gap_us, "gap_kind": args.gap_kind,
                                  **summarize(per_block, cpu, side, op, size)})
     print("\nadded = provider − in-process per collective (µs): per run, the median over blocks of the per-block "
           "difference of medians [IQR over blocks]; over runs: the median of the runs' medians (min..max); cpu = "
-          "CPU per call, tenant + service (µs, median over blocks and runs); keep-warm: its process's CPU per call")
+          "CPU per call, tenant + service (µs, median over blocks and runs); keep-warm: its process's CPU per call; "
+          "ratio: provider ÷ in-process, per block, median; vs direct: provider − inproc_direct, the same work in the "
+          "tenant's own process (median of the runs' medians); faults: the service process's page faults per call")
     header = f"{'op':<11}{'size':>9}{'side':>6}" + "".join(f"{f'run {run + 1}':>19}" for run in range(args.runs))
-    print(header + f"{'over runs':>20}{'inproc':>8}{'cpu in':>8}{'cpu prov':>9}{'cpu add':>8}{'kw cpu':>7}")
+    print(header + f"{'over runs':>20}{'inproc':>8}{'ratio':>7}{'vs direct':>10}{'cpu in':>8}{'cpu prov':>9}"
+                   f"{'cpu add':>8}{'kw cpu':>7}{'faults':>7}")
     summary = []
     for op in OPS:
         for size in sizes:
             for side in sides:
-                mine = [row for row in rows if (row["op"], row["size_bytes"], row["keepwarm"]) == (op, size, side)]
+                mine = [row for row in rows if (row["op"], row["size_bytes"], row["side"]) == (op, size, side)]
                 medians = [row["added_us"] for row in mine]
                 over = statistics.median(medians)
                 line = f"{op:<11}{size:>9}{side:>6}" + "".join(f"{_spread(row):>19}" for row in mine)
                 figures = {key: statistics.median(row[key] for row in mine)
-                           for key in ("inproc_us", "cpu_inproc_us", "cpu_provider_us", "cpu_added_us", "cpu_keepwarm_us")}
+                           for key in ("inproc_us", "ratio", "inproc_direct_us", "added_vs_direct_us", "cpu_inproc_us",
+                                       "cpu_provider_us", "cpu_added_us", "cpu_keepwarm_us", "service_faults")}
                 print(line + f"{f'{over:.0f} ({min(medians):.0f}..{max(medians):.0f})':>20}{figures['inproc_us']:>8.0f}"
+                      f"{figures['ratio']:>7.2f}{figures['added_vs_direct_us']:>10.0f}"
                       f"{figures['cpu_inproc_us']:>8.0f}{figures['cpu_provider_us']:>9.0f}{figures['cpu_added_us']:>8.0f}"
-                      f"{figures['cpu_keepwarm_us']:>7.0f}")
-                summary.append({"run": "all", "op": op, "size_bytes": size, "keepwarm": side, "gap_us": args.gap_us,
+                      f"{figures['cpu_keepwarm_us']:>7.0f}{figures['service_faults']:>7.0f}")
+                summary.append({"run": "all", "op": op, "size_bytes": size, "side": side, "gap_us": args.gap_us,
                                 "gap_kind": args.gap_kind, "added_us": over, "added_min_us": min(medians),
                                 "added_max_us": max(medians), **figures})
     write_csv(Path(__file__).parent / "results" / "provider_bar.csv", rows + summary,

@@ -37,7 +37,9 @@ import time
 
 from provider_ranks import KIB, MIB, OPS, _buffers, _calls, _echo, _interleave
 
-BASELINES = ("inproc", "inproc_shm")
+BASELINES = ("inproc", "inproc_shm", "inproc_direct")
+OFF = {"warm": "cold", "direct": "gloo"}
+"""The label of each A/B's other side (``tenant``'s ``ab``)."""
 PROVIDERS = ("provider", "provider_spin", "provider_follow", "provider_plain")
 SETTINGS = {"provider": {}, "provider_spin": {"adaptive": False}, "provider_follow": {"follow": True},
             "provider_plain": {"spin_us": 0.0}}
@@ -49,10 +51,12 @@ def calls(size: int, scale: float = 1.0) -> int:
 
 
 def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale: float, floors: bool,
-           results, gate_open: bool = False, warm_ab: bool = False) -> None:
-    """The tenant process (module docstring); puts (times, block medians, stages, notes) on ``results``. ``warm_ab``:
-    every other block no session keeps the service's CPUs warm (:mod:`mccl.provider.keepwarm`); those blocks' figures
-    go under ``<variant>:cold``, the others' under the variant's name."""
+           results, gate_open: bool = False, ab: str | None = None) -> None:
+    """The tenant process (module docstring); puts (times, block medians, stages, notes) on ``results``. ``ab``:
+    every other block is the other side of a same-run A/B, its figures under ``<variant>:<OFF[ab]>`` (the others'
+    under the variant's name): ``"warm"``, no session keeps the service's CPUs warm (:mod:`mccl.provider.keepwarm`;
+    the shipped side); ``"direct"``, the sessions' one-host jobs run every collective on gloo (the path before
+    :mod:`mccl.provider.direct`, which is shipped)."""
     from datetime import timedelta
 
     import torch
@@ -88,6 +92,7 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
                 for tensor in buffers:
                     tensor.fill_(1.0)
             variants = {"inproc": (_calls(local[False]), mine), "inproc_shm": (_calls(local["shm"]), shared["provider"]),
+                        "inproc_direct": (_direct_calls(), mine),
                         **{name: (_calls(comms[name]), shared[name]) for name in PROVIDERS},
                         "provider_traced": (_calls(comms["provider_traced"]), shared["provider_traced"]),
                         "provider_cpu": (_calls(comms["provider_traced"]), shared["provider_traced"])}
@@ -98,17 +103,20 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
     per_block: dict = {}
     stages: dict = {}
     for index in range(blocks):
-        cold = warm_ab and index % 2 == 1
-        if warm_ab:
+        cold = ab is not None and index % 2 == 1
+        if ab == "warm":
             for one in shims.values():
                 one.keep_warm(not cold)
             if cold:
                 time.sleep(0.2)  # (past keepwarm.ACTIVE_NS: the service's threads stop ticking)
+        elif ab == "direct":
+            for one in shims.values():
+                one.direct(not cold)
         for (op, size), variants in variants_at.items():
             block: dict = {}
             _interleave(variants, shim, op, size, calls(size, scale), block, stages if not cold else {})
             for (variant, *rest), values in block.items():
-                key = (f"{variant}:cold" if cold else variant, *rest)
+                key = (f"{variant}:{OFF[ab]}" if cold else variant, *rest)
                 times.setdefault(key, []).extend(values)
                 per_block.setdefault(key, []).append(statistics.median(values))
     notes = {"spun": {name: (one._spin.spun, one._spin.slept, one._spin.explored)
@@ -120,6 +128,12 @@ def tenant(endpoint: str, secret_hex: str, sizes: list[int], blocks: int, scale:
     for one in shims.values():
         one.close()
     results.put((times, per_block, stages, notes))
+
+
+def _direct_calls() -> dict:
+    """``inproc_direct``: what the service's direct path runs (:mod:`mccl.provider.direct`), in the tenant's own
+    process — the copy, or nothing for AllReduce: the in-process side of the same work."""
+    return {"all_gather": lambda output, source: output.copy_(source), "all_reduce": lambda tensor: None}
 
 
 def _floors(endpoint: str, credential, secret_hex: str, local: dict) -> tuple[dict, object]:

@@ -5,13 +5,15 @@ collective through the service and in-process (issue 16: the 8 MiB AllGather's e
     PYTHONPATH=src:benchmarks python benchmarks/provider_threads.py --cases all_gather:524288 --calls 400
 
 Each case runs ``--calls`` calls of each variant (``inproc``: the tenant's own world-1 communicator;
-``provider``: the shim as shipped), in alternating stretches of ``--stretch`` calls (so load hits both alike),
+``provider``: the shim as shipped; ``provider_gloo``: the same on a session whose job runs every collective on gloo,
+the path before ``mccl.provider.direct``), in alternating stretches of ``--stretch`` calls (so load hits all alike),
 each call after ``--gap-us`` of the tenant computing, as ``provider_bar.py``. Per call, from ``/proc``: every
 thread's CPU (``schedstat``) and voluntary context switches (a thread that slept and was woken: the wake-ups),
 grouped by role — the tenant's calling thread (its ``thread_time`` across the calls only), the service's
 fast-path thread, each
-process's gloo threads, the rest — and each process's minor page faults. The provider's added CPU is the tenant's
-and the service's together minus the in-process call's.
+process's gloo threads, the rest — and each process's minor page faults; and each role's time spent runnable but
+waiting for a CPU (``schedstat``'s run delay: what load costs a woken thread; the calling thread's includes its
+gaps). The provider's added CPU is the tenant's and the service's together minus the in-process call's.
 """
 
 from __future__ import annotations
@@ -27,19 +29,20 @@ from provider_bar import _gap
 from provider_ranks import _buffers, _calls, _run
 
 
-def _threads(pid: int) -> dict[int, tuple[str, int, int]]:
-    """tid -> (name, CPU ns, voluntary context switches) of every thread of ``pid``."""
+def _threads(pid: int) -> dict[int, tuple[str, int, int, int]]:
+    """tid -> (name, CPU ns, voluntary context switches, ns runnable but waiting for a CPU) of every thread of
+    ``pid``."""
     found = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             base = f"/proc/{pid}/task/{tid}"
             name = Path(f"{base}/comm").read_text().strip()
-            cpu = int(Path(f"{base}/schedstat").read_text().split()[0])
+            cpu, waited = (int(field) for field in Path(f"{base}/schedstat").read_text().split()[:2])
             switches = next(int(line.split()[1]) for line in Path(f"{base}/status").read_text().splitlines()
                             if line.startswith("voluntary_ctxt_switches"))
         except (OSError, ValueError, StopIteration):
             continue
-        found[int(tid)] = (name, cpu, switches)
+        found[int(tid)] = (name, cpu, switches, waited)
     return found
 
 
@@ -74,12 +77,16 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, cases: list[tuple[s
     before = set(_threads(service_pid))
     shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
     remote = shim.join("threads", [0])
+    gloo_shim = Shim(endpoint, tenant_credential(JobSecret.from_hex(secret_hex), "bench"))
+    gloo_shim.direct(False)
+    remote_gloo = gloo_shim.join("threads-gloo", [0])
     me = os.getpid()
     caller = me  # (the main thread's tid is the pid)
     found: dict = {}
     for op, size in cases:
         variants = {"inproc": (_calls(local), _buffers(op, size, 1, lambda count: torch.ones(count))),
-                    "provider": (_calls(remote), _buffers(op, size, 1, shim.empty))}
+                    "provider": (_calls(remote), _buffers(op, size, 1, shim.empty)),
+                    "provider_gloo": (_calls(remote_gloo), _buffers(op, size, 1, gloo_shim.empty))}
         for made, buffers in variants.values():
             for tensor in buffers:
                 tensor.fill_(1.0)
@@ -102,12 +109,14 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, cases: list[tuple[s
                     row = found.setdefault(key, {"calls": 0, "faults": 0})
                     row["calls"] += count
                     row["faults"] += _faults(pid) - faults
-                    for tid, (thread, cpu, switches) in after.items():
-                        was = threads.get(tid, (thread, 0, 0))
+                    for tid, (thread, cpu, switches, waited) in after.items():
+                        was = threads.get(tid, (thread, 0, 0, 0))
                         role = _role(pid, tid, thread, caller if pid == me else -1, fast)
                         cpu_ns = calling if role == "calling thread" else cpu - was[1]
                         row[(role, "cpu")] = row.get((role, "cpu"), 0) + cpu_ns
                         row[(role, "switches")] = row.get((role, "switches"), 0) + switches - was[2]
+                        row[(role, "waited")] = row.get((role, "waited"), 0) + waited - was[3]
+    gloo_shim.close()
     shim.close()
     local.close()
     results.put(found)
@@ -144,23 +153,26 @@ def main() -> int:
         found = results.get(timeout=1800)
         process.join(timeout=30)
     print(f"{started}; load average {load:.1f} → {os.getloadavg()[0]:.1f}; {args.calls} calls per variant, gap "
-          f"{args.gap_us:g} µs compute; per call: CPU µs / voluntary context switches, minor faults per process")
+          f"{args.gap_us:g} µs compute; per call: CPU µs / voluntary context switches / µs runnable waiting for a "
+          "CPU, minor faults per process")
     roles = ("calling thread", "fast-path thread", "gloo threads", "other threads")
     for op, size in cases:
         totals = {}
-        for name in ("inproc", "provider"):
+        for name in ("inproc", "provider", "provider_gloo"):
             parts, total = [], 0.0
             for side in ("tenant", "service"):
                 row = found[(name, op, size, side)]
                 calls = row["calls"]
                 shown = [f"{role} {row.get((role, 'cpu'), 0) / calls / 1e3:.0f} / "
-                         f"{row.get((role, 'switches'), 0) / calls:.1f}" for role in roles
+                         f"{row.get((role, 'switches'), 0) / calls:.1f} / {row.get((role, 'waited'), 0) / calls / 1e3:.0f}"
+                         for role in roles
                          if abs(row.get((role, "cpu"), 0)) / calls > 500 or row.get((role, "switches"), 0) / calls > 0.05]
                 total += sum(row.get((role, "cpu"), 0) for role in roles) / calls / 1e3
                 parts.append(f"{side}: " + ", ".join(shown) + f"; faults {row['faults'] / calls:.1f}")
             totals[name] = total
             print(f"{op} {size} {name:<9} CPU {total:.0f} µs — " + " | ".join(parts))
-        print(f"{op} {size} provider − inproc: {totals['provider'] - totals['inproc']:.0f} µs CPU per call")
+        print(f"{op} {size} provider − inproc: {totals['provider'] - totals['inproc']:.0f} µs CPU per call "
+              f"(provider_gloo − inproc: {totals['provider_gloo'] - totals['inproc']:.0f})")
     return 0
 
 

@@ -6,7 +6,9 @@ scheduler puts them, back to back and after an idle gap (issue 16's per-call pat
 Why. The provider's call wakes a thread of the other process twice (the request, the reply). On this VM an idle
 vCPU halts at once, and waking a halted vCPU is an interrupt through the hypervisor; a wake-up on the waker's own
 CPU, which then sleeps, is a context switch. The gap variant sleeps between calls, as the benchmark's other
-variants (and a training step's compute) separate two collectives. Medians and quartiles of the round trip (µs).
+variants separate two collectives; the compute variant busy-loops the caller's thread instead (as
+``provider_bar.py``'s gap: a training step's compute keeps the caller's CPU busy while the other side sleeps). Medians
+and quartiles of the round trip (µs).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import sys
 import time
 
 
-def round_trips(parent_cpu: int | None, child_cpu: int | None, calls: int, gap_us: int) -> list[float]:
+def round_trips(parent_cpu: int | None, child_cpu: int | None, calls: int, gap_us: int,
+                busy: bool = False) -> list[float]:
     """``calls`` round trips of 100 bytes with a forked echo; the CPUs pin each side (None: the scheduler's)."""
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
@@ -37,7 +40,11 @@ def round_trips(parent_cpu: int | None, child_cpu: int | None, calls: int, gap_u
     samples = []
     try:
         for _ in range(calls):
-            if gap_us:
+            if gap_us and busy:
+                end = time.perf_counter_ns() + gap_us * 1000
+                while time.perf_counter_ns() < end:
+                    pass
+            elif gap_us:
                 time.sleep(gap_us / 1e6)
             start = time.perf_counter_ns()
             os.write(request_write, b"x" * 100)
@@ -62,12 +69,12 @@ def main() -> int:
         placements["two CPUs"] = (cpus[0], cpus[1])
     print(f"pipe round trip between two processes (µs: median [q1, q3]); load average {os.getloadavg()[0]:.1f}, "
           f"{len(cpus)} CPUs")
-    for gap_us in (0, 1000):
+    for gap_us, busy, title in ((0, False, "back to back"), (1000, False, "after 1 ms idle"),
+                                (1000, True, "after 1 ms compute")):
         for name, (parent, child) in placements.items():
-            samples = round_trips(parent, child, args.calls if not gap_us else args.calls // 4, gap_us)
+            samples = round_trips(parent, child, args.calls if not gap_us else args.calls // 4, gap_us, busy)
             q1, median, q3 = statistics.quantiles(samples, n=4)
-            print(f"  {'back to back' if not gap_us else 'after 1 ms idle':<16} {name:<10} {median:7.1f} "
-                  f"[{q1:.1f}, {q3:.1f}]")
+            print(f"  {title:<19} {name:<10} {median:7.1f} [{q1:.1f}, {q3:.1f}]")
     return 0
 
 

@@ -2,11 +2,13 @@
 
     PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/reaction.py --runs 3 --dump /tmp/r/run    # dumps to replay
     PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/reaction_replay.py '/tmp/r/run_*.json' 0.15:none 0.25:1.0
+    PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/reaction_replay.py '/tmp/r/run_*.json' 0.15:none 0.25:none:0.25
 
 Each dump (``reaction.py --dump``) holds every rank's telemetry of one run (path windows and whole-collective
 times). Its samples are fed, one collective (sequence number) at a time in end-time order, into a fresh
 :class:`~mccl.control.ScheduleManager` with the run's topology, schedule and Γ and the given α and level EWMA
-(``ALPHA:LEVEL``, LEVEL ``none`` for no level EWMA), which runs its whole step after each: drift test,
+(``ALPHA:LEVEL[:BAND]``, LEVEL ``none`` for no level EWMA; BAND the wider band of speculation reuse,
+:mod:`mccl.control.ahead`, none or absent: no band), which runs its whole step after each: drift test,
 speculation, flag, re-synthesis and the guard. Per collective kind: runs, runs whose first version was issued
 within 10 collectives of the fault (and of those, how many reused a synthesis made ahead of the flag: only
 those keep synthesis off the path), runs with a flag before it (a swap on noise), and runs whose first flag the
@@ -32,7 +34,8 @@ from mccl.topology import parse_topology
 _SCHEDULES: dict = {}
 
 
-def replay(path: str, alpha: float, level: float | None) -> tuple[str, list[tuple[int, str]], bool | None]:
+def replay(path: str, alpha: float, level: float | None,
+           band: float | None = None) -> tuple[str, list[tuple[int, str]], bool | None]:
     """(collective, [(collectives after the fault, "kept" / "issued"), ...], whether the issued version was
     synthesized ahead of its flag (None: none issued)) of one dumped run."""
     with open(path) as handle:
@@ -46,7 +49,8 @@ def replay(path: str, alpha: float, level: float | None) -> tuple[str, list[tupl
         _SCHEDULES[key] = optimize(topology, kind, options=options.get(Collective(kind))).schedule.with_meta(version=1)
     manager = ScheduleManager(topology, ControlConfig(alpha=alpha, gamma=config["gamma"], alpha_level=level,
                                                       warmup=config["warmup"], settle_collectives=config["settle"],
-                                                      synth_options=options), speculate=config["speculate"])
+                                                      synth_options=options), speculate=config["speculate"],
+                              speculate_band=band)
     name = dump["communicators"][kind]
     manager.register(name, _SCHEDULES[key])
     samples = []
@@ -73,20 +77,23 @@ def replay(path: str, alpha: float, level: float | None) -> tuple[str, list[tupl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dumps", help="a glob of reaction.py --dump files")
-    parser.add_argument("settings", nargs="+", help="ALPHA:LEVEL, e.g. 0.15:none 0.25:1.0")
+    parser.add_argument("settings", nargs="+", help="ALPHA:LEVEL[:BAND], e.g. 0.15:none 0.25:1.0 0.25:none:0.25")
     args = parser.parse_args()
     files = sorted(glob.glob(args.dumps))
     if not files:
         parser.error(f"no dump matches {args.dumps!r}")
     for setting in args.settings:
         try:
-            alpha_text, level_text = setting.split(":")
+            alpha_text, level_text, *band_text = setting.split(":")
             alpha, level = float(alpha_text), None if level_text == "none" else float(level_text)
+            band = None if band_text in ([], ["none"]) else float(band_text[0]) if len(band_text) == 1 else ""
+            if band == "":
+                raise ValueError(setting)
         except ValueError:
-            parser.error(f"a setting is ALPHA:LEVEL (LEVEL a number or none), got {setting!r}")
+            parser.error(f"a setting is ALPHA:LEVEL[:BAND] (LEVEL, BAND a number or none), got {setting!r}")
         table: dict[str, list[int]] = {}
         for path in files:
-            kind, outcomes, ahead = replay(path, alpha, level)
+            kind, outcomes, ahead = replay(path, alpha, level, band)
             row = table.setdefault(kind, [0, 0, 0, 0, 0])
             row[0] += 1
             in_time = any(what == "issued" and 1 <= at <= 10 for at, what in outcomes)
@@ -94,7 +101,7 @@ def main() -> None:
             row[2] += in_time and bool(ahead)
             row[3] += any(at <= 0 for at, _ in outcomes)
             row[4] += bool(outcomes) and outcomes[0][1] == "kept"
-        print(f"alpha {alpha} level {level}: " + "; ".join(
+        print(f"alpha {alpha} level {level} band {band}: " + "; ".join(
             f"{kind}: runs {r[0]}, issued within 10 {r[1]} (synthesized ahead {r[2]}), flagged before the fault "
             f"{r[3]}, first flag kept {r[4]}" for kind, r in sorted(table.items())), flush=True)
 

@@ -1,8 +1,11 @@
-"""Shared fixtures and strategies: the builders' fabrics and random small topologies."""
+"""Shared fixtures and strategies: the builders' fabrics, random small topologies, a running provider service."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -65,3 +68,22 @@ def small_topologies(draw: st.DrawFn) -> Topology:
     extra = draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(names), capacity, latency), max_size=8))
     edges += [(a, b, cap, lat) for a, b, cap, lat in extra if a != b]
     return Topology.from_edges("random", nodes, edges)
+
+
+@contextmanager
+def provider_service(**config: Any) -> Iterator[Any]:
+    """A provider service (:mod:`mccl.provider`) on an in-process store for tenants alice and bob, with
+    ``ServiceConfig(**config)``; their secret as ``service.test_secret``; stopped on exit."""
+    import torch.distributed as dist
+
+    from mccl.control.auth import new_secret
+    from mccl.provider.service import ProviderService, ServiceConfig
+
+    secret = new_secret()
+    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
+                              config=ServiceConfig(**config)).start()
+    service.test_secret = secret
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -297,3 +297,16 @@ def test_ingest_matches_sample_by_sample_and_the_event_log_is_bounded(hpn_schedu
     assert readable.latest("job", "allgather") == (1, dumps_schedule(schedule))
     with pytest.raises(ControllerError, match="schedule_format"):
         ControlConfig(schedule_format="xml")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("absolute_rates", "false"), ("absolute_rates", 1), ("absolute_rates", None), ("guard", "no"), ("guard", 0),
+    ("guard_tolerance", 1.0), ("guard_tolerance", -0.1), ("guard_tolerance", float("nan")), ("guard_tolerance", True),
+    ("guard_size_bytes", 0), ("guard_size_bytes", float("inf")), ("guard_size_bytes", "1GB"),
+])
+def test_config_refuses_a_switch_that_is_not_a_bool_and_guard_numbers_out_of_range(field, value):
+    """Every field is checked where it is written: ``absolute_rates="false"`` (a string from a config file or a
+    flag) would otherwise read as on, and a NaN tolerance would make every guard comparison False."""
+    with pytest.raises(ControllerError, match=field):
+        ControlConfig(**{field: value})
+    assert ControlConfig(absolute_rates=True, guard=False, guard_tolerance=0.0, guard_size_bytes=2**20).absolute_rates

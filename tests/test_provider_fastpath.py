@@ -12,25 +12,19 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
-from mccl.control.auth import new_secret  # noqa: E402
+from conftest import provider_service  # noqa: E402
 from mccl.provider import channel  # noqa: E402
 from mccl.provider.client import ProviderClient  # noqa: E402
 from mccl.provider.errors import BadReference, BadRequest, ProviderError  # noqa: E402
 from mccl.provider.keys import tenant_credential  # noqa: E402
-from mccl.provider.service import ProviderService, ServiceConfig  # noqa: E402
 from mccl.provider.shim import Shim  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def service():
-    secret = new_secret()
-    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
-                              config=ServiceConfig(job_timeout_s=10)).start()
-    service.test_secret = secret
-    yield service
-    service.stop()
+    with provider_service(job_timeout_s=10) as running:
+        yield running
 
 
 def _client(service, tenant: str, cls=ProviderClient, **kwargs):

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import zmq  # noqa: E402
 
+from conftest import provider_service  # noqa: E402
 from mccl.control.auth import new_secret  # noqa: E402
 from mccl.provider.client import ProviderClient, ask_status  # noqa: E402
 from mccl.provider.errors import BadReference, BadRequest, ProviderError  # noqa: E402
@@ -40,13 +41,8 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def service():
-    secret = new_secret()
-    service = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice", "bob"],
-                              config=ServiceConfig(strategy=Recorder, job_timeout_s=10, max_allocations=64))
-    service.start()
-    service.test_secret = secret
-    yield service
-    service.stop()
+    with provider_service(strategy=Recorder, job_timeout_s=10, max_allocations=64) as running:
+        yield running
 
 
 def _shim(service, tenant: str = "alice") -> Shim:

@@ -28,6 +28,24 @@ after the speculation, is a different fabric: the flag synthesizes. Measured aga
 active version's base: a drift after a swap (a repair) follows only the band rule; tolerance 0 (no
 band to tell a drift from noise) follows only equality.
 
+The wider band, judged by the guard (issue 15, eighth session). On the AllToAll's many links the noisy
+capacities leave the 10 % band between the speculation and the flag although the fault is the same (measured,
+emulated fabric: the held speculation 0.12–0.13 × nominal from the flag's capacities on its farthest link, some
+links having moved back, so "kept going" fails too): the flag synthesized on its path (41–72 ms of CPU and wall
+at 8 ranks) in most AllToAll runs. So with ``band`` (× nominal per link, wider than ``tolerance``) a held
+speculation within it is also *offered* at the flag — marked "band" — but a band reuse is only issued when the
+guard chooses it on the flag's capacities over the active schedule and the NCCL-style baseline: otherwise the
+manager drops it and synthesizes on the flag's capacities after all, and the guard judges that one
+(:meth:`~mccl.control.manager.ScheduleManager.reoptimize`). So a wider band never issues a schedule the guard
+predicts no faster than what it replaces, and never keeps the active one where a fresh synthesis could win; what
+it can lose is the distance between the speculation and a fresh synthesis that both beat the active one (bounded
+by the band: every link within ``band`` × nominal of what the speculation was made for). An issued band reuse
+takes its bottleneck cut on the flag's capacities (:func:`~mccl.control.manager_guard.rebased_on`): the new
+version's references stand for them, and a cut made for the speculation's would start its drift test off zero
+(a recorded AllToAll: δ 0.094 at its own base). Without a guard
+(``ControlConfig.guard`` False) there is nothing to judge a band reuse by: only the tolerance and "kept going"
+apply.
+
 Warm synthesizers (issue 15, seventh session; :func:`warm_synthesis`). The first synthesis in a process
 loads the synthesizers' compiled kernels (numba's cache; compiled when the cache is cold): 0.4–0.7 s of
 CPU for the 8-rank AllGather here, seconds under load. In a controller started for a job, that first
@@ -37,6 +55,16 @@ while it did: in the reaction benchmark's 64 KiB AllGather (collectives of ~70�
 in 3 of 3 runs; replayed offline on the same telemetry, the drift test flags 4 collectives after the
 fault). A controller therefore synthesizes once for each collective it serves before it takes telemetry,
 on the nominal fabric and warm on a perturbed one (the path a re-synthesis takes).
+
+The registered schedule's solver state (issue 15, eighth session, second round). The ranks register their first
+schedule as a schedule, without the synthesis result behind it, so the first flag's synthesis started from that
+schedule's routes (the file-warm path: seeded columns, a multiplicative-weights round, the master from the slack
+basis; 30–70 ms of CPU for the 8-rank AllToAll, 65 ms measured live) rather than from the solver state (a repair
+or a restart of the old basis: ~10 ms). The controller has just synthesized that very schedule in
+:func:`warm_synthesis` (same topology, options and seed: the same routes), so it keeps those results
+(``adopt``), and a registration whose schedule has the digest of one of them
+(:func:`~mccl.schedule.schedule_digest`: collective, ranks, chunks, transfers; not the version) takes that
+result's warm state. A schedule the controller did not make registers as before.
 
 Instrumentation. Besides the events, every flag leaves one :class:`Reaction` in
 ``ScheduleManager.reactions`` (bounded; wall-clock times): when the telemetry batch folded last before
@@ -49,7 +77,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +135,21 @@ class Speculation:
 class Speculations:
     """The held speculations, one per (communicator, collective); ``tolerance`` × ``nominal`` per link is near."""
 
-    def __init__(self, nominal: np.ndarray, tolerance: float) -> None:
+    def __init__(self, nominal: np.ndarray, tolerance: float, band: float | None = None) -> None:
         if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
             raise ControllerError(f"speculate_tolerance must be in [0, 1), got {tolerance!r}")
+        if band is not None and (isinstance(band, bool) or not isinstance(band, int | float)
+                                 or not tolerance < band < 1):
+            raise ControllerError(f"speculate_band must be None or in (speculate_tolerance, 1) = ({tolerance}, 1), "
+                                  f"got {band!r}")
         self.nominal = np.asarray(nominal, dtype=float)
         self.band = float(tolerance) * self.nominal
+        self.wide = None if band is None else float(band) * self.nominal  # offered, judged by the guard
         self._held: dict[Hashable, Speculation] = {}
         self.made = 0
         self.continued = 0  # flags that took a speculation because the drift had only gone further its way
+        self.offered = 0  # flags offered a speculation from the wider band (the guard judges it)
+        self.refused = 0  # taken beyond the tolerance (continued or band), not chosen by the guard: synthesized at the flag
 
     def _near(self, held: Speculation | None, version: int, capacities: np.ndarray) -> bool:
         return held is not None and held.version == version and bool(np.all(np.abs(held.capacities - capacities)
@@ -153,19 +188,36 @@ class Speculations:
     def take(self, key: Hashable, version: int, capacities: np.ndarray) -> Speculation | None:
         """The held speculation for ``key`` if it was made for ``version`` near ``capacities``, or the drift since
         it only went further its way (:meth:`continued_from`); it is dropped either way: a flag consumes it."""
+        return self.take_with(key, version, capacities, wide=False)[0]
+
+    def take_with(self, key: Hashable, version: int, capacities: np.ndarray,
+                  wide: bool = True) -> tuple[Speculation | None, str]:
+        """:meth:`take`, and how it was taken: "near" (within the tolerance), "continued" (the drift went further
+        its way), "band" (within the wider band, ``wide`` and a band set: the caller must have the guard judge it,
+        module docstring "The wider band"), or "" (none)."""
         held = self._held.pop(key, None)
+        if held is None or held.version != version:
+            return None, ""
         if self._near(held, version, capacities):
-            return held
-        if held is not None and held.version == version and self.continued_from(held, capacities):
+            return held, "near"
+        if self.continued_from(held, capacities):
             self.continued += 1
-            return held
-        return None
+            return held, "continued"
+        if wide and self.wide is not None and bool(np.all(np.abs(held.capacities - np.asarray(capacities, dtype=float))
+                                                          <= self.wide)):
+            self.offered += 1
+            return held, "band"
+        return None, ""
 
 
-def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None) -> dict[str, float]:
+def warm_synthesis(topology: Topology, collectives: list[str], options: dict | None = None, *,
+                   adopt: Callable[[SynthesisResult], None] | None = None) -> dict[str, float]:
     """Synthesize each of ``collectives`` on ``topology`` and again, warm, on a perturbed copy (module docstring,
     "Warm synthesizers"), so that a controller's first speculation or flag does not load the kernels; the
-    wall seconds each took. ``options``: the synthesizers' options by collective, as the manager uses them."""
+    wall seconds each took. ``options``: the synthesizers' options by collective, as the manager uses them.
+    ``adopt``: given each nominal result (:meth:`~mccl.control.manager.ScheduleManager.adopt`), so that the
+    ranks' registration of that very schedule brings its solver state (module docstring, "The registered
+    schedule's solver state")."""
     from mccl.schedule import Collective
 
     seconds: dict[str, float] = {}
@@ -180,6 +232,8 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
         start = time.perf_counter()
         chosen = (options or {}).get(kind)
         result = optimize(topology, kind, options=chosen)
+        if adopt is not None:
+            adopt(result)
         optimize(perturbed, kind, previous=result, options=chosen)
         seconds[kind.value] = time.perf_counter() - start
     return seconds

@@ -53,9 +53,9 @@ from typing import Any, ClassVar
 import zmq
 
 from mccl.control.auth import HANDSHAKE_FAILED, JobSecret, as_secret, secret_from_env
-from mccl.control.protocol import decode, encode, finite_samples, telemetry_message
+from mccl.control.protocol import decode, encode, finite_samples, int_field, telemetry_message, text_field
 from mccl.errors import ControllerError, MCCLError
-from mccl.schedule import Schedule, dumps_schedule, loads_schedule
+from mccl.schedule import Collective, Schedule, dumps_schedule, loads_schedule
 
 __all__ = ["Candidate", "ControllerClient", "wait_for_controller"]
 
@@ -245,31 +245,47 @@ class ControllerClient:
         return "" if self.secret is not None else " (this client has no control-plane secret: set MCCL_CONTROL_SECRET_FILE)"
 
     def _take(self, reply: dict[str, Any]) -> Schedule | Candidate | None:
-        if reply["op"] == "error":
-            raise ControllerError(f"the controller refused a poll: {reply.get('message')}")
-        if reply["op"] not in ("schedule", "candidate", "activate"):
+        """The new version (or candidate) a reply brings, None when it brings none; :class:`ControllerError`
+        naming the field for a malformed frame (the runtime's swap thread then keeps the last schedule: a
+        ``KeyError`` there would have ended hot swapping for good)."""
+        op = reply["op"]
+        if op == "error":
+            raise ControllerError(f"the controller refused a poll: {str(reply.get('message'))[:200]}")
+        if op not in ("schedule", "candidate", "activate"):
             return None
-        version = int(reply["version"])
-        if version <= self.have.get(str(reply["collective"]), 0):
-            return None
-        if reply["op"] == "activate":
-            return self._activate(str(reply["collective"]), version, str(reply.get("digest")))
+        collective = text_field(reply, "collective")
         try:
-            schedule = loads_schedule(str(reply["schedule"]))
+            Collective(collective)
+        except ValueError:
+            raise ControllerError(f"{op}: unknown collective {collective[:40]!r}") from None
+        version = int_field(reply.get("version"), f"{op}: 'version'", 0, 2**63 - 1)
+        if version <= self.have.get(collective, 0):
+            return None
+        digest = reply.get("digest")
+        if op == "activate":
+            return self._activate(collective, version, text_field(reply, "digest"))
+        text = reply.get("schedule")
+        if not isinstance(text, str):
+            raise ControllerError(f"{op}: 'schedule' must be a schedule file's text, got {type(text).__name__}")
+        try:
+            schedule = loads_schedule(text)
         except MCCLError as error:
             raise ControllerError(f"the controller sent an unreadable schedule: {error}") from None
-        if reply["op"] == "candidate":  # prepared by the runtime, not adopted: ``have`` stays
-            self.candidate_arrivals.append((str(reply["collective"]), version, time.time()))
+        if schedule.collective.value != collective:
+            raise ControllerError(f"{op}: a {schedule.collective.value} schedule sent as version {version} of "
+                                  f"{collective}")
+        if op == "candidate":  # prepared by the runtime, not adopted: ``have`` stays
+            self.candidate_arrivals.append((collective, version, time.time()))
             if not self.candidates:
                 return None
-            if isinstance(reply.get("digest"), str):
-                self._kept[(str(reply["collective"]), reply["digest"])] = schedule
+            if isinstance(digest, str):
+                self._kept[(collective, digest)] = schedule
                 while len(self._kept) > 4:
                     self._kept.pop(next(iter(self._kept)))
             return Candidate(schedule, version)
-        self.have[str(reply["collective"])] = version
+        self.have[collective] = version
         self.received += 1
-        self.arrivals.append((str(reply["collective"]), version, time.time()))
+        self.arrivals.append((collective, version, time.time()))
         return schedule
 
     def _activate(self, collective: str, version: int, digest: str) -> Schedule | None:

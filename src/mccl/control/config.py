@@ -73,6 +73,15 @@ class ControlConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ControllerError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("guard", "absolute_rates"):  # a string ("false") or a number would read as on
+            if not isinstance(getattr(self, name), bool):
+                raise ControllerError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        tolerance = self.guard_tolerance
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0.0 <= tolerance < 1.0:
+            raise ControllerError(f"guard_tolerance must be a number in [0, 1), got {tolerance!r}")
+        size = self.guard_size_bytes
+        if isinstance(size, bool) or not isinstance(size, int | float) or not (0.0 < size < math.inf):
+            raise ControllerError(f"guard_size_bytes must be a positive finite number of bytes, got {size!r}")
         if self.schedule_format not in ("binary", "json"):
             raise ControllerError(f"schedule_format must be 'binary' or 'json', got {self.schedule_format!r}")
         for name in ("methods", "synth_options"):

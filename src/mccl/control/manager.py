@@ -51,15 +51,19 @@ Late landing (a version made for a fault that cleared before it landed): :mod:`.
 Swap back when the fabric recovers (a version made for a fault loads the degraded link lightly, so its cut does
 not drift when the link is repaired): the opportunity check beside the drift test, :mod:`.opportunity`.
 The measured fabric and that evidence (the receiving NICs' rates, the reading a re-synthesis is made for) are
-:mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s.
+:mod:`.manager_evidence`'s, the registration and the telemetry intake :mod:`.manager_state`'s, the guard's comparison
+and a kept schedule's re-based cut :mod:`.manager_guard`'s.
 
 Synthesis ahead of the flag and the record of each flag's way to a swap (issue 15, the reaction path):
-:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``).
+:mod:`.ahead` (``ScheduleManager.speculate``, ``reactions``). A speculation taken because the drift went further
+than it was made for, which the guard then does not choose, is followed by the flag's own synthesis
+(:mod:`.manager_guard`, where the guard's part of the decisions lives).
 
 Never worse than what it replaces (:mod:`.guard`): before a re-synthesized schedule is
 issued, the candidate, the active schedule and the NCCL-style baseline are predicted at
 the job's size on the measured topology and the fastest is kept — the active one ("kept":
-its cut is re-based on the measured fabric so the same evidence does not flag it again),
+its cut is re-based on the measured fabric so the same evidence does not flag it again, a fault that deepens
+since still does: :meth:`_Guarded._cut_on`),
 or the baseline, issued as the next version. ``ScheduleManager.guard.decisions`` records
 each comparison.
 """
@@ -76,15 +80,11 @@ import numpy as np
 
 from mccl.control.ahead import Reaction, Speculations
 from mccl.control.config import ControlConfig
-from mccl.control.drift import (
-    CutProfile,
-    drift_test,
-    profile,
-)
+from mccl.control.drift import drift_test
 from mccl.control.ewma import OverlayEWMA
-from mccl.control.guard import ACTIVE, BASELINE, Guard, GuardDecision, Predictor, explained_text
+from mccl.control.guard import ACTIVE, BASELINE, CANDIDATE, Guard, GuardDecision, Predictor, explained_text
 from mccl.control.landing import cleared_before_landing
-from mccl.control.manager_evidence import _Evidence
+from mccl.control.manager_guard import _Guarded, rebased_on
 from mccl.control.opportunity import (
     Opportunities,
     Opportunity,
@@ -102,23 +102,26 @@ __all__ = ["ControlConfig", "Event", "ScheduleManager", "Decision", "GuardDecisi
 log = logging.getLogger("mccl.control")
 
 
-class ScheduleManager(_Evidence):
+class ScheduleManager(_Guarded):
     """See module docstring. Thread-safe: ``ingest`` may run while ``step`` synthesizes."""
 
     def __init__(self, topology: Topology, config: ControlConfig | None = None, *,
                  synthesize: Callable[..., SynthesisResult] = optimize, predict: Predictor | None = None,
-                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1) -> None:
+                 speculate: float | None = 0.5, speculate_tolerance: float = 0.1,
+                 speculate_band: float | None = None) -> None:
         """``synthesize``: the re-synthesis call (default :func:`mccl.synth.optimize`); ``predict``: the
         guard's predictor (:mod:`.guard`; default its α-β model, which needs no simulator). ``speculate``:
         the fraction of Γ at which a drifting schedule is synthesized ahead of its flag (None: never);
         ``speculate_tolerance``: how far (× nominal, per link) the capacities at the flag may be from those
-        it was made for (module docstring)."""
+        it was made for (module docstring); ``speculate_band``: a wider band (× nominal) within which a held
+        speculation is offered at the flag and issued only if the guard chooses it (:mod:`.ahead`, "The wider
+        band"; None: no wider band)."""
         self.topology = topology
         self.config = config or ControlConfig()
         if speculate is not None and not (isinstance(speculate, int | float) and 0 < speculate < 1):
             raise ControllerError(f"speculate must be None or a fraction of gamma in (0, 1), got {speculate!r}")
         self.speculate = speculate
-        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance)
+        self._speculations = Speculations(topology.capacities_gbps, speculate_tolerance, speculate_band)
         self._ingested_at: dict[str, float] = {}  # wall clock of each communicator's last folded batch
         self.reactions = Reaction.log()  # one per flag (mccl.control.ahead)
         if self.config.gamma <= 0:
@@ -133,6 +136,7 @@ class ScheduleManager(_Evidence):
         self._lock = threading.Lock()
         self._comms: dict[str, _Communicator] = {}
         self._unavailable: set[tuple[str, Collective]] = set()
+        self._adopted: dict[str, SynthesisResult] = {}
         self.events = EventLog(self.config.max_events)
         self.opportunities = Opportunities(self.config.gamma)  # swap back when the fabric recovers (.opportunity)
         self.samples_taken = 0
@@ -141,7 +145,14 @@ class ScheduleManager(_Evidence):
     # ---- decisions --------------------------------------------------------------------
     def _decide(self, name: str, comm: _Communicator, kind: Collective, active: _Active) -> Decision:
         capacities = self._measured(comm, comm.ewma)
-        return Decision(name, kind, active.version, drift_test(active.cut, capacities, self.config.gamma), capacities)
+        result = drift_test(active.cut, capacities, self.config.gamma)
+        if result.flagged and active.kept is not None:  # kept by the guard: flagged by a deeper fault since
+            kept_cut, kept_on = active.kept
+            since = drift_test(kept_cut, capacities, self.config.gamma)
+            loaded = active.cut.links
+            deeper = bool(np.any(capacities[loaded] * (1.0 + self.config.gamma) < kept_on[loaded]))
+            result = replace(since, flagged=since.flagged and deeper)
+        return Decision(name, kind, active.version, result, capacities)
 
     def check(self) -> list[Decision]:
         """The drift test of every active schedule whose overlay links have references."""
@@ -194,6 +205,13 @@ class ScheduleManager(_Evidence):
     def speculations(self) -> int:
         """Syntheses made ahead of a flag so far."""
         return self._speculations.made
+
+    @property
+    def speculation_reuse(self) -> dict[str, int]:
+        """How flags took held speculations beyond the tolerance (:mod:`.ahead`): ``continued`` (the drift went
+        further its way), ``offered`` (from the wider band) and ``refused`` (offered, not chosen by the guard)."""
+        held = self._speculations
+        return {"continued": held.continued, "offered": held.offered, "refused": held.refused}
 
     def held_speculations(self) -> dict:
         """The syntheses held ahead of a flag, by (communicator, collective) (:mod:`.ahead`; the service pushes
@@ -256,12 +274,6 @@ class ScheduleManager(_Evidence):
             return comm, None
         return comm, active
 
-    def _resynthesize(self, active: _Active, kind: Collective, measured: Topology) -> SynthesisResult:
-        """``active``'s collective synthesized on ``measured``, warm from the active result (or schedule)."""
-        previous = active.result if active.result is not None else active.schedule
-        return self._synthesize(measured, kind, active.schedule.ranks, previous=previous,
-                                method=self.config.methods.get(kind), options=self.config.synth_options.get(kind))
-
     def _reoptimize(self, name: str, comm: _Communicator, kind: Collective, active: _Active,
                     decision: Decision, reaction: Reaction, opportunity: Opportunity | None = None) -> Schedule | None:
         capacities = self._synthesis_capacities(comm, decision)
@@ -274,7 +286,8 @@ class ScheduleManager(_Evidence):
         start, cpu = time.perf_counter(), time.thread_time()
         reaction.synth_start = time.time()
         healthy = self.opportunities.healthy_result(name, kind) if opportunity and opportunity.back_to_nominal else None
-        held = None if healthy is not None else self._speculations.take((name, kind), active.version, capacities)
+        held, taken = (None, "") if healthy is not None else self._speculations.take_with(
+            (name, kind), active.version, capacities, wide=self.config.guard)
         ahead = held is not None
         try:
             if healthy is not None:  # its cut on the fabric it is issued for, as the baseline's
@@ -284,6 +297,8 @@ class ScheduleManager(_Evidence):
                 result = held.result if ahead else self._resynthesize(active, kind, measured)
             prepared = held.prepared if ahead and held.prepared is not None else (
                 prepare_update(active.schedule, result, self.topology))  # validated where it changed
+            if taken == "band":  # its cut on the flag's fabric, which its references will stand for (.ahead)
+                result, prepared = rebased_on(result, prepared, measured)
         except SynthesisUnavailable as error:
             with self._lock:
                 self._unavailable.add((name, kind))
@@ -309,6 +324,14 @@ class ScheduleManager(_Evidence):
         guard_start = time.perf_counter()
         guarded = self._compare(name, comm, kind, active, result, measured, observed) if self.config.guard else None
         reaction.guard_s = time.perf_counter() - guard_start if self.config.guard else None
+        if taken in ("continued", "band") and guarded is not None and guarded[0].chosen != CANDIDATE:
+            # made for a shallower fault, or a band away from the flag's capacities, and not chosen by the guard on
+            # them: the flag's own synthesis instead, judged again (.manager_guard; .ahead, "The wider band")
+            fresh = self._instead_of_speculation(name, comm, kind, active, measured, observed, guarded[0], reaction,
+                                                 taken)
+            if fresh is not None:
+                result, prepared, guarded, seconds = fresh
+                ahead = False
         seen = None  # back to nominal: the healthy schedule's observed time decides (.opportunity)
         if healthy is not None:
             with self._lock:
@@ -336,14 +359,17 @@ class ScheduleManager(_Evidence):
                     # was behind it: then the same evidence is judged again once the slowed collectives are counted
                     # (measured, pacer demo: a flag at δ 0.26 saw 44.77 -> 44.71 ms, was kept and re-based, and the
                     # fault was never flagged again)
-                    if verdict.trusted or clock_current:
-                        active.cut = self._cut_on(active.schedule, measured)
+                    rebased = verdict.trusted or clock_current
+                    if rebased:
+                        kept_on = again.capacities_gbps  # what the drift test reads: the same evidence, δ 0 exactly
+                        active.kept = (self._cut_on(active.schedule, self._measured_topology(kept_on)), kept_on)
                     if opportunity is not None:
                         self.opportunities.judged(name, kind, active.version, opportunity)
                     active.judge_after_seq = comm.last_seq + self.config.settle_collectives
                     reaction.outcome = "kept"
                     self._event("kept", name, kind, active.version, verdict.speedup("candidate"),
-                                f"guard: {dict(verdict.predicted_s)}" + explained_text(verdict))
+                                f"guard: {dict(verdict.predicted_s)}" + explained_text(verdict)
+                                + ("; re-based" if rebased else "; not re-based (the clock is behind the evidence)"))
                     return None
                 if chosen == BASELINE and baseline is not None:
                     result = replace(baseline, schedule=baseline.schedule.with_meta(
@@ -369,49 +395,3 @@ class ScheduleManager(_Evidence):
                         + ("; the healthy schedule, observed faster" if seen else "")
                         + ("" if guarded is None else explained_text(guarded[0])))
             return schedule
-
-    def _worth(self, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
-               measured: Topology, guarded: tuple[GuardDecision, SynthesisResult | None] | None) -> bool:
-        """Does the schedule for a recovered fabric win over the active one (:mod:`.opportunity`)? The guard's
-        choice when it compared them (its own "kept" path records a kept one), and then by more than the guard's
-        tolerance on its (calibrated) times: the guard gives ties to the candidate, but a tie is no reason to
-        leave a schedule nothing flagged (measured, emulated fabric: a predicted 1.000x swap). Without the guard,
-        predicted here."""
-        if guarded is not None:
-            verdict = guarded[0]
-            return verdict.chosen == ACTIVE or verdict.calibrated_s(ACTIVE) > \
-                verdict.calibrated_s(verdict.chosen) * (1.0 + self.config.guard_tolerance)
-        with self._lock:
-            size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)[0]
-        try:
-            return self.guard.predict(active.schedule, measured, size) > \
-                self.guard.predict(result.schedule, measured, size) * (1.0 + self.config.guard_tolerance)
-        except MCCLError:
-            return False
-
-    def _cut_on(self, schedule: Schedule, measured: Topology) -> CutProfile:
-        """Algorithm 1's profile of ``schedule`` with its cut and base slacks taken on ``measured``."""
-        return profile(schedule.with_meta(bottleneck_cut=bottleneck_cut(schedule, measured)), len(measured.links))
-
-    def _compare(self, name: str, comm: _Communicator, kind: Collective, active: _Active, result: SynthesisResult,
-                 measured: Topology, observed: tuple[float, float] | None,
-                 ) -> tuple[GuardDecision, SynthesisResult | None] | None:
-        """The guard's comparison (:mod:`.guard`); None (issue the candidate) if the predictor fails.
-        ``observed``: the active one's clock (reference, now) read when ``measured`` was: a synthesis lasting
-        seconds (noisy capacities, a loaded CPU) would otherwise set a fabric measured early in a fault against a
-        time observed after it had fully set in (measured on the pacer demo: r 0.31–0.37 after 1.4–2.1 s
-        synthesis, 1.1–1.7 after 6–18 ms)."""
-        try:
-            baseline = self.guard.baseline(name, kind, active.schedule.ranks)
-            schedules = {"candidate": result.schedule, "active": active.schedule}
-            if baseline is not None:
-                schedules["baseline"] = baseline.schedule
-            with self._lock:
-                size = self.guard.size(comm.sizes.get(kind), comm.meter, kind, active.schedule, comm.clock)
-                base = None if comm.base is None else comm.base.copy()
-            return self.guard.compare(name, kind, active.version, schedules, measured, size, observed=observed,
-                                      base_gbps=base), baseline
-        except MCCLError as error:
-            log.warning("mccl controller: the guard could not compare schedules (%s); issuing the candidate", error)
-            return None
-

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from mccl.control.prepared import PreparedSchedule
 from mccl.control.records import Event, EventLog, _Active, _Communicator
 from mccl.errors import ControllerError, MCCLError
 from mccl.schedule import Collective, Schedule, validate
+from mccl.schedule.serialize import schedule_digest
 from mccl.synth import SynthesisResult
 from mccl.telemetry import Sample
 from mccl.topology import Topology
@@ -48,6 +50,7 @@ class _ManagerState:
     _lock: threading.Lock
     _comms: dict[str, _Communicator]
     _ingested_at: dict[str, float]
+    _adopted: dict[str, SynthesisResult]  # by schedule digest: results this controller made (:meth:`adopt`)
 
     # ---- state ------------------------------------------------------------------------
     def _event(self, kind: str, comm: str, collective: Collective, version: int, value: float = 0.0,
@@ -64,6 +67,25 @@ class _ManagerState:
         return _Active(schedule, result, version, cut,
                        judge_after_seq=comm.last_seq + self.config.settle_collectives, _text=text,
                        schedule_format=self.config.schedule_format)
+
+    def adopt(self, result: SynthesisResult) -> None:
+        """Keep ``result``, synthesized by this controller on its own topology, for a rank's registration of the
+        same schedule (:mod:`.ahead`, "The registered schedule's solver state"): the first flag's synthesis then
+        restarts from its solver state instead of the schedule's routes."""
+        made_for = result.schedule.meta.topology
+        if made_for != self.topology.name:
+            raise ControllerError(f"adopt: the result was made for topology {made_for!r}, not the manager's "
+                                  f"{self.topology.name!r}")
+        with self._lock:
+            self._adopted[schedule_digest(result.schedule)] = result
+
+    def _adopted_for(self, schedule: Schedule) -> SynthesisResult | None:
+        """The adopted result whose schedule makes the ranks do what ``schedule`` does, around ``schedule``."""
+        with self._lock:
+            if not self._adopted:
+                return None
+            adopted = self._adopted.get(schedule_digest(schedule))
+        return None if adopted is None else replace(adopted, schedule=schedule, origin=None)
 
     def register(self, communicator: str, schedule: Schedule, *, result: SynthesisResult | None = None,
                  size_bytes: float | None = None, text: str | None = None,
@@ -86,6 +108,8 @@ class _ManagerState:
             validate(schedule, self.topology)
         else:
             prepared.check(schedule, self.topology)
+        if result is None:
+            result = self._adopted_for(schedule)
         version = int(schedule.meta.version)
         if self.config.guard:  # the NCCL-style baseline is built now, at start-up, not in the first decision
             try:

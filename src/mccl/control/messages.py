@@ -282,7 +282,8 @@ class Requests:
             if op == "status":
                 events = [dataclasses.asdict(event) for event in self.manager.events[-self.limits.max_status_events:]]
                 stats = {**self.stats, "samples_taken": self.manager.samples_taken,
-                         "samples_ignored": self.manager.samples_ignored, "speculations": self.manager.speculations}
+                         "samples_ignored": self.manager.samples_ignored, "speculations": self.manager.speculations,
+                         **{f"speculations_{how}": count for how, count in getattr(self.manager, "speculation_reuse", {}).items()}}
                 calls = {name: {str(rank): [list(row) for row in rows] for rank, rows in ranks.items()}
                          for name, ranks in self.calls().items()}
                 reactions = [dataclasses.asdict(item) for item in list(self.manager.reactions)]

@@ -93,6 +93,9 @@ class _Active:
     # when the flag was decided, the base before this version's); checked once this version has run (manager,
     # "Late landing")
     landing: tuple[int, tuple[float, float], object] | None = None
+    # set when the guard kept this version: its cut re-based on the capacities it was kept on, and those capacities;
+    # a later flag needs a change since then that deepens the fault (manager_guard._Guarded._cut_on)
+    kept: tuple[CutProfile, np.ndarray] | None = None
 
     @property
     def text(self) -> str:

@@ -160,7 +160,8 @@ def adopted(guard: Guard, config: ControlConfig, communicator: str, kind: Collec
     """The capacities a re-synthesis is made for, and why: the reading where the scale-free one explains the
     active collective's observed time within Γ and the reading explains it within Γ and better by more than the
     guard's tolerance (the guard's r, :meth:`~mccl.control.guard.Guard.explains`: one prediction on each
-    fabric), else the scale-free one. Called outside the manager's lock.
+    fabric); the reading also where the scale-free one does not explain but the reading is *exact* (r within the
+    guard's tolerance, below); else the scale-free one. Called outside the manager's lock.
 
     Why the scale-free reading must explain first: the reading takes its capacities from the very collective
     time it is then checked against, so on its own the check is partly circular — it can fit a slowdown the
@@ -168,6 +169,16 @@ def adopted(guard: Guard, config: ControlConfig, communicator: str, kind: Collec
     swaps): scale-free r 0.75 (unexplained: the guard keeps the schedule), with a reading of the culprits that
     pace the collective r within Γ, and two swaps. The reading refines a fabric that already explains the
     fault; it does not make one explain.
+
+    Except where the reading is exact (eighth session). A culprit read at its traffic is a lower bound on its
+    capacity, exact for a link busy the whole collective; so on the read fabric the active schedule is predicted no
+    faster than observed (r ≥ 1 for a predictor that models the executor, up to the telemetry's noise), and as fast (r = 1 within the guard's
+    tolerance) only when every culprit read was busy the whole collective — a test the uniform halving's readings
+    fail (r 1.12–1.15 read, 3–10 culprits: some were not busy the whole time) and Fail1's pass (GPU 0's NVLink egress,
+    r 1.000). Why it matters: the scale-free r of one fault moves with the noise from check to check (Fail1, flow loop:
+    0.80–0.95 within one fault, seed 11), and a flag at r 0.796 dropped the exact reading, the schedule made for the
+    scale-free fabric ran 2.317 ms on the true one against the active 2.219, the guard kept v0 and the fault was never
+    swapped (seeds 1 and 11 of 0–11); with it, 1.166x and 1.186x.
 
     Why the check: the reading is a hypothesis (these links are saturated now); where many paths slowed for
     reasons of their own it is as wrong as the scale-free reading, the other way. Measured (flow simulator,
@@ -188,7 +199,8 @@ def adopted(guard: Guard, config: ControlConfig, communicator: str, kind: Collec
     except MCCLError as error:
         return scale_free_gbps, f"not judged ({error})"
     text = f"r {on_scale_free:.3f} scale-free, {on_reading:.3f} read"
-    if abs(math.log(on_scale_free)) > math.log1p(config.gamma):
+    exact = abs(math.log(on_reading)) <= math.log1p(config.guard_tolerance)  # its culprits busy the whole collective
+    if abs(math.log(on_scale_free)) > math.log1p(config.gamma) and not exact:
         return scale_free_gbps, f"the scale-free reading does not explain the slowdown: not refined ({text})"
     if abs(math.log(on_reading)) <= math.log1p(config.gamma) and \
             abs(math.log(on_reading)) + math.log1p(config.guard_tolerance) < abs(math.log(on_scale_free)):

@@ -83,6 +83,9 @@ class DemoConfig:
     warmup: int = 3
     settle: int = 3
     speculate: float | None = 0.5
+    # a wider band (× nominal per link) in which a speculation is offered at the flag and issued only where the guard
+    # chooses it (mccl.control.ahead, "The wider band"; None: the 10 % band and "kept going" only)
+    speculate_band: float | None = None
     # the reaction path (Fig. 13b): how often the controller runs its drift test and synthesis; how often a
     # rank's client asks the controller (liveness only: new versions are pushed, mccl.control.service); how long
     # the communicator's swap thread waits on the client per call (it wakes when a version is pushed)
@@ -157,7 +160,8 @@ def synth_options(chunks: int | None) -> dict:
 
 # ---- the controller process -------------------------------------------------------------------
 def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int | None, speculate: float | None,
-                     secret: str, check_interval_s: float, nice: int = 0, kinds: tuple[str, ...] = ()) -> None:
+                     secret: str, check_interval_s: float, nice: int = 0, kinds: tuple[str, ...] = (),
+                     speculate_band: float | None = None) -> None:
     import logging
     import os
 
@@ -172,9 +176,10 @@ def _controller_main(topology_spec: str, bind: str, control: dict, chunks: int |
         except OSError as error:  # not root: the controller runs at the ranks' priority
             logging.getLogger("mccl.demo").warning("controller niceness %+d refused (%s)", nice, error)
     topology = parse_topology(topology_spec)
-    manager = ScheduleManager(topology, ControlConfig(**control, synth_options=synth_options(chunks)), speculate=speculate)
+    manager = ScheduleManager(topology, ControlConfig(**control, synth_options=synth_options(chunks)), speculate=speculate,
+                              speculate_band=speculate_band)
     if kinds:  # the first synthesis loads the kernels: before telemetry, not on the first fault's check (ahead.py)
-        warm_synthesis(topology, list(kinds), synth_options(chunks))
+        warm_synthesis(topology, list(kinds), synth_options(chunks), adopt=manager.adopt)  # the ranks' schedules
     ControllerService(manager, bind, secret=secret, check_interval_s=check_interval_s).serve_forever()
 
 
@@ -264,7 +269,8 @@ def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Ca
     secret = new_secret().hex  # this run's control-plane secret: the controller and the ranks get it, nobody else
     controller = context.Process(target=_controller_main, args=(config.topology_spec, endpoint, control, config.chunks,
                                                                 config.speculate, secret, config.check_interval_s,
-                                                                config.controller_nice, config.kinds),
+                                                                config.controller_nice, config.kinds,
+                                                                config.speculate_band),
                                  daemon=True)
     controller.start()
     live = context.Queue()

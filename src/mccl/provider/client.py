@@ -57,7 +57,7 @@ Off: in same-run A/Bs (``benchmarks/provider_bar.py``, blocks alternately on and
 8 blocks a side at load 3–20) on beat off in 28 of the 72 (size, run) medians and off beat on in 43 (one tie) — at
 the 8 MiB AllGather on won 5 of 9, with block IQRs of ± ms — while its process took 23–229 µs of CPU per call; the
 seventh session's quiet re-runs split too (on ahead at 7 of 8 sizes, then at 3 of 8). No shown gain, a sure cost.
-``benchmarks/provider_bar.py`` (and ``provider.py --single-host --warm-ab``) measure it against False."""
+``benchmarks/provider_bar.py --ab warm`` (and ``provider.py --single-host --warm-ab``) measure it against False."""
 
 
 def _cpu_reader():

@@ -13,7 +13,9 @@ The communicator of a job that spans several hosts always runs the pre-flight ag
 :mod:`mccl.runtime.agreement`): the ranks of a job are processes of one tenant, and without it a
 rank that passes a longer buffer than its peer expects makes gloo abort the *receiving service* —
 which serves every other tenant of its host. A one-host job has no peer to disagree with, so it
-skips the agreement (its sizes are checked against each other by the session, ``_check_shapes``).
+skips the agreement (its sizes are checked against each other by the session, ``_check_shapes``), and, once its
+gloo group has run a kind of call, runs that kind as the copy it is at world 1, in the session's own thread
+(:mod:`.direct`: no hand-off to gloo's worker thread).
 
 Policies (:class:`JobStrategy`, the seam for the flow-to-path and send-gate policies of issue 16):
 the service calls ``strategy.between(job, kind, nbytes)`` on the job's thread right before each
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from mccl.errors import MCCLError
+from mccl.provider import direct
 from mccl.provider.errors import BadRequest, JobFailed
 from mccl.runtime.communicator import Communicator
 from mccl.runtime.hotswap import StoreControl
@@ -108,12 +111,22 @@ class Job:
         self.collectives = 0
         self.closed = False
         self.strategy = strategy(self) if strategy is not None else None
+        # world 1, no policy on the communicator: a collective may run as the copy it is (.direct)
+        self.can_direct = self.size == 1 and self.strategy is None and control is None
+        self.direct = self.can_direct  # whether it does (a session may turn it off: the benchmarks' A/B)
+        self.direct_calls = 0  # collectives run directly, not by gloo
+        self._vouched: set[tuple[str, torch.dtype, str]] = set()  # (kind, dtype, reduction) gloo has run for this job
 
     def run(self, kind: str, tensors: list[torch.Tensor], reduce: str) -> None:
         """One collective on tensors that view the tenant's checked buffers; :class:`JobFailed` when the
         group broke, any other refusal of the runtime as :class:`BadRequest`."""
         if self.closed:
             raise JobFailed(f"job {self.spec.name!r} on host rank {self.rank} is closed")
+        signature = (kind, tensors[0].dtype, reduce) if self.direct else None
+        if signature is not None and signature in self._vouched and direct.run(kind, tensors):
+            self.direct_calls += 1
+            self.collectives += 1
+            return
         if self.strategy is not None:
             nbytes = max(tensor.numel() * tensor.element_size() for tensor in tensors)
             self.strategy.between(self, kind, nbytes)
@@ -137,6 +150,8 @@ class Job:
             raise BadRequest(f"{kind}: {error}") from None
         except RuntimeError as error:  # gloo refused the call (e.g. an unsupported reduction for the dtype)
             raise BadRequest(f"{kind}: {str(error).splitlines()[0][:200]}") from None
+        if signature is not None:
+            self._vouched.add(signature)
         self.collectives += 1
 
     @property

@@ -24,6 +24,8 @@ Requests (every one carries ``"v"``, ``"op"`` and an integer ``"id"`` that the r
   checks, no ZeroMQ per call).
 * ``warm`` (``on``: a bool) — reply ``ok``; whether the session's fast-path requests keep the service's CPUs
   out of deep idle (:mod:`.keepwarm`).
+* ``direct`` (``on``: a bool) — reply ``ok``; whether the session's one-host (world-1) jobs run their collectives
+  as copies in the service's thread (:mod:`.direct`; the default) or all on gloo.
 * ``bye`` — reply ``ok``; the session ends (so does a dropped connection).
 * any failure — reply ``error`` (``error``: the class name of :mod:`.errors`, ``message``).
 """

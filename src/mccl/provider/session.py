@@ -84,6 +84,7 @@ class Session:
         self.allocations: set[int] = set()
         self.jobs: dict[int, Job] = {}
         self._next_comm = 1
+        self.direct = True  # whether this session's world-1 jobs run their collectives directly (.direct)
         self.checks = CollectiveChecks(tenant, service.registry, self.jobs, service.count)
         self.lock = threading.Lock()  # held while a request runs, on the socket thread or the fast path's
         self.fast: FastPath | None = None
@@ -101,7 +102,7 @@ class Session:
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "alloc": self._alloc, "attached": self._attached, "free": self._free, "join": self._join,
             "collective": self._collective, "bye": self._bye, "channel": self._open_channel,
-            "channel_attached": self._channel_attached, "warm": self._warm}
+            "channel_attached": self._channel_attached, "warm": self._warm, "direct": self._direct}
         self._ending = False
         self._lost = False  # ended by its connection's loss, not a bye: counted once its memory is freed
         self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
@@ -221,6 +222,17 @@ class Session:
         self.fast.keeps_warm = on
         return {"op": "ok"}
 
+    def _direct(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Whether this session's world-1 jobs run their collectives directly (:mod:`.direct`; default yes) or all
+        on gloo, as before it: the benchmarks' same-run A/B of the two paths."""
+        on = message.get("on")
+        if type(on) is not bool:
+            raise BadRequest(f"direct: 'on' must be true or false, not {str(on)[:20]}")
+        self.direct = on
+        for job in self.jobs.values():
+            job.direct = on and job.can_direct
+        return {"op": "ok"}
+
     # ---- requests ----------------------------------------------------------------------------
     def _alloc(self, message: dict[str, Any]) -> dict[str, Any]:
         if len(self.allocations) >= self.service.config.max_allocations:
@@ -256,6 +268,7 @@ class Session:
             config = self.service.config
             job = Job(spec, self.service.host, self.service.job_store(), timeout_s=config.job_timeout_s,
                       join_timeout_s=config.join_timeout_s, strategy=config.strategy, hot_swap=config.hot_swap)
+        job.direct = self.direct and job.can_direct
         comm = self._next_comm
         self._next_comm += 1
         self.jobs[comm] = job

@@ -102,6 +102,11 @@ class Shim(ProviderClient):
             allocation = self._staging[slot] = self.alloc(max(nbytes, 1))
         return self.tensor(allocation, tuple(tensor.shape), tensor.dtype)
 
+    def direct(self, on: bool) -> None:
+        """Whether this session's one-host (world-1) jobs run their collectives as copies in the service's thread
+        (:mod:`.direct`; the default) or all on gloo: what the benchmarks flip for their same-run A/B."""
+        self.request({"op": "direct", "on": on})
+
     def join(self, job: str, hosts: Sequence[int]) -> ProviderCommunicator:  # type: ignore[override]
         """This process's rank of ``job`` (its host's place in ``hosts``); every host's process must join."""
         return ProviderCommunicator(self, super().join(job, hosts))
