@@ -36,7 +36,11 @@ before issue 15's pushes; "fifth" = "no-hold", the fifth session's; "seventh", t
 wider band; or one change taken back), and the ratio of the medians is printed.
 
 Per run the terms of :mod:`mccl.experiments.reaction_path` (ms) for the first flag after the fault; the
-medians over the runs that flagged. Writes ``benchmarks/results/reaction{tag}.csv``.
+medians over the runs that flagged. Writes ``benchmarks/results/reaction{tag}.csv``. (Ninth session) ``running`` and
+``between`` split ``in_flight``: the collective on the old version still running on some rank after the agreement,
+and the demo loop's own time between two collectives (every rank rebuilds all inputs to check its output, makes the
+next one, then a barrier: 8 ranks on 2 cores) — measured, the second was nearly all of it; ``detect_to_ready`` is the
+bar less that gap.
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ from mccl.experiments.netemu.report import CollectiveRecord, NetemuReport
 from mccl.experiments.reaction_path import reaction_path
 
 
-def _report(trace: dict) -> NetemuReport:
+def _report(trace: dict, telemetry: dict | None = None) -> NetemuReport:
     starts = {1: 100.0, 2: 101.0, 3: 101.97, 4: 102.030, 5: 102.06}
     records = tuple(CollectiveRecord("allgather", seq, 1 if seq < 4 else 2, start, 0.02, 0.01,
                                      "healthy" if seq < 2 else "degraded", True) for seq, start in starts.items())
     return NetemuReport(config={}, records=records, events=(), degraded_at=100.5, restored_at=None, tc_s=(0.0, 0.0),
                         swaps=(), predicted_v1={}, scale=1.0, goodput=1.0, nic_mbit=1.0, wall_s=1.0, teardown_s=0.0,
-                        communicators={"allgather": "ag"}, trace=trace)
+                        communicators={"allgather": "ag"}, telemetry=telemetry or {}, trace=trace)
 
 
 def _trace(ranks: int = 2) -> dict:
@@ -89,3 +89,26 @@ def test_a_swap_priority_that_is_no_number_of_steps_is_refused_by_name():
         with pytest.raises(MCCLError, match="swap_priority"):
             DemoConfig(swap_priority=bad).check()
     DemoConfig(swap_priority=10).check()
+
+
+def _samples(ends: dict[int, list[float]], seq: int = 3) -> dict[int, list[tuple]]:
+    """Each rank's telemetry samples of collective ``seq`` ending at ``ends[rank]``, and noise that must not count:
+    a later collective's sample and another stream's (the ranks' ``(kind, link, rank, bytes, s, end, seq)``)."""
+    return {rank: [("allgather", "inter", rank, 4096, 0.001, end, seq) for end in times]
+            + [("allgather", "inter", rank, 4096, 0.001, 102.050, seq + 1), ("alltoall", "inter", rank, 4096, 0.001,
+                                                                              102.040, seq)]
+            for rank, times in ends.items()}
+
+
+def test_the_wait_after_the_agreement_is_split_into_the_collective_still_running_and_the_gap_between_two():
+    # K = 3 (the rounds' switch point); agreed at 102.020, the last rank launched seq 4 at 102.031 (in flight 11 ms)
+    still_running = reaction_path(_report(_trace(), _samples({0: [102.015, 102.024], 1: [102.022]})), "allgather")
+    assert still_running["running"] == pytest.approx(4.0) and still_running["between"] == pytest.approx(7.0)
+    assert still_running["detect_to_ready"] == pytest.approx(24.0) and still_running["in_flight"] == pytest.approx(11.0)
+    done_before = reaction_path(_report(_trace(), _samples({0: [102.010], 1: [102.012]})), "allgather")
+    assert done_before["running"] == pytest.approx(0.0) and done_before["between"] == pytest.approx(11.0)
+    assert done_before["detect_to_ready"] == pytest.approx(done_before["activation"])  # 20 ms: only the reaction's
+    assert done_before["detect_to_first"] == pytest.approx(31.0)  # the bar itself is unchanged
+    for partial in ({0: [102.010]}, {0: [102.010], 1: []}, {}):  # a rank without a sample of K: left open
+        path = reaction_path(_report(_trace(), _samples(partial)), "allgather")
+        assert path["running"] is None and path["between"] is None and path["detect_to_ready"] is None

@@ -37,6 +37,16 @@ For the first flag after a fabric change, the terms (ms), in order:
                   :mod:`mccl.runtime.hotswap` "The hold"; None: no rank held)
 ``activation``    flag → the last rank agreed: from here the next launch runs the new version
 ``in_flight``     agreed → the first collective launched on the new version (the collectives in flight)
+``running``       the part of ``in_flight`` during which the last collective on the old version (K, the round's
+                  switch point) was still running on some rank: agreed → the last receive of K on every rank
+                  (the ranks' telemetry samples of K; None without them)
+``between``       the rest of ``in_flight``: every rank done with K and the round agreed, until the last rank
+                  launched K + 1 — the application's own time between two collectives (in the demo's loop: every
+                  rank rebuilds all 8 inputs to check its output and makes the next input, then a barrier), not
+                  the reaction's (ninth session: it was most of ``in_flight`` in every AllToAll run measured)
+``detect_to_ready`` the flag → the later of the agreement and the end of K on every rank: when a launch could
+                  have run the new version, i.e. ``detect_to_first`` less ``between`` (not the bar: the bar counts
+                  the application's gap too; this says how much of it is the reaction's)
 ``detect_to_first`` the flag → the first collective *launched* on the new version, on the last rank to launch
                   it (the bar of issue 15: ≤ 50 ms); ``first_done``: → that collective completed.
 """
@@ -48,7 +58,8 @@ from typing import Any
 __all__ = ["reaction_path", "TERMS"]
 
 TERMS = ("detection", "decision", "synthesis", "guard", "issue", "encode", "push", "dispatch", "swap", "stage", "ready",
-         "oob", "hold", "activation", "in_flight", "detect_to_first", "first_done", "receive_cpu", "swap_cpu")
+         "oob", "hold", "activation", "in_flight", "running", "between", "detect_to_ready", "detect_to_first",
+         "first_done", "receive_cpu", "swap_cpu")
 
 
 def _ms(later: float | None, earlier: float | None) -> float | None:
@@ -110,7 +121,23 @@ def reaction_path(report: Any, kind: str, phase: str = "degraded") -> dict[str, 
     out["hold"] = max(holds) * 1e3 if holds else None
     out["in_flight"] = _ms(first_launch, agreed)
     out["detect_to_first"] = _ms(first_launch, flagged)
+    done = _last_receive(report, kind, rounds[0][0], ranks) if rounds and agreed is not None else None
+    if done is not None and first_launch is not None:
+        ready = max(agreed, min(done, first_launch))
+        out.update(running=_ms(ready, agreed), between=_ms(first_launch, ready), detect_to_ready=_ms(ready, flagged))
     first = next((r for r in report.stream(kind) if r.version == version), None)
     if first is not None:
         out["first_done"] = _ms(first.start + first.seconds, flagged)
     return out
+
+
+def _last_receive(report: Any, kind: str, seq: int, ranks: int) -> float | None:
+    """When the last receive of collective ``seq`` of ``kind`` completed, over every rank (the end times of the
+    ranks' telemetry samples: ``(kind, link kind, rank, bytes, seconds, end, seq)``); None unless every one of the
+    ``ranks`` ranks has a sample of it (a rank's collective ends with its last receive, plus its local copies)."""
+    samples = getattr(report, "telemetry", None) or {}
+    ends = [max((float(item[5]) for item in rank if item[0] == kind and int(item[6]) == seq), default=None)
+            for rank in samples.values()]
+    if len(ends) != ranks or any(end is None for end in ends):
+        return None
+    return max(ends)
