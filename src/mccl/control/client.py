@@ -370,7 +370,8 @@ def wait_for_controller(endpoint: str, *, secret: Any = None, timeout_s: float =
                         alive: Callable[[], bool] | None = None, communicator: str = "probe") -> None:
     """Return once the controller at ``endpoint`` answers a ``status`` request; raise
     :class:`ControllerError` after ``timeout_s``, or at once when ``alive()`` says the process that
-    should serve it has gone (a launcher that started the service passes its liveness check)."""
+    should serve it has gone (a launcher that started the service passes its liveness check). The error
+    names the whole wait, not the last 1 s probe (which read as a controller that answers slowly)."""
     deadline = time.monotonic() + timeout_s
     probe = ControllerClient(endpoint, communicator, -1, secret=secret)
     try:
@@ -378,10 +379,11 @@ def wait_for_controller(endpoint: str, *, secret: Any = None, timeout_s: float =
             try:
                 probe.request("status", timeout_s=1.0)
                 return
-            except ControllerError:
+            except ControllerError as error:
                 if alive is not None and not alive():
                     raise ControllerError(f"the controller at {endpoint} exited before it answered") from None
                 if time.monotonic() > deadline:
-                    raise
+                    raise ControllerError(f"the controller at {endpoint} did not answer within {timeout_s:g} s "
+                                          f"(last attempt: {error})") from None
     finally:
         probe.close()

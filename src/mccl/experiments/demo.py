@@ -279,7 +279,11 @@ def _with_controller(config: DemoConfig, endpoint: str, schedules: dict, say: Ca
     watcher.start()
     admin = None
     try:
-        wait_for_controller(endpoint, secret=secret, timeout_s=60.0, alive=controller.is_alive)
+        # the controller synthesizes each collective once before it serves (mccl.control.ahead, "Warm
+        # synthesizers"): on a cold kernel cache (a fresh clone's first run) that compiles, 30–70 s quiet and over
+        # 60 s at load ~10 (ninth session: two runs refused so); its liveness is checked on every probe, so a
+        # crashed controller still fails at once
+        wait_for_controller(endpoint, secret=secret, timeout_s=240.0, alive=controller.is_alive)
         say(f"controller at {endpoint}; starting {config.ranks} gloo ranks on {config.topology_spec} ({config.fabric})")
         texts = {kind: dumps_schedule(schedule) for kind, schedule in schedules.items()}
         outputs = launch(endpoint, texts, config, live, secret)
