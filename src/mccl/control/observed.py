@@ -31,9 +31,24 @@ class CollectiveClock:
     (:class:`~mccl.telemetry.Sample`), per (collective tag, schedule version); untagged samples are
     one series ("", -1) that the manager forgets when a new version takes over.
 
-    One collective's time is the median over the ranks that reported it (robust to one rank's late
-    clock); it counts once every rank has reported it, or once a later collective of the series has
-    been seen (ranks report asynchronously; a late report of a counted collective is dropped).
+    One collective's time is the slowest rank's (the longest time a rank reported for it): the collective is
+    done when its last rank is, and that is the time the guard's predictor (the schedule's makespan) stands
+    for. It counts once every rank has reported it, or once a later collective of the series has been seen
+    (ranks report asynchronously; a late report of a counted collective is dropped).
+
+    Why not the median over the ranks (before the ninth session): the ranks of one collective finish at
+    times set by the schedule, not by noise — on the emulated fabric the healthy AllToAll's 8 ranks
+    finished in two groups ~100 ms apart (367–402 ms and 511–522 ms, launches within 12 ms), the degraded
+    one's evenly (620–756 ms) — so the median fell in the healthy gap and moved with how many ranks were in
+    each group, while the slowest rank's time did not: the observed slowdown read 1.71x by the median
+    against 1.41x by the slowest rank and 1.39x launch-aligned (the last launch to the last completion),
+    and the guard called a fabric that predicted 1.31x "unexplained" (r 0.75) and kept the faulty schedule
+    (BENCHMARKS.md, 2026-12-02; over 6 runs the first flag's r was 0.70–0.98 by the median, 0.81–1.11 by the
+    slowest rank on the same collectives). A rank that launches late is no concern for the slowest rank's time
+    (its own is the shorter); an early one's wait for the others is counted, which the launch skew bounds
+    (4–33 ms measured there, against 400–900 ms collectives). The price: one rank held up (measured: two ranks
+    +150 ms in a collective during which the controller synthesized and pushed a candidate) moves the
+    collective's time where it moved the median little — as it moves the collective.
     ``reference``: the median of a version's first ``keep`` collectives (the manager passes its
     ``warmup``: the telemetry references are learned over the same collectives); ``now``: an EWMA of
     its collectives with factor ``alpha`` — the manager passes the factor of the estimate its measured
@@ -77,7 +92,7 @@ class CollectiveClock:
 
     def _close(self, key: tuple[str, int], times: list[float], seq: int) -> None:
         self._closed[key] = seq
-        value = statistics.median(times)
+        value = max(times)
         first = self._first.setdefault(key, [])
         if len(first) < self.keep:
             first.append(value)
