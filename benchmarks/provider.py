@@ -182,6 +182,12 @@ def main() -> int:
     if blocks < 1 or scale <= 0:
         parser.error("--blocks must be at least 1 and --calls above 0")
     sizes = sizes_option(parser, args.sizes)
+    only_single = [flag for flag, given in (("--blocks", args.blocks is not None), ("--calls", args.calls is not None),
+                                            ("--gate-open", args.gate_open), ("--warm-ab", args.warm_ab),
+                                            ("--direct-ab", args.direct_ab), ("--sizes", args.sizes is not None),
+                                            ("--floors", args.floors)) if given]
+    if only_single and not args.single_host:  # they would be ignored: a multi-host run nobody asked for
+        parser.error(f"{', '.join(only_single)} only with --single-host")
     if args.single_host:
         if (args.warm_ab or args.direct_ab) and blocks < 2:
             parser.error("--warm-ab and --direct-ab need at least 2 blocks")

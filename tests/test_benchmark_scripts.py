@@ -19,3 +19,19 @@ def test_benchmark_script_starts(script):
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("script", "args", "names"), [
+    ("provider.py", ["--direct-ab", "--sizes", "4096"], "--direct-ab, --sizes only with --single-host"),
+    ("provider_bar.py", ["--ab", "bogus"], "--ab"),
+    ("provider_bar.py", ["--runs", "0"], "--runs"),
+    ("reaction.py", ["--runs", "0"], "--runs"),
+    ("flag_synthesis.py", ["--trials", "0"], "--trials"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_bad_options_are_one_line_usage_errors_before_any_run(script, args, names):
+    """A bad option is refused before anything runs (a benchmark that ignored it would run minutes for nothing)."""
+    path = next(path for path in BENCHMARKS if path.name == script)
+    result = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=110)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and names in result.stderr.strip().splitlines()[-1], result.stderr

@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 
 from conftest import provider_service  # noqa: E402
-from mccl.control.auth import new_secret  # noqa: E402
 from mccl.provider.errors import BadReference, BadRequest, JobFailed  # noqa: E402
 from mccl.provider.keys import tenant_credential  # noqa: E402
-from mccl.provider.service import ProviderService, ServiceConfig  # noqa: E402
 from mccl.provider.shim import Shim  # noqa: E402
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
@@ -158,11 +155,8 @@ def test_the_toggle_and_who_never_runs_directly(service):
             shim.request({"op": "direct", "on": 1})
     finally:
         shim.close()
-    secret = new_secret()
-    with_policy = ProviderService(store=dist.HashStore(), secret=secret, tenants=["alice"],
-                                  config=ServiceConfig(strategy=_Nothing, job_timeout_s=10)).start()
-    try:
-        shim = Shim(with_policy.address, tenant_credential(secret, "alice"), timeout_s=20)
+    with provider_service(strategy=_Nothing, job_timeout_s=10) as with_policy:
+        shim = _shim(with_policy)
         comm = shim.join("policy", [0])
         x = shim.empty(16)
         comm.all_reduce(x)
@@ -170,8 +164,6 @@ def test_the_toggle_and_who_never_runs_directly(service):
         job = next(iter(with_policy._sessions.values())).jobs[comm._comm]
         assert not job.can_direct and job.direct_calls == 0 and job.communicator.seq == 2
         shim.close()
-    finally:
-        with_policy.stop()
 
 
 class _Nothing:
