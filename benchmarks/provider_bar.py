@@ -6,7 +6,8 @@
 What the bar is measured as. *Per collective*: one synchronous collective call of a tenant, from the call to its
 return (the tenant has the result), through its host's service (the shim as shipped) — minus the same call on the
 tenant's own in-process world-1 mccl communicator (what ``mccl.init`` gives a rank; ``provider_single.py`` says why
-that is like for like). *The gap*: each call follows ``--gap-us`` (default 1000 µs) of the tenant's thread
+that is like for like; since the tenth session its gloo transport runs world-1 collectives as the copies they are,
+:mod:`mccl.runtime.single`, as the service's direct path does). *The gap*: each call follows ``--gap-us`` (default 1000 µs) of the tenant's thread
 computing (a busy loop: a training step's compute between two collectives keeps its CPU busy, it does not idle),
 the same before either variant's call; ``--gap-kind sleep`` idles instead, as ``provider_gap.py``.
 
@@ -30,7 +31,8 @@ and the table shows both. ``direct`` (default): the job's collectives run direct
 
 A third call alternates with the two: ``inproc_direct``, the tenant's own process doing what the direct path does
 (the copy, or nothing for AllReduce) — the in-process side of the same work, so ``added vs direct`` is the
-service's own cost (round trip, checks), where ``added`` is against mccl's in-process gloo call, the bar's baseline.
+service's own cost (round trip, checks), where ``added`` is against mccl's in-process call, the bar's baseline
+(the same copy behind mccl's Communicator: its sequence, hold and call log).
 
 Writes ``benchmarks/results/provider_bar.csv`` (one row per run and size, and the runs' summary rows).
 """

@@ -6,7 +6,8 @@ to gloo's worker thread and slept until that thread had run it — a wake-up per
 reply's (eighth session, ``benchmarks/provider_threads.py``: the service's fast-path thread slept 1.6–1.8 times per
 call, the tenant's in-process baseline 0.1–0.8). For one rank a collective is a copy of its input into its output
 (AllGather, ReduceScatter, AllToAll) or nothing at all (AllReduce, every reduction: the one rank's buffer already is
-the sum, product, min or max; ``avg`` divides it by 1). So :func:`run` does that, on the calling thread. The 8 MiB
+the sum, product, min or max; ``avg`` divides it by 1). So :func:`run` does that, on the calling thread
+(the copy is :func:`mccl.runtime.single.copy_collective`, shared with the runtime's world-1 transport). The 8 MiB
 AllGather gains most: gloo's world-1 AllGather gathers into a flat tensor of its own (a fresh allocation, its
 pages faulted in on every call) and then copies that into the output — two copies and a page-fault storm where the
 collective is one copy.
@@ -25,19 +26,13 @@ from __future__ import annotations
 
 import torch
 
+from mccl.runtime.single import copy_collective
+
 __all__ = ["run"]
 
 
 def run(kind: str, tensors: list[torch.Tensor]) -> bool:
-    """Run a world-1 collective on ``tensors`` (output first, as :meth:`.jobs.Job.run` takes them) by copying;
-    False when it cannot (input and output overlap in part: the caller runs it on gloo instead)."""
-    if kind == "all_reduce":  # one rank: the buffer is its own reduction (sum, prod, min, max; avg = sum / 1)
-        return True
-    output, source = tensors  # (all_gather, reduce_scatter, all_to_all: equal byte lengths at world 1, .checks)
-    out_at, in_at, nbytes = output.data_ptr(), source.data_ptr(), source.nbytes
-    if out_at == in_at:  # in place (the input is the output's own block): already the result
-        return True
-    if out_at < in_at + nbytes and in_at < out_at + nbytes:
-        return False
-    output.copy_(source)
-    return True
+    """Run a world-1 collective on ``tensors`` (output first, as :meth:`.jobs.Job.run` takes them) by copying
+    (:func:`mccl.runtime.single.copy_collective`, which the runtime's own world-1 groups use too); False when it
+    cannot (input and output overlap in part: the caller runs it on gloo instead)."""
+    return copy_collective(kind, tensors[0], tensors[-1])

@@ -113,6 +113,7 @@ class Job:
         self.strategy = strategy(self) if strategy is not None else None
         # world 1, no policy on the communicator: a collective may run as the copy it is (.direct)
         self.can_direct = self.size == 1 and self.strategy is None and control is None
+        self._world_of_one = self.communicator.transport.world_of_one  # (the runtime's world-1 copies, or None)
         self.direct = self.can_direct  # whether it does (a session may turn it off: the benchmarks' A/B)
         self.direct_calls = 0  # collectives run directly, not by gloo
         self._vouched: set[tuple[str, torch.dtype, str]] = set()  # (kind, dtype, reduction) gloo has run for this job
@@ -153,6 +154,18 @@ class Job:
         if signature is not None:
             self._vouched.add(signature)
         self.collectives += 1
+
+    @property
+    def direct(self) -> bool:
+        """Whether this job's collectives run directly (:mod:`.direct`). Turned off on a job that could, every
+        call is gloo's: the runtime's own world-1 copies (:mod:`mccl.runtime.single`) are turned off with it."""
+        return self._direct
+
+    @direct.setter
+    def direct(self, on: bool) -> None:
+        self._direct = on
+        if not self.closed:
+            self.communicator.transport.world_of_one = self._world_of_one if on or not self.can_direct else None
 
     @property
     def broken(self) -> bool:

@@ -173,9 +173,7 @@ class Collectives:
         reduction = reduction_type(op)
 
         def native(target: torch.Tensor, _source: torch.Tensor) -> None:
-            options = dist.AllreduceOptions()
-            options.reduceOp = op
-            self.transport.wait(self.transport.group.allreduce([target], options), None)
+            self.transport.native_all_reduce(target, op)
 
         def scheduled(installed, target: torch.Tensor, _source: torch.Tensor, seq: int) -> None:
             flat = target.reshape(-1)

@@ -48,6 +48,7 @@ from mccl.errors import MCCLError, PeerLost
 from mccl.runtime import torch_private
 from mccl.runtime.arrivals import ArrivalClock
 from mccl.runtime.liveness import Liveness, peer_timeout_s
+from mccl.runtime.single import WorldOfOne, copy_collective, whole
 from mccl.runtime.throttle import Pacer
 
 __all__ = ["P2P", "Transport", "TAG_SPAN"]
@@ -111,6 +112,8 @@ class Transport:
         self.liveness = (Liveness(store, self.rank, self.size, timeout_s=peer_timeout_s, waits_on=self._waits_on,
                                   on_loss=self._break)
                          if store is not None and self.size > 1 else None)
+        # a gloo group of one rank: its collectives as the copies they are, once gloo ran each kind (runtime.single)
+        self.world_of_one = WorldOfOne() if self.size == 1 and name == "gloo" else None
 
     def throttle(self, peers: Sequence[int], gbps: float | None) -> None:
         """Pace every later send to ``peers`` at ``gbps`` through one shared pacer (an emulated
@@ -235,22 +238,42 @@ class Transport:
         options = dist.ReduceScatterOptions()
         options.reduceOp = op
         group = self.group
-        self._run_native(lambda: group.reduce_scatter_single(output, input, options)
-                         if hasattr(group, "reduce_scatter_single")
-                         else torch_private.reduce_scatter_base(group, output, input, options))
+        self._native(("reduce_scatter", input.dtype, _reduction_key(op)),
+                     lambda: copy_collective("reduce_scatter", output, input),
+                     lambda: group.reduce_scatter_single(output, input, options)
+                     if hasattr(group, "reduce_scatter_single")
+                     else torch_private.reduce_scatter_base(group, output, input, options))
 
     def native_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         group = self.group
-        self._run_native(lambda: group.all_gather_single(output, input, torch_private.AllgatherOptions())
-                         if hasattr(group, "all_gather_single") else torch_private.all_gather_base(group, output, input))
+        self._native(("all_gather", input.dtype), lambda: copy_collective("all_gather", output, input),
+                     lambda: group.all_gather_single(output, input, torch_private.AllgatherOptions())
+                     if hasattr(group, "all_gather_single") else torch_private.all_gather_base(group, output, input))
 
     def native_all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int]) -> None:
         """torch's alltoallv on the group, waited for (empty split lists: even blocks); the vendor
         AllToAll and, on gloo, one step of the exchange driver."""
         options = dist.AllToAllOptions()
-        self._run_native(lambda: self.group.alltoall_base(output, input, output_split_sizes, input_split_sizes,
-                                                          options))
+        self._native(("all_to_all", input.dtype),
+                     lambda: whole(output_split_sizes, output) and whole(input_split_sizes, input)
+                     and copy_collective("all_to_all", output, input),
+                     lambda: self.group.alltoall_base(output, input, output_split_sizes, input_split_sizes, options))
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp) -> None:
+        """torch's AllReduce of ``tensor`` on the group, in place, waited for."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        self._native(("all_reduce", tensor.dtype, _reduction_key(op)), lambda: True,
+                     lambda: self.group.allreduce([tensor], options))
+
+    def _native(self, key: tuple, copy: Callable[[], bool], issue: Callable[[], object]) -> None:
+        """One of torch's collectives (:meth:`_run_native`), or on a gloo group of one rank the copy it is
+        once gloo has run ``key`` there (:mod:`mccl.runtime.single`)."""
+        if self.world_of_one is None:
+            self._run_native(issue)
+        else:
+            self.world_of_one.run(key, copy, lambda: self._run_native(issue))
 
     def barrier(self) -> None:
         self._run_native(self.group.barrier)
@@ -268,6 +291,15 @@ class Transport:
         """Stop watching the peers (the group itself belongs to whoever created it)."""
         if self.liveness is not None:
             self.liveness.close()
+
+
+def _reduction_key(op: object) -> object:
+    """A reduction as a set key: its ``RedOpType`` (a ``ReduceOp`` object hashes apart from its type; a
+    ``premul_sum`` carries a factor, so it keys as itself and gloo, which refuses it, never vouches for it)."""
+    if isinstance(op, dist.ReduceOp.RedOpType):
+        return op
+    kind = getattr(op, "op", None)
+    return kind if kind is not None and kind != dist.ReduceOp.PREMUL_SUM else ("object", id(op))
 
 
 def _backend_name(group: object) -> str:
