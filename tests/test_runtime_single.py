@@ -81,17 +81,39 @@ def test_only_what_gloo_ran_is_copied_and_gloo_still_refuses_what_it_refuses():
     # another dtype is not vouched for: gloo runs it first
     comm.all_gather_into_tensor(torch.empty(6, dtype=torch.float64), source.double())
     assert comm.transport.world_of_one.calls == 1
-    # a length gloo refuses is refused (by gloo), not copied in part or converted
+    # a wrong length is refused at the call (naming it), not copied in part; the communicator goes on
     wrong = torch.full((7,), -1.0)
-    with pytest.raises(MCCLError, match="invalid tensor size"):
+    with pytest.raises(MCCLError, match="the output has 7 elements; it must have 1 × 6"):
         comm.all_gather_into_tensor(wrong, source)
-    assert torch.equal(wrong, torch.full((7,), -1.0))
+    assert torch.equal(wrong, torch.full((7,), -1.0)) and comm.broken is None
+    comm.all_gather_into_tensor(output, source + 2)
+    assert comm.transport.world_of_one.calls == 2 and torch.equal(output, source + 2)
     # a dtype gloo refuses stays refused on the second call too (a fresh group: gloo's refusal breaks it)
     refused = _communicator()
     for _ in range(2):
         with pytest.raises(MCCLError, match="Invalid scalar type|cannot run collectives"):
             refused.all_gather_into_tensor(torch.empty(4, dtype=torch.int16), torch.ones(4, dtype=torch.int16))
     assert refused.transport.world_of_one.calls == 0
+
+
+def test_a_shape_error_names_the_tensor_and_leaves_the_communicator_working():
+    """Calls that reach torch's own collective (no schedule installed) are checked before the launch: before,
+    gloo's refusal surfaced as "a rank of the group stopped answering" and broke the communicator for good."""
+    comm = _communicator()
+    x = torch.ones(4)
+    cases = [(lambda: comm.all_gather_into_tensor(torch.empty(4, dtype=torch.float64), x),
+              "all_gather: output dtype torch.float64 differs from input dtype torch.float32"),
+             (lambda: comm.reduce_scatter_tensor(torch.empty(3), x), "the input has 4 elements; it must have 1 × 3"),
+             (lambda: comm.all_to_all_single(torch.empty(4), x, [3], [4]),
+              r"output_split_sizes \[3\] must be 1 non-negative sizes summing to the 4 rows"),
+             (lambda: comm.all_to_all_single(torch.empty(2, 2), x), "input rows hold 1 elements, output rows 2")]
+    for call, message in cases:
+        with pytest.raises(MCCLError, match=message):
+            call()
+    assert comm.broken is None and comm.seq == 0  # nothing was launched
+    output = torch.empty(4)
+    comm.all_gather_into_tensor(output, x)
+    assert torch.equal(output, x)
 
 
 def test_the_copy_declines_what_is_not_the_whole_call():

@@ -22,7 +22,7 @@ from mccl.runtime.plan import Layout, RankPlan
 from mccl.runtime.reduction_order import ReductionOrder
 
 __all__ = ["Buffers", "Reducer", "REDUCERS", "exact_order", "all_gather_buffers", "all_to_all_buffers", "reduce_scatter_buffers",
-           "all_reduce_buffers", "even_blocks"]
+           "all_reduce_buffers", "check_shapes", "even_blocks"]
 
 Combine = Callable[[torch.Tensor, torch.Tensor], None]
 Span = tuple[int, int, int]  # (tensor index, start, length) in elements
@@ -107,6 +107,31 @@ def _check_gathered(collective: str, *, whole: tuple[torch.Tensor, str], part: t
         raise MCCLError(f"{collective}: the {big_name} has {big.numel()} elements; it must have {n} × {per_rank} "
                         f"(world size × {small_name} elements)")
     return per_rank
+
+
+def check_shapes(collective: str, output: torch.Tensor, input: torch.Tensor, n: int,
+                 output_splits: Sequence[int] | None = None, input_splits: Sequence[int] | None = None) -> None:
+    """What a rank can check alone before it launches ``collective`` (``all_gather``, ``reduce_scatter``,
+    ``all_to_all``) on a group of ``n``: equal dtypes, the element counts, the AllToAll splits — as an
+    :class:`MCCLError` that names the tensor and the sizes.
+
+    Why before the launch: the executor checks the same when it builds the call's buffers, but a call that goes to
+    torch's own collective (no schedule installed, a world of one, a reduction the executor lacks) reached gloo
+    with them, and gloo's refusal ("invalid tensor size") surfaced as a lost peer and broke the communicator for
+    good — for a shape error on this rank alone."""
+    if collective == "all_gather":
+        _check_gathered(collective, whole=(output, "output"), part=(input, "input"), n=n)
+    elif collective == "reduce_scatter":
+        _check_gathered(collective, whole=(input, "input"), part=(output, "output"), n=n)
+    elif collective == "all_to_all":
+        if output.dtype != input.dtype:
+            raise MCCLError(f"all_to_all: output dtype {output.dtype} differs from input dtype {input.dtype}")
+        rows_in, rows_out = (input.shape[0] if input.dim() else 1), (output.shape[0] if output.dim() else 1)
+        _splits(input_splits, rows_in, n, "input")
+        _splits(output_splits, rows_out, n, "output")
+        if input.numel() and output.numel() and input.numel() // max(rows_in, 1) != output.numel() // max(rows_out, 1):
+            raise MCCLError(f"all_to_all: input rows hold {input.numel() // max(rows_in, 1)} elements, output rows "
+                            f"{output.numel() // max(rows_out, 1)}; they must be the same size")
 
 
 def all_gather_buffers(plan: RankPlan, output: torch.Tensor, input: torch.Tensor) -> Buffers:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from mccl.runtime import executor
 from mccl.runtime.agreement import Signature, agree
+from mccl.runtime.buffers import check_shapes
 from mccl.runtime.reduction_order import ReductionOrder, gloo_segments
 from mccl.schedule import Collective
 
@@ -91,8 +92,10 @@ class Collectives:
                     native: Callable[[torch.Tensor, torch.Tensor], None],
                     scheduled: Callable[[object, torch.Tensor, torch.Tensor, int], None],
                     then: Callable[[], None] | None, async_op: bool,
-                    runs_schedule: Callable[[torch.Tensor], bool] = lambda _source: True):
-        """The one body every collective runs in its turn: inputs made contiguous, the agreement,
+                    runs_schedule: Callable[[torch.Tensor], bool] = lambda _source: True,
+                    splits: tuple[Sequence[int] | None, Sequence[int] | None] = (None, None)):
+        """The one body every collective runs in its turn, once the call's shapes passed
+        :func:`~mccl.runtime.buffers.check_shapes` (at the call: a shape error launches nothing): inputs made contiguous, the agreement,
         then ``scheduled(installed, target, source, seq)`` when a schedule of ``kind`` is installed
         and ``runs_schedule(source)``, else ``native(target, source)``; the result copied back into a
         non-contiguous output, ``then``. Returns the schedule version that ran, or None (delegated)."""
@@ -110,6 +113,10 @@ class Collectives:
             if then is not None:
                 then()
             return version
+        if kind is not Collective.ALLGATHER or output is not input:  # (AllReduce: one tensor, nothing to check)
+            shape = {Collective.ALLGATHER: "all_gather", Collective.ALLTOALL: "all_to_all",
+                     Collective.REDUCESCATTER: "reduce_scatter"}[kind]
+            check_shapes(shape, output, input, self.size, *splits)
         return self._submit(kind, op, body, [output], async_op)
 
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, *, async_op: bool = False,
@@ -140,7 +147,7 @@ class Collectives:
 
         return self._collective(Collective.ALLTOALL, op, output, input, signature,
                                 lambda t, s: self.transport.native_all_to_all(t, s, out_splits, in_splits),
-                                scheduled, then, async_op)
+                                scheduled, then, async_op, splits=(out_splits, in_splits))
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: object = dist.ReduceOp.SUM, *,
                               async_op: bool = False, name: str = "reduce_scatter_tensor",
