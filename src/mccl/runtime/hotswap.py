@@ -247,13 +247,25 @@ class SwapThread:
                     log.warning("mccl: the controller is unreachable (%s); keeping the last schedule", error)
                     comm._controller_lost(str(error))
                 continue
+            except Exception as error:  # a source's own failure (a bug, a malformed answer): fail-static, as above
+                # — before, it ended this thread, and with it every later swap, with nothing on the communicator
+                if not self._controller_lost:
+                    self._controller_lost = True
+                    log.exception("mccl: the schedule source failed; keeping the last schedule")
+                    comm._controller_lost(f"the schedule source failed: {error!r}")
+                time.sleep(self.poll_s)  # (a source that fails at once would spin otherwise)
+                continue
             if self._controller_lost and not comm.controller_lost:
                 self._controller_lost = False
                 log.warning("mccl: the controller answers again; taking its schedules again")
             if schedule is None:
                 continue
             if getattr(schedule, "prestage_only", False):  # a candidate: prepared ahead, no round (module docstring)
-                comm._prestage(schedule.schedule)
+                try:
+                    comm._prestage(schedule.schedule)
+                except Exception as error:  # a candidate that cannot be prepared is only not prepared ahead
+                    log.warning("mccl: a candidate schedule could not be prepared ahead: %r", error)
+                    comm.events.append(f"candidate not prepared: {error!r}")
                 continue
             try:
                 self._round(schedule)
