@@ -87,3 +87,21 @@ def provider_service(**config: Any) -> Iterator[Any]:
         yield service
     finally:
         service.stop()
+
+
+WORLD_ONE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8")
+"""The dtypes the world-1 copy tests run (torch names; conftest does not import torch)."""
+
+
+def dtype_values(dtype: Any, count: int, seed: int) -> Any:
+    """``count`` reproducible values of ``dtype`` (a torch dtype), inf and -0.0 first for floating dtypes: inputs
+    whose results must come out bit-equal whichever way a collective ran."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        values = torch.randn(count, generator=generator, dtype=torch.float64) * 100
+        values[0], values[1] = float("inf"), -0.0
+        return values.to(dtype)
+    low = 0 if dtype is torch.uint8 else -100
+    return torch.randint(low, 100, (count,), generator=generator, dtype=torch.int64).to(dtype)

@@ -8,13 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import provider_service  # noqa: E402
+from conftest import WORLD_ONE_DTYPES, dtype_values, provider_service  # noqa: E402
 from mccl.provider.errors import BadReference, BadRequest, JobFailed  # noqa: E402
 from mccl.provider.keys import tenant_credential  # noqa: E402
 from mccl.provider.shim import Shim  # noqa: E402
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
-          torch.uint8)
+DTYPES = tuple(getattr(torch, name) for name in WORLD_ONE_DTYPES)
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +35,6 @@ def _join(service, shim: Shim, name: str):
     return comm, jobs[0]
 
 
-def _values(dtype: torch.dtype, count: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        values = torch.randn(count, generator=generator, dtype=torch.float64) * 100
-        values[0], values[1] = float("inf"), -0.0
-        return values.to(dtype)
-    low = 0 if dtype is torch.uint8 else -100
-    return torch.randint(low, 100, (count,), generator=generator, dtype=torch.int64).to(dtype)
-
-
 def _run_all(shim: Shim, comm, dtype: torch.dtype) -> list[torch.Tensor]:
     """Every kind and reduction twice (the first of each goes to gloo, the second may run directly)."""
     results = []
@@ -54,7 +43,7 @@ def _run_all(shim: Shim, comm, dtype: torch.dtype) -> list[torch.Tensor]:
         for kind in ("all_gather", "all_to_all", *(f"all_reduce/{r}" for r in reductions),
                      *(f"reduce_scatter/{r}" for r in reductions)):
             source, output = shim.empty(64, dtype), shim.empty(64, dtype)
-            source.copy_(_values(dtype, 64, repeat))
+            source.copy_(dtype_values(dtype, 64, repeat))
             output.fill_(7)
             expected = source.clone()
             name, _, reduce = kind.partition("/")

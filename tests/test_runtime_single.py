@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from conftest import WORLD_ONE_DTYPES, dtype_values  # noqa: E402
 from mccl.errors import MCCLError  # noqa: E402
 from mccl.runtime.communicator import Communicator  # noqa: E402
 from mccl.runtime.single import copy_collective  # noqa: E402
 from mccl.runtime.transport import Transport  # noqa: E402
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
-          torch.uint8)
+DTYPES = tuple(getattr(torch, name) for name in WORLD_ONE_DTYPES)
 REDUCTIONS = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
 
 
@@ -29,16 +29,6 @@ def _communicator(copies: bool = True) -> Communicator:
     return comm
 
 
-def _values(dtype: torch.dtype, count: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        values = torch.randn(count, generator=generator, dtype=torch.float64) * 100
-        values[0], values[1] = float("inf"), -0.0
-        return values.to(dtype)
-    low = 0 if dtype is torch.uint8 else -100
-    return torch.randint(low, 100, (count,), generator=generator, dtype=torch.int64).to(dtype)
-
-
 def _every_call(comm: Communicator, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     """Every kind and reduction once, on fresh inputs; the outputs (written over a fill of 7)."""
     results = []
@@ -48,11 +38,11 @@ def _every_call(comm: Communicator, dtype: torch.dtype, seed: int) -> list[torch
     calls += [(f"reduce_scatter {op}", lambda out, src, op=op: comm.reduce_scatter_tensor(out, src, op))
               for op in REDUCTIONS]
     for _name, call in calls:
-        source, output = _values(dtype, 64, seed).reshape(8, 8), torch.full((8, 8), 7).to(dtype)
+        source, output = dtype_values(dtype, 64, seed).reshape(8, 8), torch.full((8, 8), 7).to(dtype)
         call(output, source)
         results.append(output)
     for op in REDUCTIONS:
-        tensor = _values(dtype, 64, seed)
+        tensor = dtype_values(dtype, 64, seed)
         comm.all_reduce(tensor, op)
         results.append(tensor)
     return results
@@ -62,7 +52,7 @@ def _every_call(comm: Communicator, dtype: torch.dtype, seed: int) -> list[torch
 def test_world_one_copies_are_bit_equal_to_gloo_and_torch(dtype):
     copies, gloo = _communicator(), _communicator(copies=False)
     for seed in range(2):  # the first of each (kind, dtype, reduction) is gloo's; the second a copy
-        expected = _values(dtype, 64, seed)
+        expected = dtype_values(dtype, 64, seed)
         for mine, theirs in zip(_every_call(copies, dtype, seed), _every_call(gloo, dtype, seed), strict=True):
             assert torch.equal(mine.reshape(-1).view(torch.uint8), theirs.reshape(-1).view(torch.uint8))
             assert torch.equal(mine.reshape(-1).view(torch.uint8), expected.view(torch.uint8))
