@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
-__all__ = ["WorldOfOne", "copy_collective"]
+__all__ = ["WorldOfOne", "copy_collective", "whole"]
 
 
 def copy_collective(kind: str, output: torch.Tensor, source: torch.Tensor) -> bool:
