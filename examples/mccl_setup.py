@@ -11,6 +11,10 @@ training is bit-identical to gloo's (:mod:`mccl.runtime.reduction_order`); a rin
 ReduceScatter adds in its own order. On a real cluster ``setup`` would
 load the cluster's topology file and the schedules the controller synthesized for it
 (``mccl synth``), or return only the topology and let the controller stage schedules.
+
+A group of one rank (``torchrun --nproc-per-node 1``, a debugging run) has nothing to schedule: every
+collective is a copy of its input (:mod:`mccl.runtime.single`), so the set-up installs nothing there (a
+schedule needs two ranks; synthesizing one for a single rank is refused).
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from mccl.synth.ring import naive_ring
 from mccl.topology import Topology, single_switch
 
 
-def direct_setup(rank: int, size: int) -> tuple[Topology, list[Schedule]]:
+def direct_setup(rank: int, size: int) -> tuple[Topology | None, list[Schedule]]:
+    if size == 1:
+        return None, []
     topology = single_switch(size, 100)
     return topology, [direct_allgather(topology), direct_reducescatter(topology), direct_alltoall(topology)]
 
 
-def ring_setup(rank: int, size: int) -> tuple[Topology, list[Schedule]]:
+def ring_setup(rank: int, size: int) -> tuple[Topology | None, list[Schedule]]:
     """The earlier examples' set: a ring AllGather (the eager driver, forwarding block by block)
     instead of the direct one; for comparison (benchmarks/backend.py ``--ring-ag``)."""
+    if size == 1:
+        return None, []
     topology = single_switch(size, 100)
     return topology, [naive_ring(topology, "allgather"), direct_reducescatter(topology), direct_alltoall(topology)]

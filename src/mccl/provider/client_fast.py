@@ -82,9 +82,7 @@ class FastPathClient:
     _requests: dict[tuple, FastRequest]
     _ids: Any
     _cpu: Callable[[], int] | None
-
-    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        raise NotImplementedError  # (the session socket's request: ProviderClient's)
+    request: Callable[..., dict[str, Any]]  # the session socket's request (ProviderClient.request)
 
     def open_channel(self) -> None:
         """Open the session's pipe pair (:mod:`.channel`): collectives go there from now on."""

@@ -68,7 +68,7 @@ __all__ = ["BACKEND", "MCCLProcessGroup", "Setup", "communicator", "register"]
 
 BACKEND = "mccl"
 
-Setup = Callable[[int, int], tuple[Topology, Sequence[Schedule]]]
+Setup = Callable[[int, int], tuple[Topology | None, Sequence[Schedule]]]
 """``setup(rank, size) -> (topology, schedules)``: what a new "mccl" group installs (every rank alike)."""
 
 
