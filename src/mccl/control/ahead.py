@@ -56,6 +56,21 @@ in 3 of 3 runs; replayed offline on the same telemetry, the drift test flags 4 c
 fault). A controller therefore synthesizes once for each collective it serves before it takes telemetry,
 on the nominal fabric and warm on a perturbed one (the path a re-synthesis takes).
 
+Every kernel of the reaction, not only the synthesis's (eleventh session). An uneven perturbation of every third
+link changes the tree count, so the AllGather's warm start fell back to a cold packing and never ran the warm
+repair's kernels (lowering the kept trees, the edges seen before), and nothing ran the manager's incremental
+validation of a warm result (:func:`~mccl.control.prepared.prepare_update`: the compiled copy checks). On a
+fresh clone those six kernels compiled *during* ``mccl demo``'s fault — ~18 s of compiling on the check thread
+while the collectives ran (numba's cache files written 40–60 s after the ranks started): no drift test ran, the
+fault phase ended without a flag, and the repair's flag waited 4.9 s for its synthesis. So the warm-up also takes
+the first GPU's links to half (a NIC's gray failure, the demo's and Fig. 13's fault: a warm repair keeps most
+trees) and the last GPU's to a quarter, validates each warm result as a flag would, and synthesizes back on the
+nominal fabric (the repair); on a fabric of up to 64 links it also fails each link alone at 0.4 (AllGather: the
+tree packing's rarer repairs — the rooted-cut check of the trees it keeps, a capped max-flow — have kernels of
+their own; ~1 s at 8 GPUs). A larger fabric's controller warms the first ones only: numba compiles per argument
+type, not size, so a rarer kernel loads from the cache once any run has compiled it. ``tests/test_control_warm.py``
+checks that no fault of one GPU or one link, nor the repair after it, compiles anything after the warm-up.
+
 The registered schedule's solver state (issue 15, eighth session, second round). The ranks register their first
 schedule as a schedule, without the synthesis result behind it, so the first flag's synthesis started from that
 schedule's routes (the file-warm path: seeded columns, a multiplicative-weights round, the master from the slack
@@ -83,6 +98,7 @@ from typing import Any
 
 import numpy as np
 
+from mccl.control.prepared import prepare_update
 from mccl.errors import ControllerError
 from mccl.synth import SynthesisResult, optimize
 from mccl.topology import Topology
@@ -227,6 +243,7 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
     unknown = [name for name in collectives if name not in known]
     if unknown:
         raise ControllerError(f"warm_synthesis: no collective named {unknown} (known: {sorted(known)})")
+    faults = _warm_faults(topology)
     for name in collectives:
         kind = Collective(name)
         start = time.perf_counter()
@@ -235,5 +252,30 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
         if adopt is not None:
             adopt(result)
         optimize(perturbed, kind, previous=result, options=chosen)
+        for faulted_topology in faults:
+            faulted = optimize(faulted_topology, kind, previous=result, options=chosen)  # a warm repair
+            prepare_update(result.schedule, faulted, topology)  # as the flag validates it: the compiled copy checks
+            repaired = optimize(topology, kind, previous=faulted, options=chosen)  # the way back after the repair
+            prepare_update(faulted.schedule, repaired, topology)
+        if kind in (Collective.ALLGATHER, Collective.REDUCESCATTER) and len(topology.links) <= _SWEEP_LINKS:
+            for link in range(len(topology.links)):  # the tree packing's rarer repairs: one link alone at 0.4
+                optimize(topology.with_capacities(topology.capacities_gbps * np.where(
+                    np.arange(len(topology.links)) == link, 0.4, 1.0)), kind, previous=result, options=chosen)
         seconds[kind.value] = time.perf_counter() - start
     return seconds
+
+
+_SWEEP_LINKS = 64  # up to this many links (the demo's 2 × 4 fabric: 48) the warm-up fails each alone, ~20 ms each
+
+
+def _warm_faults(topology: Topology) -> list[Topology]:
+    """The gray failures :func:`warm_synthesis` reacts to, and back: the first GPU's NIC halved (Fig. 13's) and the
+    last GPU's at a quarter."""
+    gpus = topology.gpus
+    return [topology.with_capacities(topology.capacities_gbps * np.where(_touches(topology, gpu), factor, 1.0))
+            for gpu, factor in ((gpus[0], 0.5), (gpus[-1], 0.25))]
+
+
+def _touches(topology: Topology, node: str) -> np.ndarray:
+    """Mask of the links that leave or enter ``node``."""
+    return np.array([link.src == node or link.dst == node for link in topology.links], dtype=bool)
