@@ -215,6 +215,7 @@ def test_bind_errors_are_named(service):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(240)  # its warm-up compiles the synthesizers where no earlier test did (a cold cache)
 def test_controller_command_serves_and_bad_input_is_one_line(tmp_path):
     import subprocess
     import sys
@@ -237,6 +238,12 @@ def test_controller_command_serves_and_bad_input_is_one_line(tmp_path):
             except ControllerError:
                 assert time.monotonic() < deadline and process.poll() is None
         assert client.register(optimize(TOPOLOGY, "allgather").schedule.with_meta(version=3)) == 3
+        printed: list[str] = []  # the warm-up (--warm, the default) ends with one line, the service serving meanwhile
+        while not any("synthesizers warmed on rail_optimized(1,2,2)" in line for line in printed):
+            line = process.stdout.readline()
+            assert line, f"the controller ended before its warm-up did: {printed}"
+            printed.append(line)
+        assert client.request("status", timeout_s=5.0)["op"] == "status"
     finally:
         client.close()
         process.terminate()

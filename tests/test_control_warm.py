@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 from numba.core.dispatcher import Dispatcher
 
-from mccl.control.ahead import warm_synthesis
+from mccl.control import ScheduleManager
+from mccl.control.ahead import warm_in_background, warm_synthesis
 from mccl.control.prepared import prepare_update
 from mccl.experiments.demo import DemoConfig, synth_options
 from mccl.schedule import Collective
 from mccl.synth import optimize
-from mccl.topology import Topology, parse_topology
+from mccl.topology import Topology, parse_topology, rail_optimized
 
-pytestmark = pytest.mark.timeout(300)  # a cold kernel cache compiles the synthesizers first (tens of seconds)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # ~15 s warm (a cold kernel cache compiles first)
 
 
 def _signatures() -> dict[str, int]:
@@ -64,3 +65,12 @@ def test_a_fault_and_its_repair_after_the_warm_up_compile_nothing():
                 if count != before.get(kernel, 0) and kernel not in compiled:
                     compiled[kernel] = (before.get(kernel, 0), count, f"{name}, {what}")
     assert not compiled, f"kernels compiled after the warm-up (signatures before, after, first fault): {compiled}"
+
+
+def test_the_background_warm_up_reports_its_failure_and_a_large_fabric_warms_on_a_stand_in():
+    said: list[str] = []
+    warm_in_background(ScheduleManager(rail_optimized(1, 2, 2)), ("allgathr",), say=said.append).join(120)
+    assert len(said) == 1 and "not warmed on rail_optimized(1,2,2)" in said[0] and "allgathr" in said[0], said
+    large = rail_optimized(1, 9, 8)  # 72 GPUs: its own synthesis would cost the serving controller seconds
+    warm_in_background(ScheduleManager(large), ("allgather",), say=said.append).join(120)
+    assert len(said) == 2 and said[1].startswith("synthesizers warmed on rail_optimized(1,2,4) in "), said

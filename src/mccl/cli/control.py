@@ -31,10 +31,15 @@ __all__ = ["controller_command", "controller_status_command", "demo_command"]
                                  "fresh one in a private temporary file, removed on exit. Executors get it through "
                                  "MCCL_CONTROL_SECRET_FILE.")
 @click.option("--insecure", is_flag=True, help="no authentication (loopback binds only)")
+@click.option("--warm/--no-warm", default=True, show_default=True,
+              help="while serving, synthesize AllGather and AllToAll once in the background (and warm, on faults of "
+                   "the fabric), so that the first reaction loads no synthesizer kernels; a first run compiles "
+                   "them (up to a minute)")
 def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, alpha: float, gamma: float,
-                       secret_file: Path | None, insecure: bool) -> None:
+                       secret_file: Path | None, insecure: bool, warm: bool) -> None:
     """Run the controller service until interrupted (executors connect with mccl.control.ControllerClient)."""
     from mccl.control import ControlConfig, ControllerService, ScheduleManager
+    from mccl.control.ahead import warm_in_background
     from mccl.control.auth import is_loopback, new_secret, read_secret_file, write_secret_file
 
     _check_tcp_port(bind)
@@ -55,13 +60,15 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
             secret = write_secret_file(secret_file, new_secret()) and read_secret_file(secret_file)
         secret_file = secret_file.resolve()  # what executors started from another directory must be given
     try:
-        service = ControllerService(ScheduleManager(topology, config), bind, secret=secret,
-                                    authenticate=not insecure)
+        manager = ScheduleManager(topology, config)
+        service = ControllerService(manager, bind, secret=secret, authenticate=not insecure)
         mode = "UNAUTHENTICATED" if insecure else f"secret in {secret_file}"
         console.print(f"mccl controller for {topology.name} at {service.address} (α={alpha:g}, "
                       f"Γ={gamma:g}; {mode}); Ctrl-C stops", soft_wrap=True)
         if secret_file is not None:
             console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={secret_file}", soft_wrap=True)
+        if warm:  # the first speculation or flag would load (or, on a first run, compile) them on the check thread
+            warm_in_background(manager, say=lambda text: console.print(text, soft_wrap=True))
         try:
             service.serve_forever()
         except KeyboardInterrupt:

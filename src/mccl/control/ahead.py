@@ -90,6 +90,7 @@ tests read; the service returns both in ``status``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -103,7 +104,7 @@ from mccl.errors import ControllerError
 from mccl.synth import SynthesisResult, optimize
 from mccl.topology import Topology
 
-__all__ = ["Reaction", "Speculation", "Speculations", "warm_synthesis"]
+__all__ = ["Reaction", "Speculation", "Speculations", "warm_in_background", "warm_synthesis"]
 
 
 @dataclass
@@ -263,6 +264,38 @@ def warm_synthesis(topology: Topology, collectives: list[str], options: dict | N
                     np.arange(len(topology.links)) == link, 0.4, 1.0)), kind, previous=result, options=chosen)
         seconds[kind.value] = time.perf_counter() - start
     return seconds
+
+
+def warm_in_background(manager: Any, collectives: tuple[str, ...] = ("allgather", "alltoall"),
+                       say: Callable[[str], None] | None = None) -> threading.Thread:
+    """Warm a serving controller's synthesizers on a daemon thread (:func:`warm_synthesis`; ``mccl controller``):
+    on the manager's topology with its options, adopting the nominal results, when it has at most
+    ``_WARM_GPUS`` GPUs; on a stand-in 2 × 4 rail-optimized fabric otherwise (the same kernels — numba compiles per
+    argument type — without a large fabric's minutes of synthesis). ``say`` gets one line when done or failed:
+    a warm-up that fails (a collective the fabric cannot run) is reported, never raised — the service goes on."""
+    from mccl.topology import rail_optimized
+
+    report = say or (lambda text: None)
+
+    def run() -> None:
+        topology = manager.topology
+        own = len(topology.gpus) <= _WARM_GPUS
+        target = topology if own else rail_optimized(1, 2, 4)
+        try:
+            seconds = warm_synthesis(target, list(collectives), dict(manager.config.synth_options) if own else None,
+                                     adopt=manager.adopt if own else None)
+        except Exception as error:  # noqa: BLE001 — reported: the controller serves without the warm-up
+            report(f"synthesizers not warmed on {target.name}: {error}")
+            return
+        report(f"synthesizers warmed on {target.name} in {sum(seconds.values()):.1f} s "
+               f"({', '.join(f'{name} {value:.1f} s' for name, value in seconds.items())})")
+
+    thread = threading.Thread(target=run, name="mccl-warm-synthesis", daemon=True)
+    thread.start()
+    return thread
+
+
+_WARM_GPUS = 64
 
 
 _SWEEP_LINKS = 64  # up to this many links (the demo's 2 × 4 fabric: 48) the warm-up fails each alone, ~20 ms each
