@@ -4,6 +4,7 @@ root, the sweep of a killed run's leftovers, and the live loop through one fault
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -222,7 +223,14 @@ def test_reaction_breakdown_splits_detection_to_first_collective_into_its_terms(
     assert r["dispatch_s"] == pytest.approx(0.03) and r["swap_total_s"] == pytest.approx(0.03)
     assert r["activation_s"] == pytest.approx(0.16)  # flag 102.1 → agreed 102.26
     assert r["inflight_wait_s"] == pytest.approx(0.74) and r["detect_to_first_s"] == pytest.approx(0.9)
-    assert report.predicted("allgather", 2) == pytest.approx(300.0 / 20000.0)
+    assert report.predicted("allgather", 2) == pytest.approx(300.0 / 20000.0) and r["kept_flags"] == 0
+    # a first flag the guard kept: the issue is timed from the first flag, the synthesis is the issuing flag's
+    kept_first = ({"kind": "flagged", "collective": "allgather", "communicator": "ag", "time": 101.5, "version": 1},
+                  {"kind": "synthesized", "collective": "allgather", "communicator": "ag", "time": 101.5,
+                   "version": 2, "value": 0.00004},
+                  {"kind": "kept", "collective": "allgather", "communicator": "ag", "time": 101.5, "version": 1})
+    r = replace(report, events=kept_first + events).reaction("allgather")
+    assert r["kept_flags"] == 1 and r["synth_s"] == pytest.approx(0.09) and r["issue_s"] == pytest.approx(0.7)
 
 
 def _crash_on_rank_1(rank: int, world: int, plan: FabricPlan) -> int:

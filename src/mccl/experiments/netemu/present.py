@@ -64,7 +64,8 @@ def print_summary(console: Console, report: NetemuReport) -> None:
             r = report.reaction(kind, phase)
             console.print(f"  {kind} after the {'fault' if phase == 'degraded' else 'repair'}: detection "
                           f"{_fmt(r['detect_s'], unit=' ms')} ({_fmt(r['detect_collectives'], 1)} collectives); then "
-                          f"synthesis {_fmt(r['synth_s'], unit=' ms')} (issued {_fmt(r['issue_s'], unit=' ms')} after the flag), "
+                          f"synthesis {_fmt(r['synth_s'], unit=' ms')} (issued {_fmt(r['issue_s'], unit=' ms')} after the flag"
+                          + (f", {r['kept_flags']:.0f} flag(s) kept by the guard before" if r["kept_flags"] else "") + "), "
                           f"dispatch {_fmt(r['dispatch_s'], unit=' ms')}, swap {_fmt(r['swap_total_s'], unit=' ms')} "
                           f"(OOB {_fmt(r['oob_s'], unit=' ms')}): active {_fmt(r['activation_s'], unit=' ms')} after detection; "
                           f"first collective on it {_fmt(r['detect_to_first_s'], unit=' ms')} after detection "
