@@ -75,9 +75,9 @@ class DemoConfig:
     # after_swap (eleventh session: 7, was 3, as benchmarks/netemu.py has used since the seventh): a new version's path
     # samples count `settle` (3) collectives after its issue and its references are learned over `warmup` (3) more;
     # a repair 3 collectives after the swap came inside that window, the version learned its references on the
-    # repaired fabric, and the swap back had no jump to see — in 5 of 8 `mccl demo` runs the AllToAll stayed on the
-    # fault's version after the repair (0.85–0.87 of the healthy rate); with 7, both collectives swapped back to the
-    # healthy schedule 1–3 collectives after the repair in 3 of 3 (BENCHMARKS.md, eleventh session)
+    # repaired fabric, and the swap back had no jump to see — in 7 of 10 runs the AllToAll stayed on the fault's
+    # version after the repair (0.85–0.87 of the healthy rate); with 7, both collectives swapped back to the healthy
+    # schedule 2 collectives after the repair in 12 of 13 runs (BENCHMARKS.md, eleventh session)
     healthy: int = 6
     after_swap: int = 7
     max_degraded: int = 20
