@@ -121,6 +121,12 @@ class DemoConfig:
     # controller stands for a machine of its own (mccl-paper §3); here it shares 2 cores with the 8 busy ranks, and
     # under load its flag → push path (2 ms of CPU) took 30–100 ms of wall waiting for a core
     controller_nice: int = 0
+    # (eleventh session) each rank moves its set-up's heap (torch, gloo, the clients: ~10^6 objects) to the collector's
+    # permanent generation before the first collective (gc.collect(); gc.freeze()). Without it a generation-2
+    # collection ran in all 8 ranks at once mid-run — 580–690 ms each on 2 cores, the collective it landed in 770 ms
+    # instead of ~260 — and the controller's collective clock read that as a slowdown the measured fabric did not
+    # explain: the guard kept the first flag and the swap came seconds later (BENCHMARKS.md, eleventh session)
+    gc_freeze: bool = True
     timeout_s: float = 300.0
 
     @classmethod

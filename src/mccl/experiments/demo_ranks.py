@@ -34,6 +34,8 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
               progress: Any, secret: str) -> dict:
     """What one rank did: its records, fabric marks, swaps and the reaction path's marks (module docstring).
     ``plan``: the emulated fabric's plan (netemu) or None (pacer)."""
+    import gc
+
     import torch
     import torch.distributed as dist
 
@@ -70,6 +72,9 @@ def rank_main(rank: int, world: int, plan: Any, endpoint: str, schedules: dict[s
             comms[kind].swap_priority = config.swap_priority
         gpus = loads_schedule(next(iter(schedules.values()))).ranks
         fault = _NetemuFault(plan, rank, config) if plan is not None else _PacedFault(comms, topology, gpus, rank, config)
+        if config.gc_freeze:  # the set-up's heap out of the cyclic collector's reach (DemoConfig.gc_freeze)
+            gc.collect()
+            gc.freeze()
         out = _stream(rank, world, comms, config, progress, fault, torch, dist)
         for comm in comms.values():
             comm.flush_telemetry()
