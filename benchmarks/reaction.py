@@ -106,7 +106,9 @@ BEFORE = {"poll": {"push": False, "speculate": None, "client_interval_s": 0.005,
           "seventh": {"alpha": 0.15, "speculate_band": None}, "alpha-0.15": {"alpha": 0.15},
           "no-band": {"speculate_band": None},
           # the seventh session's A/B of a faster EWMA (its BENCHMARKS.md section names it)
-          "alpha-0.25": {"alpha": 0.25}}
+          "alpha-0.25": {"alpha": 0.25},
+          # (eleventh session) the ranks' heap not frozen before the stream (DemoConfig.gc_freeze)
+          "no-gc-freeze": {"gc_freeze": False}}
 # this session's path; the controller at 10 below the ranks' niceness (under this benchmark's nice 10: the default)
 # and (sixth session) the ranks' hold: a launch during a swap round waits up to 100 ms, once, for the round to end
 # and (seventh session) the reaction path's threads (swap thread, the clients' ZeroMQ I/O) 10 steps of niceness above
