@@ -154,8 +154,9 @@ class NetemuReport:
         # the flags the guard kept before the one that issued (eleventh session: a first flag kept because the
         # fabric reading did not explain the observed slowdown showed as "synthesis 0.04 ms, issued 2.3 s after")
         out["kept_flags"] = float(len(self._events(kind, "kept", flag["time"], issued[0]["time"] if issued else until)))
-        if synthesized:  # the issuing flag's synthesis: the last one before the issue
-            out["synth_s"] = [event for event in synthesized if not issued or event["time"] <= issued[0]["time"]][-1]["value"]
+        if synthesized:  # the issuing flag's synthesis: the last one before the issue (else the first flag's)
+            before_issue = [event for event in synthesized if not issued or event["time"] <= issued[0]["time"]]
+            out["synth_s"] = (before_issue or synthesized)[-1 if before_issue else 0]["value"]
         if issued:
             out["issue_s"] = issued[0]["time"] - flag["time"]
             version = issued[0]["version"]
