@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -80,12 +81,14 @@ def parse_args(description: str) -> argparse.Namespace:
 
 def report(rank: int, backend: str, loss: float, times: list[float]) -> None:
     """Rank 0's last lines: the final loss in full (compare it with the other backend's), the median
-    step time and, on mccl, which path ran each call."""
+    step time and, on mccl, which path ran each call. Flushed: under torchrun stdout is a pipe, and lines
+    still buffered are lost if the process is killed in teardown."""
     if rank == 0:
         print(f"final loss {loss!r}")
         print(f"{backend}: median step {statistics.median(times) * 1e3:.1f} ms over {len(times)} steps")
         if backend == "mccl":
             print("calls by (operation, path):", mb.communicator().calls.counts())
+        sys.stdout.flush()
 
 
 def main() -> None:
