@@ -52,7 +52,7 @@ from provider_ranks import OPS, _buffers, _calls, _run, sizes_option
 from provider_single import quartiles
 from results_io import write_csv  # noqa: E402  (benchmarks/ is on sys.path)
 
-SIDES = {"direct": ("direct", "gloo"), "warm": ("warm", "cold"), "none": ("shipped",)}
+SIDES = {"direct": ("direct", "gloo"), "warm": ("warm", "cold"), "poll": ("poll", "sleep"), "none": ("shipped",)}
 """Each ``--ab``'s two sides: blocks alternate between them (the first is the one switched on)."""
 
 
@@ -151,6 +151,8 @@ def tenant(endpoint: str, secret_hex: str, service_pid: int, sizes: list[int], b
                 time.sleep(0.15)  # (past keepwarm.ACTIVE_NS: its threads have stopped ticking)
         elif ab == "direct":
             shim.direct(side == "direct")
+        elif ab == "poll":
+            shim.poll(side == "poll")
         rng.shuffle(cases)
         for op, size, variants in cases:
             walls: dict = {name: [] for name in variants}

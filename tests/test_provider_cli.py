@@ -38,6 +38,19 @@ def test_serve_refuses_a_host_rank_outside_the_hosts(tmp_path, capsys):
     assert "--host 1 is not below --hosts 1" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_poll_window_out_of_range(tmp_path, capsys):
+    from mccl.provider.service import ServiceConfig
+
+    for bad in ("-1", "1000001", "2.5"):
+        assert main(["provider", "serve", "--secret-file", str(tmp_path / "p.key"), "--tenant", "a",
+                     "--poll-us", bad]) == 2
+        assert "--poll-us" in capsys.readouterr().err
+    assert not (tmp_path / "p.key").exists()
+    for bad in (-1, 1_000_001, 2.5, True):
+        with pytest.raises(ValueError, match="poll_us must be an integer of 0 to 1000000"):
+            ServiceConfig(poll_us=bad)
+
+
 def test_serve_refuses_a_bad_tenant_name_before_it_writes_the_secret(tmp_path, capsys):
     assert main(["provider", "serve", "--secret-file", str(tmp_path / "p.key"), "--tenant", "a", "--tenant", ""]) != 0
     assert "a tenant name is 1..128 printable characters, not ''" in capsys.readouterr().err

@@ -284,3 +284,70 @@ def test_a_request_that_differs_from_a_cached_one_in_any_byte_is_checked_again(s
     finally:
         bob.close()
         alice.close()
+
+
+def _thread_cpu_ns(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/schedstat") as handle:
+        return int(handle.read().split()[0])
+
+
+def _python_share(seconds: float) -> float:
+    """CPU ÷ wall of this thread running Python for ``seconds`` (about 1 when no other thread holds the GIL)."""
+    cpu, start = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sum(range(100))
+    return (time.thread_time() - cpu) / (time.perf_counter() - start)
+
+
+def test_the_service_thread_polls_for_the_next_request_within_its_window_then_sleeps():
+    """ServiceConfig.poll_us: after each reply the session's thread polls its request pipe (on a CPU, without the
+    GIL) for the window, then sleeps in read; the tenant's "poll" request turns it off and on; a loaded machine (a
+    task waiting for a core) gets no polling; requests during and after the window get the same results."""
+    from mccl.provider import pollwait
+
+    with provider_service(job_timeout_s=10, poll_us=150_000) as polling:
+        before = _fast_threads()
+        shim = _client(polling, "alice", Shim)
+        try:
+            (thread,) = _fast_threads() - before
+            fast = next(iter(polling._sessions.values())).fast
+            assert fast.poll_ns == 150_000_000
+            fast._gate.idle, fast._gate._sampled = (lambda: True), -10**18  # (it polls only while no task waits
+            # for a core: tested as if so)
+            deadline = time.monotonic() + 60
+            while not pollwait.compiled() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pollwait.compiled()
+            comm = shim.join("poll", [0])
+            x, out = shim.empty(4), shim.empty(4)
+            x.copy_(torch.arange(4.0))
+
+            def idle_cpu_ms(seconds: float) -> float:
+                """The fast-path thread's CPU while the tenant calls nothing for ``seconds``, after one call."""
+                comm.all_gather_into_tensor(out, x)
+                start = _thread_cpu_ns(thread)
+                time.sleep(seconds)
+                return (_thread_cpu_ns(thread) - start) / 1e6
+
+            assert idle_cpu_ms(0.1) > 40  # polling through the idle 100 ms (inside the 150 ms window)
+            comm.all_gather_into_tensor(out, x)
+            polled_share = _python_share(0.1)  # this process's Python runs while the thread polls: no GIL held
+            time.sleep(0.1)  # past the window: asleep in read
+            start = _thread_cpu_ns(thread)
+            time.sleep(0.1)
+            assert (_thread_cpu_ns(thread) - start) / 1e6 < 10
+            assert polled_share > 0.8 * _python_share(0.1)  # (a Python loop holding the GIL: about half)
+            shim.poll(False)
+            assert fast.poll_ns == 0 and idle_cpu_ms(0.1) < 10
+            shim.poll(True)
+            fast._gate.idle, fast._gate._sampled = (lambda: False), -10**18  # a loaded machine: no polling
+            assert idle_cpu_ms(0.1) < 10
+            with pytest.raises(BadRequest):
+                shim.request({"op": "poll", "on": "yes"})
+            fast._gate.idle, fast._gate._sampled = (lambda: True), -10**18
+            out.zero_()
+            comm.all_gather_into_tensor(out, x)  # the thread polls now, and the session ends while it does
+            assert torch.equal(out, torch.arange(4.0))
+        finally:
+            shim.close()
+    assert not any(t.native_id == thread for t in threading.enumerate())  # stopped, even while polling

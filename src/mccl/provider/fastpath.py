@@ -44,6 +44,8 @@ from mccl.provider import channel
 from mccl.provider.checks import VIEW_CACHE, CollectiveChecks, Prepared, stamp
 from mccl.provider.errors import BadRequest
 from mccl.provider.keepwarm import KeepWarm
+from mccl.provider.pollwait import PipePoll, compile_in_background
+from mccl.provider.replyspin import IdleGate
 
 __all__ = ["FastPath"]
 
@@ -56,8 +58,10 @@ class FastPath:
 
     def __init__(self, session_id: int, checks: CollectiveChecks, lock: threading.Lock,
                  refusal: Callable[[int, Exception], dict], count: Callable[..., None],
-                 warm: KeepWarm | None = None) -> None:
+                 warm: KeepWarm | None = None, poll_ns: int = 0) -> None:
         self.checks, self.lock, self.refusal, self.count = checks, lock, refusal, count
+        self.poll_ns = poll_ns  # how long the thread polls for the next request before it sleeps in read (_next)
+        self._gate = IdleGate()
         self.warm = warm  # the service's KeepWarm: each request keeps its CPUs out of deep idle a while (.keepwarm)
         self.keeps_warm = False  # (the tenant may ask: the session's "warm" request; client.WARM says why not by default)
         self._request, request_write = os.pipe()
@@ -67,6 +71,9 @@ class FastPath:
         os.set_blocking(self._stop_write, False)  # (a full pipe wakes the thread anyway)
         self.offered = [request_write, reply_read]  # the tenant's ends, until it has opened them
         self._reader = channel.FrameReader(self._request)
+        self._pipe_poll = PipePoll(self._request)
+        if poll_ns:
+            compile_in_background()
         self._prepared: dict[bytes, Prepared] = {}  # requests (less their ids) already checked
         self._fds_lock = threading.Lock()  # the fds are closed once, by whichever of the thread and stop() is last
         self._stopping = False
@@ -108,7 +115,7 @@ class FastPath:
         tenant's exit: the session ends the fast path when its connection drops (:mod:`.session`)."""
         try:
             while not self._stopping:
-                frames = self._reader.read()
+                frames = self._next()
                 woke = time.perf_counter_ns()
                 if self._stopping:
                     break
@@ -130,6 +137,14 @@ class FastPath:
             log.exception("mccl provider: a session's fast path failed")
         finally:
             self._close()
+
+    def _next(self) -> list[bytes] | None:
+        """The next request frames: polled for up to ``poll_ns`` after the last reply while no task waits for a
+        core (:class:`~.replyspin.IdleGate`), without the GIL (:mod:`.pollwait` says why both), then ``read``
+        (at once when the poll saw the request, else it blocks)."""
+        if self.poll_ns and self._gate.sample(time.perf_counter_ns()):
+            self._pipe_poll.wait(self.poll_ns)
+        return self._reader.read()
 
     def _answer(self, frame: bytes, woke: int) -> bytes:
         """The reply frame to one request frame; never raises. A traced request (``channel.TRACE``) gets

@@ -65,7 +65,9 @@ class ServiceConfig:
     control channel, so a strategy can stage schedule versions (costs one store poll every 20 ms per job).
     ``keep_warm``: offer to keep the service's CPUs out of deep idle while a tenant that asks is active
     (:mod:`.keepwarm`; the ticking process waits, costing nothing, until a session asks — none does by default,
-    ``client.WARM`` says why).
+    ``client.WARM`` says why). ``poll_us``: how long a session's fast-path thread polls for the tenant's next
+    request after each reply before it sleeps, while no task waits for a core (0: it sleeps at once;
+    :meth:`.fastpath.FastPath._next`).
     """
 
     max_sessions: int = 256
@@ -78,6 +80,11 @@ class ServiceConfig:
     strategy: StrategyFactory | None = None
     hot_swap: bool = False
     keep_warm: bool = True
+    poll_us: int = 2000
+
+    def __post_init__(self) -> None:
+        if type(self.poll_us) is not int or not 0 <= self.poll_us <= 1_000_000:
+            raise ValueError(f"poll_us must be an integer of 0 to 1000000 µs, not {self.poll_us!r}")
 
 
 class _TenantKeys:

@@ -34,6 +34,7 @@ from mccl.provider.errors import BadReference, BadRequest, ProviderError, QuotaE
 from mccl.provider.fastpath import FastPath
 from mccl.provider.jobs import Job, JobSpec
 from mccl.provider.memory import Registry, Segment
+from mccl.provider.pollwait import compile_in_background
 from mccl.provider.protocol import MAX_MESSAGE_BYTES, decode, encode, error_reply, hosts_field, name_field
 
 __all__ = ["Session", "SessionHost"]
@@ -102,7 +103,8 @@ class Session:
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "alloc": self._alloc, "attached": self._attached, "free": self._free, "join": self._join,
             "collective": self._collective, "bye": self._bye, "channel": self._open_channel,
-            "channel_attached": self._channel_attached, "warm": self._warm, "direct": self._direct}
+            "channel_attached": self._channel_attached, "warm": self._warm, "direct": self._direct,
+            "poll": self._poll}
         self._ending = False
         self._lost = False  # ended by its connection's loss, not a bye: counted once its memory is freed
         self._pending: set[int] = set()  # accepted connections not yet authenticated (file descriptors)
@@ -201,7 +203,7 @@ class Session:
         if self.fast is not None and not self.fast.closed:
             raise BadRequest("this session has its fast-path channel already")
         self.fast = FastPath(self.session_id, self.checks, self.lock, self._refusal, self.service.count,
-                             self.service.keep_warm)
+                             self.service.keep_warm, poll_ns=self.service.config.poll_us * 1000)
         if "warm" in message:
             self._warm({"on": message["warm"]})
         return {"op": "channel", **self.fast.paths()}
@@ -220,6 +222,19 @@ class Session:
         if self.fast is None:
             raise BadRequest("this session has no fast-path channel to keep warm")
         self.fast.keeps_warm = on
+        return {"op": "ok"}
+
+    def _poll(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Whether this session's fast-path thread polls for the next request for the service's ``poll_us`` before
+        it sleeps (:meth:`.fastpath.FastPath._next`; default yes) or sleeps at once: the benchmarks' same-run A/B."""
+        on = message.get("on")
+        if type(on) is not bool:
+            raise BadRequest(f"poll: 'on' must be true or false, not {str(on)[:20]}")
+        if self.fast is None:
+            raise BadRequest("this session has no fast-path channel to poll")
+        self.fast.poll_ns = self.service.config.poll_us * 1000 if on else 0
+        if on:
+            compile_in_background()
         return {"op": "ok"}
 
     def _direct(self, message: dict[str, Any]) -> dict[str, Any]:

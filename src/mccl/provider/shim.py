@@ -107,6 +107,11 @@ class Shim(ProviderClient):
         (:mod:`.direct`; the default) or all on gloo: what the benchmarks flip for their same-run A/B."""
         self.request({"op": "direct", "on": on})
 
+    def poll(self, on: bool) -> None:
+        """Whether the service's thread for this session polls for its next request a while after each reply
+        (``ServiceConfig.poll_us``; the default) or sleeps at once: what the benchmarks flip for their A/B."""
+        self.request({"op": "poll", "on": on})
+
     def join(self, job: str, hosts: Sequence[int]) -> ProviderCommunicator:  # type: ignore[override]
         """This process's rank of ``job`` (its host's place in ``hosts``); every host's process must join."""
         return ProviderCommunicator(self, super().join(job, hosts))
