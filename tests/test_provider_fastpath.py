@@ -351,3 +351,35 @@ def test_the_service_thread_polls_for_the_next_request_within_its_window_then_sl
         finally:
             shim.close()
     assert not any(t.native_id == thread for t in threading.enumerate())  # stopped, even while polling
+
+
+def test_a_poll_loop_that_cannot_compile_is_said_once_and_never_retried(monkeypatch, caplog):
+    from mccl.provider import pollwait
+
+    attempts = []
+
+    def broken() -> None:
+        attempts.append(1)
+        raise OSError("no libc poll here")
+
+    monkeypatch.setattr(pollwait, "_compiled", [])
+    monkeypatch.setattr(pollwait, "_failed", [])
+    monkeypatch.setattr(pollwait, "_compile", broken)
+    with caplog.at_level("WARNING", logger="mccl.provider"):
+        for _ in range(3):
+            pollwait.compile_in_background()
+            deadline = time.monotonic() + 10
+            while not pollwait._failed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            while pollwait._compiling.locked():
+                time.sleep(0.01)
+    assert len(attempts) == 1 and not pollwait.compiled()
+    assert [record.getMessage() for record in caplog.records] == [
+        "mccl provider: no polling for requests (could not compile the poll loop: OSError: no libc poll here)"]
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"x")
+        assert pollwait.PipePoll(read_end).wait(10_000_000) is False  # not compiled: returns at once, no poll
+    finally:
+        os.close(read_end)
+        os.close(write_end)

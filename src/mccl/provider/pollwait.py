@@ -18,6 +18,7 @@ once (the caller sleeps in ``read`` as before).
 from __future__ import annotations
 
 import ctypes
+import logging
 import select
 import threading
 import time
@@ -27,8 +28,11 @@ import numpy as np
 
 __all__ = ["PipePoll", "compile_in_background", "compiled"]
 
+log = logging.getLogger("mccl.provider")
+
 _CLOCK_MONOTONIC = 1  # (Linux; what time.monotonic_ns reads)
 _compiled: list[Callable] = []  # the compiled loop, once it is
+_failed: list[Exception] = []  # why it could not be compiled, if it could not (never retried)
 _compiling = threading.Lock()
 
 
@@ -55,13 +59,20 @@ def _compile() -> None:
 
 
 def compile_in_background() -> None:
-    """Compile the loop on a daemon thread (once per process; later calls do nothing)."""
+    """Compile the loop on a daemon thread (once per process; later calls do nothing). A failure is logged once and
+    not retried: the fast paths then sleep in ``read`` as they did before polling existed."""
     def run() -> None:
         with _compiling:
-            if not _compiled:
+            if _compiled or _failed:
+                return
+            try:
                 _compile()
+            except Exception as error:  # (numba or libc not as expected here: no polling, said once)
+                _failed.append(error)
+                log.warning("mccl provider: no polling for requests (could not compile the poll loop: %s: %s)",
+                            type(error).__name__, error)
 
-    if not _compiled and not _compiling.locked():
+    if not _compiled and not _failed and not _compiling.locked():
         threading.Thread(target=run, name="mccl-pollwait-compile", daemon=True).start()
 
 
