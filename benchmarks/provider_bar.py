@@ -27,7 +27,9 @@ difference; the keep-warm process's CPU per call is shown apart (it ticks by tim
 The same-run A/B (``--ab``): blocks alternate two settings of the service, so both are read under the same load
 and the table shows both. ``direct`` (default): the job's collectives run directly in the service's thread
 (``mccl.provider.direct``, shipped) against all on gloo (the path before it); ``warm``: keep-warm
-(``mccl.provider.keepwarm``) on against off (shipped); ``none``: every block as shipped.
+(``mccl.provider.keepwarm``) on against off (shipped); ``poll``: the service's thread polls for the next
+request after each reply (``ServiceConfig.poll_us``, shipped) against sleeping at once; ``none``: every block as
+shipped.
 
 A third call alternates with the two: ``inproc_direct``, the tenant's own process doing what the direct path does
 (the copy, or nothing for AllReduce) — the in-process side of the same work, so ``added vs direct`` is the
