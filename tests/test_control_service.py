@@ -251,3 +251,32 @@ def test_controller_command_serves_and_bad_input_is_one_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "mccl.cli.main", "controller", "--topology", "nonsense(1)"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "mccl:" in bad.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_controller_command_ends_on_sigterm_as_on_ctrl_c_and_removes_its_temporary_secret():
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    process = subprocess.Popen([sys.executable, "-m", "mccl.cli.main", "controller", "--topology",
+                                "rail_optimized(1,2,2)", "--bind", "tcp://127.0.0.1:*", "--no-warm"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        printed = []
+        while not any("MCCL_CONTROL_SECRET_FILE=" in line for line in printed):
+            line = process.stdout.readline()
+            assert line, f"the controller ended before serving: {printed} {process.stderr.read()}"
+            printed.append(line)
+        secret_file = Path(re.search(r"MCCL_CONTROL_SECRET_FILE=(\S+)", "".join(printed)).group(1))
+        assert secret_file.exists()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and "stopped" in out, err
+    assert not secret_file.exists() and not secret_file.parent.exists()  # the private directory, gone

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -69,13 +70,18 @@ def controller_command(topology_text: str, faults: tuple[str, ...], bind: str, a
             console.print(f"executors: export MCCL_CONTROL_SECRET_FILE={secret_file}", soft_wrap=True)
         if warm:  # the first speculation or flag would load (or, on a first run, compile) them on the check thread
             warm_in_background(manager, say=lambda text: console.print(text, soft_wrap=True))
+        signal.signal(signal.SIGTERM, _interrupt)  # (what `kill` and service managers send: ends it as Ctrl-C does)
         try:
             service.serve_forever()
         except KeyboardInterrupt:
             console.print("stopped")
     finally:
-        if scratch is not None:
+        if scratch is not None:  # (before, a SIGTERM left the temporary secret file behind)
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _check_tcp_port(endpoint: str) -> None:
