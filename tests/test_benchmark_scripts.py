@@ -28,6 +28,8 @@ def test_benchmark_script_starts(script):
     ("provider_bar.py", ["--runs", "0"], "--runs"),
     ("reaction.py", ["--runs", "0"], "--runs"),
     ("flag_synthesis.py", ["--trials", "0"], "--trials"),
+    ("netemu_candidates.py", ["--candidates", "healthy:bogus"], "unknown shape 'bogus'"),
+    ("netemu_candidates.py", ["--fabrics", "0.5,2"], "--fabrics"),
 ], ids=lambda value: value if isinstance(value, str) else None)
 def test_bad_options_are_one_line_usage_errors_before_any_run(script, args, names):
     """A bad option is refused before anything runs (a benchmark that ignored it would run minutes for nothing)."""
