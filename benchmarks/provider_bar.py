@@ -36,7 +36,7 @@ A third call alternates with the two: ``inproc_direct``, the tenant's own proces
 service's own cost (round trip, checks), where ``added`` is against mccl's in-process call, the bar's baseline
 (the same copy behind mccl's Communicator: its sequence, hold and call log).
 
-Writes ``benchmarks/results/provider_bar.csv`` (one row per run and size, and the runs' summary rows).
+Writes ``benchmarks/results/provider_bar<tag>.csv`` (``--tag``; one row per run and size, and the runs' summary rows).
 """
 
 from __future__ import annotations
@@ -238,8 +238,11 @@ def main() -> int:
                         help="compute: the tenant's thread busy through the gap (a training step); sleep: idle")
     parser.add_argument("--ab", choices=tuple(SIDES), default="direct",
                         help="the same-run A/B, blocks alternating: direct = the direct path against all on gloo "
-                             "(default); warm = keep-warm on against off; none = every block as shipped")
+                             "(default); warm = keep-warm on against off; poll = the service's thread polling for "
+                             "the next request against sleeping at once; none = every block as shipped")
     parser.add_argument("--sizes", default=None, help="comma-separated sizes in bytes (default 4 KiB .. 8 MiB)")
+    parser.add_argument("--tag", default="", help="written to results/provider_bar<tag>.csv (a run without one "
+                                                   "overwrites the last untagged run's rows)")
     args = parser.parse_args()
     sizes = sizes_option(parser, args.sizes)
     sides = SIDES[args.ab]
@@ -286,7 +289,7 @@ def main() -> int:
                 summary.append({"run": "all", "op": op, "size_bytes": size, "side": side, "gap_us": args.gap_us,
                                 "gap_kind": args.gap_kind, "added_us": over, "added_min_us": min(medians),
                                 "added_max_us": max(medians), **figures})
-    write_csv(Path(__file__).parent / "results" / "provider_bar.csv", rows + summary,
+    write_csv(Path(__file__).parent / "results" / f"provider_bar{args.tag}.csv", rows + summary,
               columns=list(rows[0]) + ["added_min_us", "added_max_us"])
     return 0
 
