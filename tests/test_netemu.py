@@ -233,6 +233,30 @@ def test_reaction_breakdown_splits_detection_to_first_collective_into_its_terms(
     assert r["kept_flags"] == 1 and r["synth_s"] == pytest.approx(0.09) and r["issue_s"] == pytest.approx(0.7)
 
 
+def test_the_demo_says_what_the_wait_after_the_agreement_went_to():
+    """The first collective on a new version: the collective in flight and the demo loop's own time (its checks, the
+    other stream, torch's cross-check) said apart, not as one wait "for the collectives in flight"."""
+    from mccl.experiments.netemu.present import first_words
+    from mccl.experiments.netemu.report import CollectiveRecord
+
+    def record(kind: str, seq: int, version: int, start: float, torch_checked: bool = False) -> CollectiveRecord:
+        return CollectiveRecord(kind, seq, version, start, 0.2, 0.01, "restored", True, torch_checked)
+
+    stream = [record("allgather", 20, 2, 10.0), record("allgather", 21, 2, 11.0, torch_checked=True),
+              record("allgather", 22, 3, 12.3)]
+    others = [record("alltoall", 21, 2, 11.9, torch_checked=True)]
+    path = {"detect_to_first": 1290.7, "running": 12.0, "between": 1237.0, "version": 3}
+    said = first_words(path, stream, stream + others, {})
+    assert "1290.7 ms after detection" in said and "12.0 ms until the collective in flight ended" in said
+    assert "1237.0 ms of the demo loop between two collectives" in said and "torch's cross-check" in said
+    unchecked = [record("allgather", 20, 2, 10.0, torch_checked=True), record("allgather", 21, 2, 11.0),
+                 record("allgather", 22, 3, 12.3)]  # checked, but before the last collective on the old version
+    assert "torch's cross-check" not in first_words(path, unchecked, unchecked, {})
+    missing = first_words({**path, "running": None}, stream, stream, {"detect_to_first_s": 1.2907,
+                                                                       "inflight_wait_s": 1.249})
+    assert missing.endswith("(waited 1249.00 ms for the collectives in flight)")
+
+
 def _crash_on_rank_1(rank: int, world: int, plan: FabricPlan) -> int:
     import os
 

@@ -7,7 +7,7 @@ algbw differ by ~2× here, and the time is wall-clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from mccl.experiments.netemu.report import NetemuReport
 
-__all__ = ["live_row", "print_summary", "plot_timeline"]
+__all__ = ["live_row", "print_summary", "plot_timeline", "first_words"]
 
 
 def live_row(console: Console) -> Callable[[tuple], None]:
@@ -68,8 +68,7 @@ def print_summary(console: Console, report: NetemuReport) -> None:
                           + (f", {r['kept_flags']:.0f} flag(s) kept by the guard before" if r["kept_flags"] else "") + "), "
                           f"dispatch {_fmt(r['dispatch_s'], unit=' ms')}, swap {_fmt(r['swap_total_s'], unit=' ms')} "
                           f"(OOB {_fmt(r['oob_s'], unit=' ms')}): active {_fmt(r['activation_s'], unit=' ms')} after detection; "
-                          f"first collective on it {_fmt(r['detect_to_first_s'], unit=' ms')} after detection "
-                          f"(waited {_fmt(r['inflight_wait_s'], unit=' ms')} for the collectives in flight)")
+                          + _first_words(report, kind, phase, r))
     checked = sum(1 for r in report.records if r.torch_checked)
     stats = report.controller_stats
     console.print(f"  {len(report.records)} collectives, every output equal to the known answer"
@@ -79,6 +78,37 @@ def print_summary(console: Console, report: NetemuReport) -> None:
                   f"tc change {report.tc_s[0] * 1e3:.1f} ms, restore {report.tc_s[1] * 1e3:.1f} ms; wall "
                   f"{report.wall_s:.1f} s (start-up to the first collective {report.startup_s:.1f} s), teardown "
                   f"{report.teardown_s * 1e3:.0f} ms")
+
+
+def _first_words(report: NetemuReport, kind: str, phase: str, r: dict) -> str:
+    """:func:`first_words` on this run's reaction path (:func:`mccl.experiments.reaction_path.reaction_path`)."""
+    from mccl.experiments.reaction_path import reaction_path
+
+    return first_words(reaction_path(report, kind, phase), report.stream(kind), report.records, r)
+
+
+def first_words(path: dict, stream: Sequence, records: Sequence, r: dict) -> str:
+    """The first collective on the new version, and what the time after the agreement went to: ``path``'s
+    ``running`` (the collective in flight still ending) and ``between`` (the demo loop between two collectives).
+    Why split: the loop's own work between two collectives — every rank checks its output, the other stream runs
+    its collective and, every ``torch_check_every`` iterations, torch's gloo collective runs on the same shaped
+    fabric (0.8–1.6 s here) — is not the swap's, yet read as one "wait for the collectives in flight" it put a
+    repair's swap-back 1.2 s after its detection (thirteenth session). ``stream``: this collective's records,
+    ``records``: every stream's; ``r``: :meth:`NetemuReport.reaction`'s terms, said as before where the path's
+    marks are missing."""
+    if path["detect_to_first"] is None or path["running"] is None or path["between"] is None:
+        return (f"first collective on it {_fmt(r['detect_to_first_s'], unit=' ms')} after detection "
+                f"(waited {_fmt(r['inflight_wait_s'], unit=' ms')} for the collectives in flight)")
+    first = next((rec for rec in stream if rec.version == path["version"]), None)
+    before = [rec for rec in stream if first is not None and rec.start < first.start]
+    checked = bool(before) and any(  # torch checked the last one on the old version, or another stream's meanwhile
+        rec.torch_checked and (rec is before[-1] or (rec.kind != before[-1].kind
+                                                     and before[-1].start < rec.start < first.start))
+        for rec in records)
+    return (f"first collective on it {path['detect_to_first']:.1f} ms after detection (after the agreement: "
+            f"{path['running']:.1f} ms until the collective in flight ended, {path['between']:.1f} ms of the demo "
+            f"loop between two collectives — its output checks, the other stream's collective"
+            + (", torch's cross-check" if checked else "") + ")")
 
 
 def plot_timeline(report: NetemuReport, out_dir: str | Path, name: str = "netemu_demo") -> Path:
