@@ -330,13 +330,18 @@ def test_the_service_thread_polls_for_the_next_request_within_its_window_then_sl
                 return (_thread_cpu_ns(thread) - start) / 1e6
 
             assert idle_cpu_ms(0.1) > 40  # polling through the idle 100 ms (inside the 150 ms window)
-            comm.all_gather_into_tensor(out, x)
-            polled_share = _python_share(0.1)  # this process's Python runs while the thread polls: no GIL held
-            time.sleep(0.1)  # past the window: asleep in read
-            start = _thread_cpu_ns(thread)
-            time.sleep(0.1)
-            assert (_thread_cpu_ns(thread) - start) / 1e6 < 10
-            assert polled_share > 0.8 * _python_share(0.1)  # (a Python loop holding the GIL: about half)
+            shares = []  # (while polled, after the window): the best of 3 pairs, as another task on the machine can
+            for _ in range(3):  # take a core from this thread in one; a Python loop holding the GIL: about half, always
+                comm.all_gather_into_tensor(out, x)
+                polled_share = _python_share(0.1)  # this process's Python runs while the thread polls: no GIL held
+                time.sleep(0.1)  # past the window: asleep in read
+                start = _thread_cpu_ns(thread)
+                time.sleep(0.1)
+                assert (_thread_cpu_ns(thread) - start) / 1e6 < 10
+                shares.append((polled_share, _python_share(0.1)))
+                if polled_share > 0.8 * shares[-1][1]:
+                    break
+            assert any(polled > 0.8 * after for polled, after in shares), shares
             shim.poll(False)
             assert fast.poll_ns == 0 and idle_cpu_ms(0.1) < 10
             shim.poll(True)
