@@ -16,7 +16,7 @@ from mccl.runtime.launch import run_ranks
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]  # gloo ranks in processes of their own
 
 PEER_TIMEOUT_S = 5.0
-KILL_AFTER_S = 0.3
+KILL_AFTER_S = 0.1  # before the victim's first paced send (0.2 s) has arrived: every survivor is mid-collective
 
 
 def _communicator(world_size: int):
@@ -99,7 +99,8 @@ def _killed_rank(rank: int, world_size: int, kind: str, victim: int) -> dict | N
     if rank == victim:
         threading.Timer(KILL_AFTER_S, os.kill, (os.getpid(), signal.SIGKILL)).start()
         if kind == "allgather":
-            # 256 KiB at 0.01 Gbit/s: each point-to-point send takes 0.2 s, so the kill lands mid-collective
+            # 256 KiB at 0.01 Gbit/s: each point-to-point send takes 0.2 s, so the kill lands mid-collective for
+            # both survivors (rank 1 has its part once rank 0 forwarded the victim's block, 0.2 s in)
             communicator.transport.throttle([peer for peer in range(world_size) if peer != rank], 0.01)
             _call(kind, communicator, world_size, rank, block)
         # (AllToAll runs as one gloo alltoallv, which a pacer cannot slow: the victim dies before its turn)

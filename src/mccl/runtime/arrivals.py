@@ -1,11 +1,12 @@
 """When each receive's last byte arrived: waiter threads for the receive-side telemetry (gloo).
 
-Why: the eager driver waits on one operation at a time, in its own order (earliest step first),
-and gloo's ``Work.is_completed()`` stays False until the Work is waited on (torch 2.13). So a
-receive that arrives while the driver waits on another one is noticed only when its own turn
-comes — its arrival time is lost, and with it the telemetry's windows (measured on the 8-rank
-emulated fabric: half of rank 0's inter-host receives of an AllGather were found done, 20–110 ms
-after they had arrived). A few threads that do nothing but block in ``wait()`` on the receives,
+Why: the eager driver waits on the receives that unlock nothing (and, on a rank with one upstream
+peer, on all of them) one at a time, in its own order (earliest step first), and gloo's
+``Work.is_completed()`` stays False until the Work is waited on (torch 2.13). So such a receive
+that arrives while the driver waits on another one is noticed only when its own turn comes — its
+arrival time is lost, and with it the telemetry's windows (measured on the 8-rank emulated fabric,
+before the relays' receives got threads of their own, :mod:`mccl.runtime.completions`: half of rank
+0's inter-host receives of an AllGather were found done, 20–110 ms after they had arrived). A few threads that do nothing but block in ``wait()`` on the receives,
 in the order they were posted, stamp most arrivals exactly (65 of 66 there).
 
 Which receives: those through the NIC, and only where its byte counter is read

@@ -13,7 +13,8 @@ A call cuts every chunk into ``k`` slices, ``k`` = :func:`mccl.schedule.slicing.
 of its largest chunk (slices of about 64 KiB, at most 128), and runs the sliced plan
 (:func:`mccl.runtime.plan.slice_plan`): every (chunk, peer) is a stream that posts its
 slices in order, a relay forwarding slice ``j`` as soon as it has arrived; streams do not
-wait for each other (the eager driver queues per stream),
+wait for each other (the eager driver queues per stream, and its waiter threads report a
+relay's arrival while it waits on another stream: :mod:`mccl.runtime.completions`),
 so two trees that use one link each get their share of it. No stream is paced or
 weighted: the tree packing cuts a source's data into equal trees, so equal shares are
 the planned ones. The exchange driver (one gloo alltoallv per step; the default on gloo for

@@ -236,20 +236,20 @@ class Meters:
                 self._sampling.set()
 
     @staticmethod
-    def arrival(began: float | None, work: object = None) -> float | None:
-        """Called right after the executor's wait (begun at ``began``, ``time.perf_counter()``; None: the
-        operation was found done) on ``work`` returned: when its last byte arrived, or None if unknown.
-        A :class:`~mccl.runtime.arrivals.TimedReceive` knows (a waiter thread or this wait stamped it);
-        otherwise now, if the wait was blocked until the operation completed."""
+    def arrival(began: float | None, work: object = None, ended: float | None = None) -> float | None:
+        """Called after the executor's wait (begun at ``began``, ``time.perf_counter()``; None: the
+        operation was found done) on ``work`` returned (at ``ended``; None: just now): when its last byte
+        arrived, or None if unknown. A :class:`~mccl.runtime.arrivals.TimedReceive` knows (a waiter thread or
+        this wait stamped it); otherwise the return, if the wait was blocked until the operation completed."""
         if isinstance(work, TimedReceive):
             return work.arrived
-        return None if began is None else stamp(began)
+        return None if began is None else stamp(began, ended)
 
-    def received(self, peer: int, nbytes: int, began: float | None, work: object) -> None:
-        """The executor's wait on the receive ``work`` from ``peer`` (begun at ``began``; None: found done)
-        returned: :meth:`completed` with what the work knows of its arrival."""
+    def received(self, peer: int, nbytes: int, began: float | None, work: object, ended: float | None = None) -> None:
+        """The wait on the receive ``work`` from ``peer`` (begun at ``began``; None: found done) returned (at
+        ``ended``, a waiter thread's; None: just now): :meth:`completed` with what is known of its arrival."""
         counted = work.counted if isinstance(work, TimedReceive) else None
-        self.completed(peer, nbytes, self.arrival(began, work), counted=counted)
+        self.completed(peer, nbytes, self.arrival(began, work, ended), now=ended, counted=counted)
 
     def completed(self, peer: int, nbytes: int, at: float | None = None, now: float | None = None,
                   counted: int | None = None) -> None:

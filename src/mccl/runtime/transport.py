@@ -37,7 +37,8 @@ swap replaces the schedule, never the group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -47,6 +48,7 @@ import torch.distributed as dist
 from mccl.errors import MCCLError, PeerLost
 from mccl.runtime import torch_private
 from mccl.runtime.arrivals import ArrivalClock
+from mccl.runtime.completions import CompletionWaiters
 from mccl.runtime.liveness import Liveness, peer_timeout_s
 from mccl.runtime.single import WorldOfOne, copy_collective, whole
 from mccl.runtime.throttle import Pacer
@@ -114,6 +116,16 @@ class Transport:
                          if store is not None and self.size > 1 else None)
         # a gloo group of one rank: its collectives as the copies they are, once gloo ran each kind (runtime.single)
         self.world_of_one = WorldOfOne() if self.size == 1 and name == "gloo" else None
+        self._waiters: CompletionWaiters | None = None
+
+    def waiters(self) -> CompletionWaiters | None:
+        """The threads that report the eager driver's completions as they happen (:mod:`mccl.runtime.completions`),
+        started with the first call that needs them; None on NCCL (its driver posts by step, not by completion)."""
+        if self.backend != "gloo":
+            return None
+        if self._waiters is None:
+            self._waiters = CompletionWaiters(self.wait)
+        return self._waiters
 
     def throttle(self, peers: Sequence[int], gbps: float | None) -> None:
         """Pace every later send to ``peers`` at ``gbps`` through one shared pacer (an emulated
@@ -181,15 +193,24 @@ class Transport:
         """Block in ``work.wait()`` (``peer``: the rank it exchanges with, None for a collective). Never
         ``wait(timeout)`` here; when the watcher loses a rank it breaks the group (:meth:`_break`), which
         ends this wait with an error. A backend error becomes :class:`PeerLost`."""
-        self._waiting.append(-1 if peer is None else peer)
+        with self.waiting(peer):
+            try:
+                work.wait()
+            except (RuntimeError, MCCLError) as error:  # (a paced send's failure is an MCCLError)
+                if isinstance(error, PeerLost):
+                    raise
+                raise self._peer_lost(error, peer) from error
+
+    @contextlib.contextmanager
+    def waiting(self, peer: int | None) -> Iterator[None]:
+        """A wait on ``peer`` (None: on any rank, as a collective's or a call's waiting for whichever of its
+        operations completes first) is in progress: a silent ``peer`` is then lost after the peer timeout."""
+        code = -1 if peer is None else peer
+        self._waiting.append(code)
         try:
-            work.wait()
-        except (RuntimeError, MCCLError) as error:  # (a paced send's failure is an MCCLError)
-            if isinstance(error, PeerLost):
-                raise
-            raise self._peer_lost(error, peer) from error
+            yield
         finally:
-            self._waiting.pop()
+            self._waiting.remove(code)  # (by value: waiter threads wait here too, in any order)
 
     def _waits_on(self, rank: int) -> bool:
         """Whether a wait is in progress that ``rank`` could be holding up (the watcher's question)."""
@@ -288,9 +309,11 @@ class Transport:
         self.wait(work, None)
 
     def close(self) -> None:
-        """Stop watching the peers (the group itself belongs to whoever created it)."""
+        """Stop watching the peers and the waiter threads (the group itself belongs to whoever created it)."""
         if self.liveness is not None:
             self.liveness.close()
+        if self._waiters is not None:
+            self._waiters.close()
 
 
 def _reduction_key(op: object) -> object:

@@ -9,17 +9,36 @@ simulator's executor model shares links between (``SimOptions.executor``). gloo 
 :mod:`mccl.runtime.transport`); the wait happens in ``Work.wait()``, which releases
 the GIL.
 
-One call is a small state machine (:class:`_EagerRun`): wait on the earliest posted
-operation (by step), mark it done, poll the posted operations whose completion
-unlocks others (O(watched) per wait; the rest are found done when their turn to be
-waited on comes, which then returns at once), add in the partial sums whose turn has
-come, post what became ready. Everything that depends only on the plan and which
-chunks are empty is in the :class:`EagerProgram`.
+One call is a small state machine (:class:`_EagerRun`). The operations whose completion
+unlocks others (a relay's receive, a reducing receive: "watched") are handed, the head of
+each stream at a time, to the transport's waiter threads (:mod:`mccl.runtime.completions`),
+which report each completion the moment it happens; the call blocks on their reports, marks
+the operation done, adds in the partial sums whose turn has come and posts what became
+ready. Why not wait on the earliest posted operation, as this driver did until the
+fourteenth session: gloo cannot wait for "any", and while the driver blocked on one
+receive (a slower peer's, a degraded NIC's) a relay's chunk that had already arrived was
+not forwarded — a schedule that splits a source's block over several trees then ran at
+half its model on the emulated fabric. The other operations unlock nothing; they are
+waited on, earliest step first, once no watched operation is out. A rank whose watched
+operations all exchange with one peer (a ring's: one upstream, whose chunks arrive in the
+order it sends them) waits the old way: a hand-over costs a thread switch per completion,
+which a CPU-bound run on the loopback pays (measured: the 1 MiB ring AllGather at 8 ranks
+19.5 against 14.6 ms) and a single upstream cannot repay.
+
+Why it cannot hang where the old order could not: the call only blocks on the reports
+while some watched operation has a thread, and every watched operation posted has one or
+queues behind its stream's head, which completes first (one socket per pair, slices in
+order); whatever completes is taken at once. If the waiter pool is full, an operation it
+refuses is waited on the old way (earliest step first, never one a thread waits on: gloo
+lets a Work be waited on once). Everything that depends only on the plan and which chunks
+are empty is in the :class:`EagerProgram`.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
+import queue
 import time
 from dataclasses import dataclass
 
@@ -28,6 +47,7 @@ import torch
 from mccl.errors import MCCLError
 from mccl.runtime.binding import Bound
 from mccl.runtime.buffers import Buffers, Reducer
+from mccl.runtime.completions import CompletionWaiters
 from mccl.runtime.drivers.base import PointToPoint, call_views, p2p, point_to_point, tag_base
 from mccl.runtime.plan import RankPlan
 from mccl.runtime.telemetry import Meters
@@ -54,6 +74,7 @@ class EagerProgram:
     queues: dict[QueueKey, tuple[int, ...]]
     queue_order: dict[QueueKey, tuple[bool, int, int]]  # receives first, peers staggered by distance
     unlocks: tuple[bool, ...]
+    handover: bool  # watched operations go to the waiter threads: they come from more than one peer
 
 
 class EagerDriver:
@@ -73,6 +94,8 @@ class EagerDriver:
         queues: dict[QueueKey, list[int]] = {}
         for op in ops:
             queues.setdefault((op.is_send, op.peer, op.chunk), []).append(op.index)
+        unlocks = tuple(bool(dependents[op.index]) or op.index in in_apply or
+                        (not op.is_send and op.op is TransferOp.REDUCE) for op in ops)
         return EagerProgram(
             p2p=point_to_point(plan, bound, buffers),
             empty=empty,
@@ -81,8 +104,8 @@ class EagerDriver:
             waiting=tuple(sum(1 for d in op.deps if not empty[d]) for op in ops),
             queues={key: tuple(items) for key, items in queues.items()},
             queue_order={key: (key[0], (key[1] - plan.rank) % plan.n_ranks, key[2]) for key in queues},
-            unlocks=tuple(bool(dependents[op.index]) or op.index in in_apply or
-                          (not op.is_send and op.op is TransferOp.REDUCE) for op in ops),
+            unlocks=unlocks,
+            handover=len({op.peer for op in ops if unlocks[op.index] and not empty[op.index]}) > 1,
         )
 
     def run(self, program: EagerProgram, transport: Transport, tensors: list[torch.Tensor], buffers: Buffers, *,
@@ -96,7 +119,7 @@ class _EagerRun:
 
     __slots__ = ("program", "ops", "transport", "views", "temps", "reducer", "tag_base", "meters", "nbytes", "done",
                  "applied", "posted", "works", "waiting", "heads", "remaining", "pending_apply", "touched", "heap",
-                 "watched")
+                 "watched", "pool", "reports", "handed", "stream_head", "behind")
 
     def __init__(self, program: EagerProgram, transport: Transport, views: list[torch.Tensor | None],
                  temps: dict[int, torch.Tensor], reducer: Reducer | None, base: int, meters: Meters | None) -> None:
@@ -119,11 +142,20 @@ class _EagerRun:
         self.pending_apply: list[int] = []  # reducing receives done but not yet added in
         self.touched: set[QueueKey] = set(program.queues)  # queues that may have something to post
         self.heap: list[tuple[int, bool, int]] = []  # posted operations by (step, receives first, index)
-        self.watched: set[int] = set()  # posted operations polled after every wait
+        self.watched: set[int] = set()  # watched operations no thread waits on (the pool was full): polled
+        waiters = getattr(transport, "waiters", None) if program.handover else None
+        self.pool: CompletionWaiters | None = waiters() if waiters is not None else None
+        self.reports: queue.SimpleQueue = queue.SimpleQueue()  # the threads' Completions
+        self.handed: set[int] = set()  # watched operations a thread waits on, not yet reported
+        self.stream_head: dict[QueueKey, int] = {}  # per stream, the operation handed over
+        self.behind: dict[QueueKey, collections.deque[int]] = {}  # per stream, watched operations queued behind it
 
     def run(self) -> None:
         order, done, heap, ops = self.program.queue_order, self.done, self.heap, self.ops
         while True:
+            if self.handed:
+                self._take_reports(block=False)
+            self._apply_ready()  # (before any block: a partial sum reported here may be what the peers wait for)
             for key in sorted(self.touched, key=order.__getitem__):
                 self._post_ready(key)
             self.touched.clear()
@@ -133,7 +165,12 @@ class _EagerRun:
                 heapq.heappop(heap)
             if not heap:
                 raise MCCLError("the executor stalled: operations wait on each other (a schedule this rank cannot run)")
-            first = heapq.heappop(heap)[2]
+            first = heap[0][2]
+            if self.handed and (first in self.handed or not self.watched):
+                with self.transport.waiting(None):  # (any peer may hold this up: the liveness watcher's question)
+                    self._take_reports(block=True)  # (module docstring: why this cannot hang)
+                continue
+            heapq.heappop(heap)
             began = time.perf_counter()
             self.transport.wait(self.works[first], ops[first].peer)
             self._complete(first, began)
@@ -144,6 +181,42 @@ class _EagerRun:
         self._apply_ready()
         if self.pending_apply:
             raise MCCLError("the executor ended with partial sums not added (inconsistent plan)")
+
+    def _hand(self, index: int) -> None:
+        """A watched operation was posted: a thread waits on it, or it queues behind its stream's head, or
+        (the pool is full) it is polled and waited on the old way."""
+        op = self.ops[index]
+        key = (op.is_send, op.peer, op.chunk)
+        if key in self.stream_head:
+            self.behind.setdefault(key, collections.deque()).append(index)
+        elif self.pool is not None and self.pool.submit(self.works[index], op.peer, index, self.reports):
+            self.stream_head[key] = index
+            self.handed.add(index)
+        else:
+            self.watched.add(index)
+
+    def _take_reports(self, block: bool) -> None:
+        """Complete what the waiter threads reported (``block``: wait for one report first)."""
+        reports = self.reports
+        while True:
+            try:
+                index, began, ended, error = reports.get() if block else reports.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if error is not None:
+                raise error
+            self.handed.discard(index)
+            op = self.ops[index]
+            key = (op.is_send, op.peer, op.chunk)
+            del self.stream_head[key]
+            self._complete(index, began, ended)
+            waiting = self.behind.get(key)
+            while waiting:
+                following = waiting.popleft()
+                if not self.done[following]:  # (one the old way's wait already took is not handed again)
+                    self._hand(following)
+                    break
 
     def _post_ready(self, key: QueueKey) -> None:
         """Post the queue's operations in order until one still waits on a dependency."""
@@ -162,7 +235,7 @@ class _EagerRun:
                 posted[index] = True
                 heapq.heappush(self.heap, (op.step, op.is_send, index))
                 if unlocks[index]:
-                    self.watched.add(index)
+                    self._hand(index)
             position += 1
         self.heads[key] = position
 
@@ -174,14 +247,15 @@ class _EagerRun:
             if waiting[dependent] == 0:
                 self.touched.add((ops[dependent].is_send, ops[dependent].peer, ops[dependent].chunk))
 
-    def _complete(self, index: int, began: float | None = None) -> None:
-        """``began``: when the wait that ended with this operation's completion started (None: found done)."""
+    def _complete(self, index: int, began: float | None = None, ended: float | None = None) -> None:
+        """``began``: when the wait that ended with this operation's completion started (None: found done);
+        ``ended``: when it returned (None: now)."""
         self.done[index] = True
         self.remaining -= 1
         self.watched.discard(index)
         op = self.ops[index]
         if not op.is_send and self.meters is not None:  # receive-side telemetry: when the last byte arrived
-            self.meters.received(op.peer, self.nbytes[index], began, self.works[index])
+            self.meters.received(op.peer, self.nbytes[index], began, self.works[index], ended)
         if index in self.temps:
             self.pending_apply.append(index)
         else:
