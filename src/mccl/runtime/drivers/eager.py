@@ -28,7 +28,9 @@ which a CPU-bound run on the loopback pays (measured: the 1 MiB ring AllGather a
 Why it cannot hang where the old order could not: the call only blocks on the reports
 while some watched operation has a thread, and every watched operation posted has one or
 queues behind its stream's head, which completes first (one socket per pair, slices in
-order); whatever completes is taken at once. If the waiter pool is full, an operation it
+order); whatever completes is taken at once, and the partial sums it completes are added
+in before the call blocks again (a sum left pending there is what the peers may be
+waiting for: the hang the first version had). If the waiter pool is full, an operation it
 refuses is waited on the old way (earliest step first, never one a thread waits on: gloo
 lets a Work be waited on once). Everything that depends only on the plan and which chunks
 are empty is in the :class:`EagerProgram`.
